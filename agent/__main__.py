@@ -1,0 +1,33 @@
+"""``python -m agent serve | supervisor NODE_DIR | version``."""
+
+import sys
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write("usage: python -m agent serve | supervisor NODE_DIR | version\n")
+        return 0 if argv else 2
+    cmd = argv[0]
+    if sys.version_info < (3, 8):
+        sys.stderr.write("rankdeck agent needs Python >= 3.8, this is %d.%d\n"
+                         % sys.version_info[:2])
+        return 4
+    if cmd == "serve":
+        from .serve import main as serve_main
+
+        return serve_main()
+    if cmd == "supervisor" and len(argv) == 2:
+        from .supervisor import main as supervisor_main
+
+        return supervisor_main(argv[1])
+    if cmd == "version":
+        from .version import agent_version
+
+        sys.stdout.write(agent_version() + "\n")
+        return 0
+    sys.stderr.write("unknown command: %s\n" % " ".join(argv))
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

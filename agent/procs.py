@@ -1,0 +1,224 @@
+"""Processes of a run on this host: find them all, kill them all, confirm none is left.
+
+Processes are found by ancestry and by a marker in their environment, never by name.
+torchrun starts every worker in a session of its own (``start_new_session=True``), so
+signalling torchrun's process group does not reach them, and SIGKILL of torchrun alone
+orphans its workers. The supervisor therefore makes itself a child subreaper: orphans are
+re-parented to it instead of init, and "every descendant of the supervisor" is the run.
+The environment marker (``RANKDECK_RUN=<run_id>/<node>``) catches anything that escaped
+even that (a process re-parented before the subreaper was set, say).
+"""
+
+import ctypes
+import os
+import signal
+import time
+
+MARKER = "RANKDECK_RUN"
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class ProcInfo(object):
+    __slots__ = ("pid", "ppid", "pgid", "sid", "state", "starttime", "comm")
+
+    def __init__(self, pid, ppid, pgid, sid, state, starttime, comm):
+        self.pid = pid
+        self.ppid = ppid
+        self.pgid = pgid
+        self.sid = sid
+        self.state = state
+        self.starttime = starttime
+        self.comm = comm
+
+
+def stat(pid):
+    """Parsed /proc/<pid>/stat, or None when the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm may hold spaces and parentheses: it ends at the last ')'.
+    lpar = raw.find(b"(")
+    rpar = raw.rfind(b")")
+    comm = raw[lpar + 1 : rpar].decode("utf-8", "replace")
+    fields = raw[rpar + 2 :].split()
+    return ProcInfo(
+        pid,
+        int(fields[1]),
+        int(fields[2]),
+        int(fields[3]),
+        fields[0].decode(),
+        int(fields[19]),
+        comm,
+    )
+
+
+def all_pids():
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            out.append(int(name))
+    return out
+
+
+def table():
+    """Every process on the host: {pid: ProcInfo}."""
+    procs = {}
+    for pid in all_pids():
+        info = stat(pid)
+        if info is not None:
+            procs[pid] = info
+    return procs
+
+
+def descendants(root, procs=None):
+    """PIDs below ``root`` (not ``root`` itself)."""
+    procs = table() if procs is None else procs
+    children = {}
+    for info in procs.values():
+        children.setdefault(info.ppid, []).append(info.pid)
+    out = []
+    stack = list(children.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(children.get(pid, ()))
+    return out
+
+
+def environ(pid):
+    """A process's environment as a dict ({} when unreadable or gone)."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def marked(value, procs=None):
+    """PIDs whose environment carries ``RANKDECK_RUN=<value>``."""
+    needle = ("%s=%s\0" % (MARKER, value)).encode()
+    procs = table() if procs is None else procs
+    out = []
+    for pid in procs:
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                raw = f.read() + b"\0"
+        except OSError:
+            continue
+        if raw.startswith(needle) or (b"\0" + needle) in raw:
+            out.append(pid)
+    return out
+
+
+def set_child_subreaper():
+    """Make orphaned descendants re-parent to this process (Linux >= 3.4). True on success."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap():
+    """Collect exit statuses of finished children (we are a subreaper: orphans land here)."""
+    reaped = {}
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped[pid] = status
+
+
+def alive(pid, starttime=None):
+    """True when ``pid`` runs and (if given) started at ``starttime`` (guards against reuse)."""
+    info = stat(pid)
+    if info is None or info.state == "Z":
+        return False
+    return starttime is None or info.starttime == starttime
+
+
+def _signal(pids, sig):
+    groups = set()
+    for pid in pids:
+        info = stat(pid)
+        if info is None:
+            continue
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        groups.add(info.pgid)
+    for pgid in groups:
+        if pgid > 1 and pgid != os.getpgid(0):
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def run_pids(root, marker):
+    """Every live process of the run: descendants of ``root`` plus marked ones (not root)."""
+    procs = table()
+    pids = set(descendants(root, procs))
+    if marker:
+        pids.update(marked(marker, procs))
+    pids.discard(root)
+    pids.discard(os.getpid())
+    return sorted(p for p in pids if p in procs and procs[p].state != "Z")
+
+
+def kill_run(root, marker, grace=10.0, first=None, on_wait=None):
+    """Stop every process of a run: SIGTERM (to ``first`` alone, else all), grace, SIGKILL.
+
+    ``first`` is torchrun's pid: it forwards SIGTERM to its workers and gives them time to
+    save. Stopped processes get SIGCONT so they can act on SIGTERM. ``on_wait`` is called while
+    waiting (the supervisor keeps reading logs then). Returns a report dict: ``killed`` (pids
+    that got SIGKILL), ``left`` (pids still there afterwards) and ``dstate`` (of those, in
+    uninterruptible sleep: the host needs attention).
+    """
+    pids = run_pids(root, marker)
+    report = {"sigterm": list(pids), "killed": [], "left": [], "dstate": []}
+    if not pids:
+        return report
+    targets = [first] if first in pids else pids
+    _signal(targets, signal.SIGTERM)
+    _signal(targets, signal.SIGCONT)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if on_wait:
+            on_wait()
+        reap()
+        if not run_pids(root, marker):
+            return report
+        # torchrun may be gone while a worker blocked in a collective ignores it: after a
+        # short while, SIGTERM everybody directly.
+        if first is not None and not alive(first) and targets == [first]:
+            targets = run_pids(root, marker)
+            _signal(targets, signal.SIGTERM)
+            _signal(targets, signal.SIGCONT)
+        time.sleep(0.05)
+    for attempt in range(100):
+        pids = run_pids(root, marker)
+        if not pids:
+            break
+        report["killed"] = sorted(set(report["killed"]) | set(pids))
+        _signal(pids, signal.SIGKILL)
+        if on_wait:
+            on_wait()
+        time.sleep(0.05)
+        reap()
+    left = run_pids(root, marker)
+    report["left"] = left
+    report["dstate"] = [p for p in left if (stat(p) or ProcInfo(0, 0, 0, 0, "", 0, "")).state == "D"]
+    return report

@@ -1,0 +1,88 @@
+"""The wire format between the console and an agent (`serve`), and the journal record format.
+
+One JSON object per line, ASCII only (``ensure_ascii``), so that log bytes that are not valid
+UTF-8 survive the trip: they are decoded with ``surrogateescape`` on the node, travel as
+``\\udcXX`` escapes, and :func:`text_to_bytes` turns them back into the exact bytes.
+
+Message kinds (field ``t``); docs/PROTOCOL.md is the reference:
+
+- ``hello``   agent -> console, first line: protocol version, agent version, host facts.
+- ``req``     console -> agent: ``{"t": "req", "id": N, "op": NAME, "args": {...}}``.
+- ``res``     agent -> console: ``{"t": "res", "id": N, "ok": true, "data": {...}}`` or
+              ``{"t": "res", "id": N, "ok": false, "error": MESSAGE, "kind": KIND}``.
+- ``journal`` agent -> console: records of one node's run journal, with the byte offset just
+              past the last one (``end``), to resume from after a reconnect.
+- ``state``   agent -> console: one node's supervisor state (state.json) when it changes.
+- ``gpu``     agent -> console: one GPU snapshot of the host.
+
+This module is imported by the console; it must stay standard-library only and run on 3.8.
+"""
+
+import json
+
+PROTOCOL_VERSION = 1
+
+# Batching of pushed messages: at most this long, or this many bytes, whichever comes first.
+BATCH_SECONDS = 0.05
+BATCH_BYTES = 64 * 1024
+
+# Requests (``op``) a serve process understands.
+OPS = (
+    "ping",
+    "facts",
+    "preflight",
+    "store_start",
+    "store_stop",
+    "start",
+    "subscribe",
+    "unsubscribe",
+    "stop",
+    "restart",
+    "runs",
+    "state",
+    "read_journal",
+    "stacks",
+    "probe_tcp",
+)
+
+
+class ProtocolError(Exception):
+    """A line that is not a protocol message; usually means the other side is not an agent."""
+
+
+def encode(msg):
+    """One message as one ASCII line (bytes, newline included)."""
+    return (json.dumps(msg, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
+
+
+def decode(line):
+    """Parse one line; raises ProtocolError with the start of the line when it is not a message."""
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        shown = line[:200].decode("utf-8", "replace") if isinstance(line, bytes) else line[:200]
+        raise ProtocolError("not a protocol message: %r" % shown) from None
+    if not isinstance(msg, dict) or "t" not in msg:
+        raise ProtocolError("not a protocol message: %r" % (msg,))
+    return msg
+
+
+def bytes_to_text(data):
+    """Log bytes as a str that round-trips exactly through JSON (see module docstring)."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def text_to_bytes(text):
+    """The exact bytes behind a str made by :func:`bytes_to_text`."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def hello(agent_version, host, python_version, pid):
+    return {
+        "t": "hello",
+        "proto": PROTOCOL_VERSION,
+        "agent": agent_version,
+        "host": host,
+        "python": python_version,
+        "pid": pid,
+    }

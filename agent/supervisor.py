@@ -1,0 +1,329 @@
+"""One per run per node, detached: owns torchrun, records what happened, kills and restarts.
+
+Started by `serve` in a session of its own with the run spec on stdin (secrets stay in this
+process's memory and torchrun's environment; they are never written to a file or a command
+line). It outlives the SSH connection and the laptop. Its files, in the node's run folder:
+
+- ``state.json``  written atomically on every change: pid, state, launches, exit code, cause;
+- ``journal``     every rank's output, metrics, checkpoints and events (agent/journal.py);
+- ``torchrun.log`` torchrun's own console output; ``torchrun/`` torchrun's ``--log-dir``;
+- ``supervisor.log`` this process's own errors.
+
+Signals: SIGTERM stops the node's run (verified kill, see procs.kill_run); SIGUSR1 restarts
+torchrun (kill, then start again into the same rendezvous).
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+from . import procs
+from .journal import JournalWriter
+from .metrics import MetricParser
+from .tail import LogFollower
+
+POLL = 0.02
+ORPHAN_GRACE = 3.0
+
+
+def write_json_atomic(path, obj):
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path, default=None):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def find_error_files(log_dir, instance):
+    """torchrun's per-worker error.json files of one torchrun start, oldest failure first."""
+    found = []
+    base = os.path.join(log_dir, instance)
+    for root, _dirs, files in os.walk(base):
+        if "error.json" in files:
+            path = os.path.join(root, "error.json")
+            data = read_json(path, {})
+            msg = data.get("message", {})
+            if isinstance(msg, dict):
+                text = msg.get("message", "")
+                ts = (msg.get("extraInfo") or {}).get("timestamp", "0")
+            else:
+                text, ts = str(msg), "0"
+            parts = root.rstrip("/").split("/")
+            try:
+                local_rank = int(parts[-1])
+                attempt = int(parts[-2].split("_")[1])
+            except (ValueError, IndexError):
+                local_rank, attempt = None, None
+            found.append((int(ts) if str(ts).isdigit() else 0, local_rank, attempt, text, path))
+    found.sort()
+    return found
+
+
+class Supervisor(object):
+    def __init__(self, spec):
+        self.spec = spec
+        self.node_dir = spec["node_dir"]
+        self.marker = "%s/%s" % (spec["run_id"], spec["node"])
+        self.state_path = os.path.join(self.node_dir, "state.json")
+        previous = read_json(self.state_path, {}) or {}
+        self.state = {
+            "run_id": spec["run_id"],
+            "node": spec["node"],
+            "pid": os.getpid(),
+            "starttime": procs.stat(os.getpid()).starttime,
+            "state": "starting",
+            "launches": previous.get("launches", 0),
+            "restarts": previous.get("restarts", 0),
+            "torchrun_pid": None,
+            "exit_code": None,
+            "cause": None,
+            "kill": None,
+            "started": time.time(),
+            "ended": None,
+            "max_restarts": spec.get("max_restarts", 0),
+        }
+        self.journal = JournalWriter(os.path.join(self.node_dir, "journal"))
+        self.log_dir = spec["log_dir"]
+        self.follower = LogFollower(self.log_dir, self._resolve_rank,
+                                    first_fid=previous.get("next_fid", 1))
+        self.parser = MetricParser(spec.get("metrics_regex"))
+        self.torchrun = None  # pid
+        self.instance_before = set()
+        self.requests = []
+        self.ranks = {}  # fid -> rank, for error attribution
+
+    # -- journal ---------------------------------------------------------------------------
+    def event(self, what, **fields):
+        fields.update(k="event", what=what, ts=time.time(), node=self.spec["node"])
+        self.journal.append(fields)
+
+    def pump(self, final=False):
+        records = self.follower.poll(final=final)
+        if not records:
+            return
+        out = []
+        for meta, data in records:
+            out.append((meta, data))
+            kind = meta["k"]
+            if kind == "file":
+                self.ranks[meta["f"]] = (meta.get("rank"), meta.get("local_rank"),
+                                         meta.get("attempt"), meta.get("instance"))
+            elif kind == "data" and data and self._is_worker(meta["f"]):
+                text = data.decode("utf-8", "surrogateescape")
+                try:
+                    parsed = self.parser.parse(text)
+                except Exception as exc:  # a parser bug must never stop the journal
+                    parsed = []
+                    self.log("metrics parser failed: %r" % (exc,))
+                now = meta["ts"]
+                for rec in parsed:
+                    rec["f"] = meta["f"]
+                    rec["ts"] = now
+                    out.append((rec, b""))
+        self.journal.append_many(out)
+
+    def _is_worker(self, fid):
+        info = self.ranks.get(fid)
+        return info is not None and info[1] is not None
+
+    def _resolve_rank(self, attempt, local_rank):
+        best = None
+        for pid in procs.descendants(os.getpid()):
+            env = procs.environ(pid)
+            if env.get("LOCAL_RANK") != str(local_rank):
+                continue
+            if env.get("TORCHELASTIC_RESTART_COUNT", "0") != str(attempt):
+                continue
+            rank = env.get("RANK")
+            if rank is None or not rank.isdigit():
+                continue
+            info = procs.stat(pid)
+            if info and (best is None or info.starttime > best[0]):
+                best = (info.starttime, int(rank))
+        return None if best is None else best[1]
+
+    # -- state -----------------------------------------------------------------------------
+    def save(self, **changes):
+        self.state.update(changes)
+        self.state["next_fid"] = self.follower.next_fid
+        write_json_atomic(self.state_path, self.state)
+
+    def log(self, text):
+        sys.stderr.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), text))
+        sys.stderr.flush()
+
+    # -- torchrun --------------------------------------------------------------------------
+    def launch(self):
+        env = dict(os.environ)
+        env.update(self.spec.get("env", {}))
+        env[procs.MARKER] = self.marker
+        env["PYTHONUNBUFFERED"] = "1"
+        env["RANKDECK_RUN_ID"] = self.spec["run_id"]
+        env["RANKDECK_NODE"] = self.spec["node"]
+        env["RANKDECK_NODE_DIR"] = self.node_dir
+        env.setdefault("RANKDECK_CKPT_DIR", os.path.join(self.node_dir, "ckpt"))
+        try:
+            self.instance_before = set(os.listdir(self.log_dir))
+        except OSError:
+            self.instance_before = set()
+        out = os.open(os.path.join(self.node_dir, "torchrun.log"),
+                      os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        argv = self.spec["argv"]
+        pid = os.fork()
+        if pid == 0:  # child: torchrun in its own process group, output to the file
+            try:
+                os.setpgid(0, 0)
+                os.dup2(devnull, 0)
+                os.dup2(out, 1)
+                os.dup2(out, 2)
+                os.chdir(self.spec.get("cwd") or self.node_dir)
+                os.execvpe(argv[0], argv, env)
+            except BaseException as exc:
+                os.write(2, ("rankdeck: cannot start %s: %s\n" % (argv[0], exc)).encode())
+            finally:
+                os._exit(127)
+        os.close(out)
+        os.close(devnull)
+        self.torchrun = pid
+        launches = self.state["launches"] + 1
+        self.save(state="running", torchrun_pid=pid, launches=launches, exit_code=None,
+                  cause=None)
+        self.event("launched", pid=pid, launch=launches)
+
+    def current_instance(self):
+        try:
+            new = sorted(set(os.listdir(self.log_dir)) - self.instance_before)
+        except OSError:
+            return None
+        return new[-1] if new else None
+
+    def root_cause(self, code):
+        inst = self.current_instance()
+        if inst is None:
+            return {"message": "torchrun exited with code %s before starting workers; see "
+                               "torchrun.log" % code, "rank": None}
+        errors = find_error_files(self.log_dir, inst)
+        if not errors:
+            return {"message": "torchrun exited with code %s; no worker error file (see the "
+                               "rank logs and torchrun.log)" % code, "rank": None}
+        _ts, local_rank, attempt, text, path = errors[0]
+        rank = None
+        for r, lr, att, ins in self.ranks.values():
+            if lr == local_rank and att == attempt and ins == inst:
+                rank = r
+        first = text.strip().splitlines()[-1] if text.strip() else "worker failed"
+        return {"message": first, "rank": rank, "local_rank": local_rank, "attempt": attempt,
+                "error_file": path}
+
+    def kill(self, grace):
+        report = procs.kill_run(os.getpid(), self.marker, grace=grace, first=self.torchrun,
+                                on_wait=self.pump)
+        self.pump()
+        return report
+
+    # -- main loop -------------------------------------------------------------------------
+    def on_signal(self, signum, _frame):
+        self.requests.append(signum)
+
+    def run(self):
+        procs.set_child_subreaper()
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGUSR1, self.on_signal)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        console_log = os.path.join(self.node_dir, "torchrun.log")
+        os.close(os.open(console_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        self.follower.add(console_log, stream="torchrun",
+                          attempt=None, local_rank=None, instance=None)
+        self.launch()
+        grace = float(self.spec.get("grace", 10.0))
+        while True:
+            self.pump()
+            if self.requests:
+                sig = self.requests.pop(0)
+                if sig == signal.SIGTERM:
+                    self.save(state="stopping")
+                    self.event("stopping")
+                    report = self.kill(grace)
+                    return self.finish("stopped", None, report)
+                if sig == signal.SIGUSR1:
+                    self.save(state="restarting")
+                    self.event("restarting")
+                    report = self.kill(grace)
+                    self.reap_torchrun()
+                    self.event("killed", report=report)
+                    if report["left"]:
+                        return self.finish("failed", None, report,
+                                           cause={"message": "host needs attention: processes "
+                                                  "%s survived SIGKILL" % report["left"]})
+                    self.state["restarts"] += 1
+                    self.launch()
+                    continue
+            code = self.reap_torchrun()
+            if code is not None:
+                self.pump()
+                report = procs.kill_run(os.getpid(), self.marker, grace=ORPHAN_GRACE,
+                                        on_wait=self.pump)
+                if code == 0:
+                    return self.finish("exited", 0, report)
+                return self.finish("failed", code, report, cause=self.root_cause(code))
+            time.sleep(POLL)
+
+    def reap_torchrun(self):
+        """Exit code of torchrun if it has ended (and reap other orphans), else None."""
+        if self.torchrun is None:
+            return None
+        code = None
+        for pid, status in procs.reap().items():
+            if pid == self.torchrun:
+                code = os.waitstatus_to_exitcode(status) if hasattr(
+                    os, "waitstatus_to_exitcode") else (status >> 8 if status & 0x7F == 0
+                                                        else -(status & 0x7F))
+                self.torchrun = None
+        return code
+
+    def finish(self, state, code, report, cause=None):
+        self.pump(final=True)
+        self.event("ended", state=state, exit_code=code, cause=cause, kill=report)
+        self.save(state=state, exit_code=code, cause=cause, kill=report, ended=time.time(),
+                  torchrun_pid=None)
+        self.follower.close()
+        self.journal.close()
+        return 0
+
+
+def main(node_dir):
+    """Entry point: read the spec (JSON) from stdin, detach stdio, supervise until the end."""
+    spec = json.loads(sys.stdin.read())
+    spec["node_dir"] = node_dir
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+    logfd = os.open(os.path.join(node_dir, "supervisor.log"),
+                    os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(logfd, 1)
+    os.dup2(logfd, 2)
+    os.close(logfd)
+    sup = Supervisor(spec)
+    try:
+        return sup.run()
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        sup.save(state="failed", cause={"message": "supervisor crashed; see supervisor.log"},
+                 ended=time.time())
+        procs.kill_run(os.getpid(), sup.marker, grace=2.0)
+        return 1

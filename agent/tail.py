@@ -1,0 +1,192 @@
+"""Follow torchrun's per-rank log files live, by byte offset.
+
+torchrun ``--log-dir D --redirects 3`` writes
+``D/<rdzv-id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log``. A restart caused by a
+node joining or leaving reuses ``attempt_<n>`` and deletes the folder first, so files are
+opened as soon as they appear and kept open: a deleted file is still read to its end, and a
+new file at the same path (another inode) is followed as a new file.
+
+Each followed file gets a file id (``fid``). :meth:`LogFollower.poll` returns journal records:
+one ``file`` record when a file's rank is known, then ``data`` records with the file's bytes
+and their source offset. Data is cut at the last newline so records hold whole lines, except
+when a line grows past ``MAX_PENDING`` bytes without one (then it is passed on in pieces).
+"""
+
+import os
+import re
+import time
+
+MAX_PENDING = 64 * 1024
+READ_SIZE = 1 << 20
+RANK_WAIT = 5.0  # seconds to wait for a worker's RANK before announcing the file without it
+
+_ATTEMPT = re.compile(r"attempt_(\d+)$")
+
+
+class FollowedFile(object):
+    __slots__ = ("fid", "path", "fd", "inode", "offset", "pending", "pending_offset", "meta",
+                 "announced", "seen", "gone")
+
+    def __init__(self, fid, path, fd, inode, meta):
+        self.fid = fid
+        self.path = path
+        self.fd = fd
+        self.inode = inode
+        self.offset = 0  # bytes read from the file so far
+        self.pending = b""  # read but not yet emitted (an unfinished line)
+        self.pending_offset = 0
+        self.meta = meta
+        self.announced = False
+        self.seen = time.monotonic()
+        self.gone = False  # unlinked or replaced: close at EOF
+
+
+class LogFollower(object):
+    """Follows a torchrun log dir plus any extra files (torchrun's own console output).
+
+    ``resolve_rank(attempt, local_rank)`` returns the global rank of that worker or None
+    when it is not known (yet).
+    """
+
+    def __init__(self, log_dir, resolve_rank, first_fid=1):
+        self.log_dir = log_dir
+        self.resolve_rank = resolve_rank
+        self.files = {}  # path -> FollowedFile (the live one at that path)
+        self.closing = []  # replaced/deleted files still being read to EOF
+        self.next_fid = first_fid
+        self._last_scan = 0.0
+
+    def add(self, path, **meta):
+        """Follow one more file whose metadata is known (announced at once)."""
+        ff = self._open(path, dict(meta, path=path))
+        if ff is not None:
+            ff.announced = None  # announce with the given meta, no rank lookup
+        return ff
+
+    def _open(self, path, meta):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        ff = FollowedFile(self.next_fid, path, fd, os.fstat(fd).st_ino, meta)
+        self.next_fid += 1
+        self.files[path] = ff
+        return ff
+
+    def scan(self):
+        """Look for new and replaced files under the log dir."""
+        try:
+            instances = os.listdir(self.log_dir)
+        except OSError:
+            return
+        for inst in instances:
+            inst_dir = os.path.join(self.log_dir, inst)
+            try:
+                attempts = os.listdir(inst_dir)
+            except OSError:
+                continue
+            for att in attempts:
+                m = _ATTEMPT.match(att)
+                if not m:
+                    continue
+                att_dir = os.path.join(inst_dir, att)
+                try:
+                    ranks = os.listdir(att_dir)
+                except OSError:
+                    continue
+                for lr in ranks:
+                    if not lr.isdigit():
+                        continue
+                    for stream in ("stdout", "stderr"):
+                        path = os.path.join(att_dir, lr, stream + ".log")
+                        self._check(path, inst, int(m.group(1)), int(lr), stream)
+
+    def _check(self, path, inst, attempt, local_rank, stream):
+        try:
+            inode = os.stat(path).st_ino
+        except OSError:
+            old = self.files.get(path)
+            if old is not None:
+                old.gone = True
+            return
+        old = self.files.get(path)
+        if old is not None:
+            if old.inode == inode:
+                return
+            old.gone = True
+            self.closing.append(old)
+        meta = {"instance": inst, "attempt": attempt, "local_rank": local_rank,
+                "stream": stream, "path": path}
+        self._open(path, meta)
+
+    def poll(self, final=False):
+        """Read what is new; returns journal records ``[(meta, data), ...]``."""
+        now = time.monotonic()
+        if final or now - self._last_scan >= 0.1:
+            self._last_scan = now
+            self.scan()
+        records = []
+        for ff in list(self.files.values()) + self.closing:
+            if not ff.announced:
+                if ff.announced is None:
+                    ff.announced = True
+                    records.append((dict(ff.meta, k="file", f=ff.fid, rank=None), b""))
+                else:
+                    rank = self.resolve_rank(ff.meta["attempt"], ff.meta["local_rank"])
+                    if rank is None and not final and now - ff.seen < RANK_WAIT:
+                        continue  # data waits in the file until we know whose it is
+                    ff.announced = True
+                    records.append((dict(ff.meta, k="file", f=ff.fid, rank=rank), b""))
+            self._read(ff, records, final)
+        still = []
+        for ff in self.closing:
+            if ff.fd is not None:
+                still.append(ff)
+        self.closing = still
+        return records
+
+    def _read(self, ff, records, final):
+        if ff.fd is None:
+            return
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(ff.fd, READ_SIZE)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if len(chunk) < READ_SIZE:
+                break
+        if chunks:
+            if not ff.pending:
+                ff.pending_offset = ff.offset
+            data = ff.pending + b"".join(chunks)
+            ff.offset += len(data) - len(ff.pending)
+            cut = data.rfind(b"\n") + 1
+            if final or len(data) - cut > MAX_PENDING:
+                cut = len(data)
+            if cut:
+                records.append(({"k": "data", "f": ff.fid, "o": ff.pending_offset,
+                                 "ts": time.time()}, data[:cut]))
+                ff.pending_offset += cut
+            ff.pending = data[cut:]
+        elif final and ff.pending:
+            records.append(({"k": "data", "f": ff.fid, "o": ff.pending_offset,
+                             "ts": time.time()}, ff.pending))
+            ff.pending_offset += len(ff.pending)
+            ff.pending = b""
+        if ff.gone and not chunks:
+            os.close(ff.fd)
+            ff.fd = None
+            if self.files.get(ff.path) is ff:
+                del self.files[ff.path]
+
+    def close(self):
+        for ff in list(self.files.values()) + self.closing:
+            if ff.fd is not None:
+                os.close(ff.fd)
+                ff.fd = None
+        self.files = {}
+        self.closing = []

@@ -1,0 +1,1 @@
+"""rankdeck's laptop side: CLI, run controller, transports and the Textual app."""

@@ -1,0 +1,133 @@
+"""rankdeck's command line: launch, demo, attach, status, logs, stop, restart, check, ls.
+
+Exit codes: 0 success, 1 the run failed, 2 bad input or usage, 3 could not reach a host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class UsageError(Exception):
+    """Bad input: printed as it is, exit 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rankdeck", description="Launch and watch multi-node "
+                                "torchrun training from a terminal.")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    def run_opts(sp, tui=True):
+        if tui:
+            sp.add_argument("--no-tui", action="store_true", help="print `[node r] line` "
+                            "streams and a summary instead of the live view")
+        sp.add_argument("--accept-new-host-keys", action="store_true",
+                        help="record unknown SSH host keys instead of refusing them")
+
+    la = sub.add_parser("launch", help="start a run on every host of an inventory")
+    la.add_argument("-i", "--inventory", required=True, help="inventory file (YAML, TOML or "
+                    "a DeepSpeed hostfile)")
+    la.add_argument("--nproc-per-node", type=int, help="processes per node (default: the "
+                    "host's slots)")
+    la.add_argument("--nnodes", help="N or MIN:MAX for an elastic run (default: all hosts)")
+    la.add_argument("--max-restarts", type=int, default=3, help="torchrun --max-restarts")
+    la.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra environment for every rank (repeatable)")
+    la.add_argument("--metrics-regex", help="regex with named groups step, loss, lr, "
+                    "step_time, tok_s for your own log format")
+    la.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and "
+                    "SIGKILL when stopping")
+    la.add_argument("--detach", action="store_true", help="return once every node started")
+    la.add_argument("--allow-partial", action="store_true",
+                    help="start on the reachable hosts even if some are not")
+    la.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
+    la.add_argument("script", help="training script, as a path on the hosts (relative to "
+                    "each host's workdir)")
+    la.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script after --")
+    run_opts(la)
+
+    de = sub.add_parser("demo", help="the reference trainer on 4 local nodes (no SSH)")
+    de.add_argument("--steps", type=int, default=2000)
+    de.add_argument("--nodes", type=int, default=4, choices=range(1, 5), metavar="1-4")
+    de.add_argument("--nproc-per-node", type=int, default=1)
+    de.add_argument("args", nargs=argparse.REMAINDER, help="extra trainer arguments after --")
+    run_opts(de)
+
+    at = sub.add_parser("attach", help="open a running (or finished) run again")
+    at.add_argument("run_id")
+    run_opts(at)
+
+    st = sub.add_parser("status", help="per node and per rank: state, step, loss, restarts")
+    st.add_argument("run_id")
+    st.add_argument("--json", action="store_true", help="machine-readable (docs/STATUS.md)")
+
+    lg = sub.add_parser("logs", help="print a run's lines with `[node r]` prefixes")
+    lg.add_argument("run_id")
+    who = lg.add_mutually_exclusive_group()
+    who.add_argument("--rank", type=int)
+    who.add_argument("--node")
+    lg.add_argument("-f", "--follow", action="store_true")
+
+    sp = sub.add_parser("stop", help="stop a run, or one node of it")
+    sp.add_argument("run_id")
+    sp.add_argument("--node")
+
+    rs = sub.add_parser("restart", help="restart a node (it rejoins and resumes from the "
+                        "last checkpoint), or the whole run")
+    rs.add_argument("run_id")
+    rs.add_argument("--node")
+
+    ck = sub.add_parser("check", help="preflight every host of an inventory")
+    ck.add_argument("-i", "--inventory", required=True)
+    ck.add_argument("--json", action="store_true")
+    ck.add_argument("--accept-new-host-keys", action="store_true")
+
+    ls = sub.add_parser("ls", help="runs known to this laptop, newest first")
+    ls.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.cmd:
+        parser.print_help()
+        return EXIT_USAGE
+    from inventory.model import InventoryError
+
+    from .commands import COMMANDS
+    from .history import UnknownRun
+    from .run import LaunchError
+
+    try:
+        return asyncio.run(COMMANDS[args.cmd](args))
+    except (InventoryError, UsageError, UnknownRun) as exc:
+        print("rankdeck: %s" % exc, file=sys.stderr)
+        return EXIT_USAGE
+    except LaunchError as exc:
+        print("rankdeck: %s" % exc, file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise UsageError("--env %r: write KEY=VALUE with KEY a valid variable name" % item)
+        env[key] = value
+    return env
+
+
+def print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")

@@ -1,0 +1,395 @@
+"""RunState: what the console knows about a run, as plain data. No asyncio, no Textual.
+
+The RunController feeds it journal records and supervisor states from every node; the
+headless printer and the TUI read it and subscribe to :class:`LineBatch` callbacks. Every
+buffer is bounded: lines per rank, loss points per rank, events.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from agent.protocol import text_to_bytes
+
+LINES_PER_RANK = 5000
+LINES_PER_NODE = 2000
+POINTS_PER_RANK = 20000
+EVENTS = 2000
+MAX_PARTIAL = 64 * 1024
+STALL_MIN_S = 60.0
+STALL_FACTOR = 5.0
+
+ENDED = ("exited", "failed", "stopped")
+
+
+@dataclass
+class FileInfo:
+    """A followed log file on a node: which rank's, which stream, which torchrun attempt."""
+
+    fid: int
+    rank: int | None
+    local_rank: int | None
+    stream: str
+    attempt: int | None
+    instance: str | None
+    path: str
+    partial: str = ""
+
+
+@dataclass
+class LineBatch:
+    """New bytes of one file of one node, cut at line ends (``lines``); ``text`` is the raw data."""
+
+    node: str
+    rank: int | None
+    local_rank: int | None
+    stream: str
+    path: str
+    offset: int
+    text: str
+    lines: list[str]
+    ts: float
+
+
+@dataclass
+class RankState:
+    rank: int
+    node: str
+    local_rank: int | None = None
+    state: str = "starting"
+    step: int | None = None
+    loss: float | None = None
+    lr: float | None = None
+    step_time: float | None = None
+    tok_s: float | None = None
+    last_progress: float | None = None
+    step_times: deque = field(default_factory=lambda: deque(maxlen=64))
+    points: deque = field(default_factory=lambda: deque(maxlen=POINTS_PER_RANK))
+    lines: deque = field(default_factory=lambda: deque(maxlen=LINES_PER_RANK))
+
+    def stall_threshold(self, minimum: float = STALL_MIN_S) -> float:
+        """The larger of ``minimum`` and 5x the median step time."""
+        if self.step_times:
+            return max(minimum, STALL_FACTOR * statistics.median(self.step_times))
+        return minimum
+
+    def idle_s(self, now: float) -> float | None:
+        return None if self.last_progress is None else max(0.0, now - self.last_progress)
+
+
+@dataclass
+class NodeState:
+    name: str
+    addr: str = ""
+    state: str = "connecting"
+    cause: str | None = None
+    exit_code: int | None = None
+    restarts: int = 0  # restarts rankdeck made (node restarts)
+    max_restarts: int = 0
+    launched_at: float | None = None
+    files: dict[int, FileInfo] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)  # torchrun instance -> max attempt
+    instance: str | None = None  # the newest torchrun start's log folder
+    journal_offset: int = 0
+    lines: deque = field(default_factory=lambda: deque(maxlen=LINES_PER_NODE))
+    gpu: dict | None = None
+    kill_report: dict | None = None
+
+    @property
+    def torchrun_restarts(self) -> int:
+        return sum(self.attempts.values())
+
+    @property
+    def restarts_used(self) -> int:
+        return self.restarts + self.torchrun_restarts
+
+    @property
+    def restarts_left(self) -> int:
+        return max(0, self.max_restarts - self.attempts.get(self.instance, 0))
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+@dataclass
+class Event:
+    ts: float
+    node: str | None
+    kind: str  # launched, checkpoint, restarting, restarted, exited, failed, stopped, stalled...
+    text: str
+    rank: int | None = None
+
+
+class RunState:
+    """Everything known about one run; fed by the controller, read by the views."""
+
+    def __init__(self, run_id: str, nodes: list[tuple[str, str]], max_restarts: int = 0,
+                 stall_min_s: float = STALL_MIN_S):
+        self.run_id = run_id
+        self.nodes: dict[str, NodeState] = {
+            name: NodeState(name=name, addr=addr, max_restarts=max_restarts)
+            for name, addr in nodes
+        }
+        self.ranks: dict[int, RankState] = {}
+        self.events: deque[Event] = deque(maxlen=EVENTS)
+        self.started = time.time()
+        self.stall_min_s = stall_min_s
+        self.line_listeners: list[Callable[[LineBatch], None]] = []
+        self.event_listeners: list[Callable[[Event], None]] = []
+        self.change_listeners: list[Callable[[str], None]] = []
+        self.total_lines = 0
+
+    # -- feeding ---------------------------------------------------------------------------
+    def add_event(self, node: str | None, kind: str, text: str, rank: int | None = None,
+                  ts: float | None = None) -> None:
+        ev = Event(ts or time.time(), node, kind, text, rank)
+        self.events.append(ev)
+        for cb in self.event_listeners:
+            cb(ev)
+
+    def changed(self, node: str) -> None:
+        for cb in self.change_listeners:
+            cb(node)
+
+    def set_node(self, node: str, state: str, cause: str | None = None) -> None:
+        ns = self.nodes[node]
+        if ns.state != state or ns.cause != cause:
+            ns.state, ns.cause = state, cause
+            self.changed(node)
+
+    def apply_records(self, node: str, recs: list, end: int) -> None:
+        """Journal records from a node's agent (the ``recs`` of a ``journal`` message)."""
+        ns = self.nodes[node]
+        for rec in recs:
+            meta = rec[0]
+            kind = meta.get("k")
+            if kind == "data":
+                self._data(ns, meta, rec[1] if len(rec) > 1 else "")
+            elif kind == "metric":
+                self._metric(ns, meta)
+            elif kind == "file":
+                self._file(ns, meta)
+            elif kind == "ckpt":
+                fi = ns.files.get(meta.get("f"))
+                rank = fi.rank if fi else None
+                size = meta.get("bytes")
+                self.add_event(node, "checkpoint", "checkpoint step %s saved: %s%s" % (
+                    meta.get("step"), meta.get("path"),
+                    " (%s)" % human_bytes(size) if size else ""), rank, meta.get("ts"))
+            elif kind == "event":
+                self._supervisor_event(ns, meta)
+        ns.journal_offset = end
+        self.changed(node)
+
+    def _file(self, ns: NodeState, meta: dict) -> None:
+        fi = FileInfo(meta["f"], meta.get("rank"), meta.get("local_rank"),
+                      meta.get("stream", "stdout"), meta.get("attempt"), meta.get("instance"),
+                      meta.get("path", ""))
+        ns.files[fi.fid] = fi
+        if fi.instance is not None and fi.attempt is not None:
+            ns.attempts[fi.instance] = max(ns.attempts.get(fi.instance, 0), fi.attempt)
+            ns.instance = fi.instance
+        if fi.rank is not None:
+            rs = self.ranks.get(fi.rank)
+            if rs is None:
+                rs = self.ranks[fi.rank] = RankState(fi.rank, ns.name)
+            rs.node = ns.name
+            rs.local_rank = fi.local_rank
+            if rs.state in ("exited", "failed"):
+                rs.state = "starting"
+
+    def _data(self, ns: NodeState, meta: dict, text: str) -> None:
+        fi = ns.files.get(meta.get("f"))
+        if fi is None:  # data for a file we never saw announced: keep it on the node
+            fi = ns.files[meta.get("f")] = FileInfo(meta.get("f"), None, None, "unknown", None,
+                                                    None, "")
+        joined = fi.partial + text if fi.partial else text
+        lines = joined.split("\n")
+        fi.partial = lines.pop()
+        if len(fi.partial) > MAX_PARTIAL:  # a line with no end in sight: pass it on in pieces
+            lines.append(fi.partial)
+            fi.partial = ""
+        self.total_lines += len(lines)
+        if fi.rank is not None and fi.rank in self.ranks:
+            self.ranks[fi.rank].lines.extend(lines)
+        else:
+            ns.lines.extend(lines)
+        batch = LineBatch(ns.name, fi.rank, fi.local_rank, fi.stream, fi.path, meta.get("o", 0),
+                          text, lines, meta.get("ts", 0.0))
+        for cb in self.line_listeners:
+            cb(batch)
+
+    def _metric(self, ns: NodeState, meta: dict) -> None:
+        fi = ns.files.get(meta.get("f"))
+        if fi is None or fi.rank is None or fi.rank not in self.ranks:
+            return
+        rs = self.ranks[fi.rank]
+        step = meta.get("step")
+        if step is None and meta.get("loss") is not None:
+            step = (rs.step or 0) + 1  # Hugging Face lines carry no step: count them
+        if step is not None:
+            rs.step = step
+        for key in ("loss", "lr", "step_time", "tok_s"):
+            if meta.get(key) is not None:
+                setattr(rs, key, meta[key])
+        if meta.get("step_time") is not None:
+            rs.step_times.append(meta["step_time"])
+        if step is not None and meta.get("loss") is not None:
+            rs.points.append((step, meta["loss"]))
+        rs.last_progress = meta.get("ts") or time.time()
+        if rs.state in ("starting", "stalled"):
+            if rs.state == "stalled":
+                self.add_event(ns.name, "recovered", "rank %d stepping again (step %s)"
+                               % (rs.rank, step), rs.rank)
+            rs.state = "running"
+        if ns.state == "starting":
+            ns.state = "running"
+
+    def _supervisor_event(self, ns: NodeState, meta: dict) -> None:
+        what = meta.get("what")
+        ts = meta.get("ts")
+        if what == "launched":
+            ns.launched_at = ts
+            ns.state = "starting"
+            self.add_event(ns.name, "launched", "torchrun started (pid %s, launch %s)"
+                           % (meta.get("pid"), meta.get("launch")), ts=ts)
+        elif what == "restarting":
+            ns.state = "restarting"
+            self.add_event(ns.name, "restarting", "restart requested", ts=ts)
+        elif what == "killed":
+            report = meta.get("report") or {}
+            ns.kill_report = report
+            self.add_event(ns.name, "killed", kill_summary(report), ts=ts)
+        elif what == "stopping":
+            ns.state = "stopping"
+            self.add_event(ns.name, "stopping", "stop requested", ts=ts)
+        elif what == "ended":
+            state = meta.get("state")
+            ns.exit_code = meta.get("exit_code")
+            ns.kill_report = meta.get("kill")
+            cause = meta.get("cause") or {}
+            ns.cause = cause.get("message") if cause else None
+            ns.state = state
+            for rs in self.ranks.values():
+                if rs.node == ns.name and rs.state != "failed":
+                    rs.state = "failed" if state == "failed" else "exited"
+            if state == "failed" and cause.get("rank") is not None:
+                bad = self.ranks.get(cause["rank"])
+                if bad:
+                    bad.state = "failed"
+            text = {"exited": "exited 0", "stopped": "stopped"}.get(
+                state, "failed (exit %s): %s" % (ns.exit_code, ns.cause))
+            self.add_event(ns.name, state, text, cause.get("rank") if cause else None, ts=ts)
+
+    def apply_supervisor_state(self, node: str, st: dict | None) -> None:
+        """A node's state.json (from a ``state`` message)."""
+        if not st:
+            return
+        ns = self.nodes[node]
+        ns.restarts = st.get("restarts", ns.restarts)
+        ns.max_restarts = st.get("max_restarts", ns.max_restarts)
+        sup = st.get("state")
+        if sup == "lost" and ns.state != "lost":
+            ns.state = "lost"
+            ns.cause = "supervisor died; processes may be left (rankdeck stop kills them)"
+            self.add_event(node, "lost", ns.cause)
+        elif sup in ENDED and not ns.ended:
+            ns.state = sup
+            ns.exit_code = st.get("exit_code")
+            cause = st.get("cause") or {}
+            ns.cause = cause.get("message") if cause else None
+        elif sup in ("restarting", "stopping"):
+            ns.state = sup
+        elif sup == "running" and ns.state in ("connecting", "unreachable", "lost"):
+            ns.state = "starting" if not self._node_stepping(node) else "running"
+        self.changed(node)
+
+    def _node_stepping(self, node: str) -> bool:
+        return any(r.node == node and r.state == "running" for r in self.ranks.values())
+
+    # -- reading ---------------------------------------------------------------------------
+    def check_stalls(self, now: float | None = None) -> list[RankState]:
+        """Mark ranks with no progress for longer than their threshold as stalled."""
+        now = now or time.time()
+        newly = []
+        for rs in self.ranks.values():
+            if rs.state != "running" or rs.last_progress is None:
+                continue
+            if now - rs.last_progress > rs.stall_threshold(self.stall_min_s):
+                rs.state = "stalled"
+                newly.append(rs)
+                self.add_event(rs.node, "stalled", "rank %d stalled: no step for %.0f s (last "
+                               "step %s)" % (rs.rank, now - rs.last_progress, rs.step), rs.rank)
+        return newly
+
+    def run_state(self) -> str:
+        states = [n.state for n in self.nodes.values()]
+        if all(s in ENDED for s in states):
+            if all(s == "exited" for s in states):
+                return "succeeded"
+            if any(s == "failed" for s in states):
+                return "failed"
+            return "stopped"
+        if any(r.state in ("running", "stalled") for r in self.ranks.values()):
+            return "running"
+        return "starting"
+
+    def ranks_of(self, node: str) -> list[RankState]:
+        return sorted((r for r in self.ranks.values() if r.node == node), key=lambda r: r.rank)
+
+    def status(self, now: float | None = None) -> dict:
+        """The ``status --json`` document (schema in docs/STATUS.md; keep it stable)."""
+        now = now or time.time()
+        nodes = []
+        for ns in self.nodes.values():
+            ranks = []
+            for rs in self.ranks_of(ns.name):
+                idle = rs.idle_s(now)
+                ranks.append({
+                    "rank": rs.rank, "local_rank": rs.local_rank, "state": rs.state,
+                    "step": rs.step, "loss": rs.loss, "lr": rs.lr, "step_time": rs.step_time,
+                    "tok_s": rs.tok_s, "idle_s": None if idle is None else round(idle, 1),
+                })
+            nodes.append({
+                "name": ns.name, "addr": ns.addr, "state": ns.state, "cause": ns.cause,
+                "restarts_used": ns.restarts_used, "restarts_left": ns.restarts_left,
+                "exit_code": ns.exit_code, "ranks": ranks,
+            })
+        return {"run_id": self.run_id, "state": self.run_state(), "nodes": nodes,
+                "started": self.started, "events": len(self.events)}
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+    return "?"
+
+
+def kill_summary(report: dict) -> str:
+    if not report:
+        return "nothing to kill"
+    parts = ["%d process(es) signalled" % len(report.get("sigterm", []))]
+    if report.get("killed"):
+        parts.append("%d needed SIGKILL" % len(report["killed"]))
+    if report.get("dstate"):
+        parts.append("HOST NEEDS ATTENTION: %s stuck in uninterruptible sleep"
+                     % report["dstate"])
+    elif report.get("left"):
+        parts.append("LEFT RUNNING: %s" % report["left"])
+    else:
+        parts.append("none left")
+    return ", ".join(parts)
+
+
+def raw_bytes(batch: LineBatch) -> bytes:
+    """The exact bytes a batch carried (log text is surrogate-escaped, see agent/protocol.py)."""
+    return text_to_bytes(batch.text)

@@ -1,0 +1,1 @@
+"""How bytes reach an agent. No Textual here (an import-hygiene test checks it)."""

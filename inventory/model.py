@@ -1,0 +1,69 @@
+"""The inventory as plain data: what the loader produces and the console consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EnvValue:
+    """One environment value for the run. Secret values are masked in every output."""
+
+    value: str
+    secret: bool = False
+
+    def shown(self) -> str:
+        return "****" if self.secret else self.value
+
+
+@dataclass
+class Host:
+    """One node of a run.
+
+    ``ssh`` is what to connect to: an ``~/.ssh/config`` alias or ``[user@]host[:port]``; None
+    for the local transport. ``addr`` is the address the other nodes use to reach this one
+    (rendezvous, ``--local-addr``). ``python`` is the training interpreter on the host; for the
+    local transport an empty value means the console's own interpreter.
+    """
+
+    name: str
+    addr: str
+    ssh: str | None = None
+    python: str = "python3"
+    workdir: str = "~"
+    slots: int = 1
+    gpus: int = 0
+    env: dict[str, EnvValue] = field(default_factory=dict)
+    line: int = 0  # where the host is defined in its file, for error messages
+
+
+@dataclass
+class Inventory:
+    """A loaded, validated inventory. ``transport`` is "ssh" or "local"."""
+
+    path: str
+    hosts: list[Host]
+    transport: str = "ssh"
+    name: str = ""
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    @property
+    def secrets(self) -> list[str]:
+        """Every secret value, for masking output."""
+        return sorted({v.value for h in self.hosts for v in h.env.values() if v.secret and v.value})
+
+
+class InventoryError(Exception):
+    """A mistake in an inventory: ``file:line: what is wrong and how to fix it``."""
+
+    def __init__(self, path: str, line: int | None, message: str):
+        self.path = path
+        self.line = line
+        self.message = message
+        where = f"{path}:{line}" if line else path
+        super().__init__(f"{where}: {message}")
