@@ -1,0 +1,340 @@
+"""The inventory loader: the shipped examples, and the message a user gets for each mistake."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from inventory.loader import load_hostfile, load_inventory
+from inventory.model import EnvValue, Inventory, InventoryError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "inventory"
+LAPTOP_ENV = {"WANDB_API_KEY": "wk-123", "USER": "alice", "HOME": "/home/alice"}
+
+
+def comparable(inv: Inventory) -> Inventory:
+    """The inventory without where it came from (path, line numbers)."""
+    hosts = [dataclasses.replace(h, line=0) for h in inv.hosts]
+    return dataclasses.replace(inv, path="", hosts=hosts)
+
+
+def load_text(tmp_path: Path, name: str, text: str, environ=None) -> Inventory:
+    (tmp_path / name).write_text(text)
+    return load_inventory(tmp_path / name, environ or {})
+
+
+# --- the examples ------------------------------------------------------------------------
+
+
+def test_cluster_example_yaml_merges_defaults_into_each_host():
+    inv = load_inventory(EXAMPLES / "cluster.example.yaml", LAPTOP_ENV)
+    assert (inv.name, inv.transport) == ("gpu-cluster", "ssh")
+    assert [h.name for h in inv.hosts] == ["node0", "node1", "node2", "node3"]
+    node0, node1, node2, node3 = inv.hosts
+    assert (node0.ssh, node0.addr) == ("gpu-node-0", "10.0.0.10")
+    assert (node1.ssh, node1.addr) == ("gpu-node-1", "10.0.0.11")
+    assert (node2.ssh, node2.addr) == ("alice@10.0.0.12:2222", "10.0.0.12")
+    assert (node3.ssh, node3.addr) == ("alice@10.0.0.13", "10.0.0.13")
+    for host in (node0, node1, node2):
+        assert (host.python, host.workdir, host.slots, host.gpus) == (
+            "/opt/venv/bin/python", "~/work/proj", 8, 8)
+    assert (node3.python, node3.workdir, node3.slots, node3.gpus) == (
+        "/usr/bin/python3.11", "/scratch/alice/proj", 4, 4)
+    assert node0.line == 24
+
+
+def test_cluster_example_yaml_env_values_and_secret_flags():
+    inv = load_inventory(EXAMPLES / "cluster.example.yaml", LAPTOP_ENV)
+    shared = {
+        "NCCL_DEBUG": EnvValue("WARN"),
+        "NCCL_SOCKET_NTHREADS": EnvValue("4"),
+        "WANDB_API_KEY": EnvValue("wk-123", secret=True),
+        "WANDB_PROJECT": EnvValue("rankdeck"),  # fallback used: nothing secret in it
+        "RUN_NAME": EnvValue("exp-alice", secret=True),
+        "HYDRA_RUN_DIR": EnvValue("out/${now:%H-%M}"),
+    }
+    assert inv.host("node0").env == shared
+    assert inv.host("node2").env == {**shared, "NCCL_DEBUG": EnvValue("INFO")}
+    assert inv.host("node3").env == {
+        **shared,
+        "HF_TOKEN": EnvValue("", secret=True),
+        "HOME_DIR": EnvValue("/home/alice", secret=False),
+    }
+    assert inv.secrets == ["exp-alice", "wk-123"]
+
+
+def test_cluster_example_fallback_takes_the_environment_when_set():
+    env = {**LAPTOP_ENV, "WANDB_PROJECT": "mine", "HF_TOKEN": "hf-9"}
+    inv = load_inventory(EXAMPLES / "cluster.example.yaml", env)
+    assert inv.host("node0").env["WANDB_PROJECT"] == EnvValue("mine", secret=True)
+    assert inv.host("node3").env["HF_TOKEN"] == EnvValue("hf-9", secret=True)
+
+
+def test_yaml_and_toml_examples_are_the_same_inventory():
+    from_yaml = load_inventory(EXAMPLES / "cluster.example.yaml", LAPTOP_ENV)
+    from_toml = load_inventory(EXAMPLES / "cluster.example.toml", LAPTOP_ENV)
+    assert comparable(from_toml) == comparable(from_yaml)
+    assert [h.line for h in from_toml.hosts] == [25, 30, 35, 42]  # the [[hosts]] headers
+
+
+def test_local_example_runs_four_nodes_on_loopback_with_the_console_python():
+    inv = load_inventory(EXAMPLES / "local.yaml", {})
+    assert inv.transport == "local"
+    assert [(h.name, h.addr) for h in inv.hosts] == [
+        ("node0", "127.0.0.2"), ("node1", "127.0.0.3"),
+        ("node2", "127.0.0.4"), ("node3", "127.0.0.5"),
+    ]
+    for host in inv.hosts:
+        assert (host.ssh, host.python, host.workdir, host.slots, host.env) == (None, "", ".", 1, {})
+
+
+def test_hostfile_example_takes_python_workdir_and_gpus_from_defaults():
+    defaults = {"python": "/opt/venv/bin/python", "workdir": "~/proj", "gpus": 8,
+                "env": {"TOKEN": "${WANDB_API_KEY}"}}
+    inv = load_hostfile(EXAMPLES / "hostfile.example", LAPTOP_ENV, defaults)
+    assert [(h.name, h.ssh, h.addr, h.slots, h.line) for h in inv.hosts] == [
+        ("gpu-node-0", "gpu-node-0", "gpu-node-0", 8, 5),
+        ("gpu-node-1", "gpu-node-1", "gpu-node-1", 8, 6),
+        ("gpu-node-2", "gpu-node-2", "gpu-node-2", 8, 7),
+        ("gpu-node-3", "gpu-node-3", "gpu-node-3", 4, 8),
+    ]
+    assert all((h.python, h.workdir, h.gpus) == ("/opt/venv/bin/python", "~/proj", 8)
+               for h in inv.hosts)
+    assert inv.hosts[0].env == {"TOKEN": EnvValue("wk-123", secret=True)}
+    # load_inventory reads anything that is not .yaml/.toml as a hostfile, with plain defaults.
+    plain = load_inventory(EXAMPLES / "hostfile.example", {})
+    assert (plain.hosts[0].python, plain.hosts[0].workdir, plain.transport) == ("python3", "~", "ssh")
+
+
+# --- behaviour -----------------------------------------------------------------------------
+
+
+def test_ssh_defaults_name_and_addr_from_the_target(tmp_path):
+    inv = load_text(tmp_path, "inv.yaml", """\
+hosts:
+  - name: a
+  - name: b
+    ssh: bob@b.example:2200
+  - name: c
+    ssh: "[fd00::3]:22"
+  - name: d
+    ssh: fd00::4
+""")
+    assert [(h.ssh, h.addr, h.python, h.workdir, h.slots, h.gpus) for h in inv.hosts] == [
+        ("a", "a", "python3", "~", 1, 0),
+        ("bob@b.example:2200", "b.example", "python3", "~", 1, 0),
+        ("[fd00::3]:22", "fd00::3", "python3", "~", 1, 0),
+        ("fd00::4", "fd00::4", "python3", "~", 1, 0),
+    ]
+
+
+def test_env_values_keep_their_spelling_and_dollar_rules(tmp_path):
+    inv = load_text(tmp_path, "inv.yaml", """\
+hosts:
+  - name: a
+    workdir: ~
+    env:
+      VERSION: 3.10
+      MODE: 0700
+      PRICE: $5 and $$ and $${X}
+      EMPTY_SET: ${EMPTY:-fallback}
+      EMPTY_RAW: ${EMPTY}
+      SHOWN: {value: "${TOKEN}", secret: false}
+      HIDDEN: {value: plain, secret: true}
+""", environ={"EMPTY": "", "TOKEN": "t0k"})
+    host = inv.hosts[0]
+    assert host.workdir == "~"  # YAML's bare ~ is null; here it means home
+    assert host.env == {
+        "VERSION": EnvValue("3.10"),
+        "MODE": EnvValue("0700"),
+        "PRICE": EnvValue("$5 and $$ and ${X}"),
+        "EMPTY_SET": EnvValue("fallback"),
+        "EMPTY_RAW": EnvValue("", secret=True),
+        "SHOWN": EnvValue("t0k", secret=False),
+        "HIDDEN": EnvValue("plain", secret=True),
+    }
+
+
+def test_yaml_anchors_and_merge_keys_work(tmp_path):
+    inv = load_text(tmp_path, "inv.yaml", """\
+hosts:
+  - &big {name: a, slots: 8, gpus: 8}
+  - <<: *big
+    name: b
+""")
+    assert [(h.name, h.slots, h.gpus) for h in inv.hosts] == [("a", 8, 8), ("b", 8, 8)]
+
+
+def test_environ_defaults_to_the_process_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANKDECK_TEST_SECRET", "s3")
+    (tmp_path / "inv.yaml").write_text(
+        "hosts:\n  - name: a\n    env: {K: \"${RANKDECK_TEST_SECRET}\"}\n")
+    inv = load_inventory(str(tmp_path / "inv.yaml"))
+    assert inv.hosts[0].env == {"K": EnvValue("s3", secret=True)}
+
+
+def test_toml_semantic_errors_point_at_the_key(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("inv.toml").write_text("""\
+[[hosts]]
+name = "a"
+
+[[hosts]]
+name = "b"
+env = { A = "1", B = { value = "x", secert = true } }
+""")
+    with pytest.raises(InventoryError) as err:
+        load_inventory("inv.toml", {})
+    assert str(err.value) == (
+        "inv.toml:6: unknown key 'secert' in env B of host 'b'; did you mean 'secret'? "
+        "Allowed: secret, value")
+    assert (err.value.path, err.value.line) == ("inv.toml", 6)
+
+
+# --- every mistake: file, line, what is wrong, how to fix it ---------------------------------
+
+HOST = "hosts:\n  - name: node0\n"
+CATALOGUE = [
+    ("yaml-syntax", "inv.yaml", "hosts:\n  - name: node0\n    ssh: gpu: 0\n",
+     "inv.yaml:3: YAML syntax error: mapping values are not allowed here; check indentation "
+     "and quote values that contain ': '"),
+    ("yaml-tab", "inv.yaml", "hosts:\n\t- name: node0\n",
+     "inv.yaml:2: YAML syntax error: found character '\\t' that cannot start any token; indent "
+     "with spaces (YAML does not allow tabs), and quote values that start with '@' or '`'"),
+    ("yaml-braces", "inv.yaml", HOST + "    env: {K: ${X}}\n",
+     "inv.yaml:3: YAML syntax error: expected ',' or '}', but got '{'; inside { } quote "
+     "values that contain braces, e.g. {K: \"${VAR}\"}"),
+    ("toml-syntax", "inv.toml", "[[hosts]]\nname = node0\n",
+     "inv.toml:2: TOML syntax error: invalid value at column 8; text needs quotes in TOML: "
+     "key = \"value\""),
+    ("unknown-top", "inv.yaml", "host:\n  - name: node0\n",
+     "inv.yaml:1: unknown key 'host' at the top level; did you mean 'hosts'? Allowed: "
+     "defaults, hosts, name, transport"),
+    ("unknown-defaults", "inv.yaml", "defaults:\n  slot: 8\n" + HOST,
+     "inv.yaml:2: unknown key 'slot' in defaults; did you mean 'slots'? Allowed: env, gpus, "
+     "python, slots, workdir"),
+    ("ssh-in-defaults", "inv.yaml", "defaults:\n  ssh: gw\n" + HOST,
+     "inv.yaml:2: 'ssh' cannot be a default: every host has its own; set it on each host"),
+    ("unknown-host", "inv.yaml", HOST + "  - name: node1\n    adr: 10.0.0.11\n",
+     "inv.yaml:4: unknown key 'adr' in host 'node1'; did you mean 'addr'? Allowed: addr, env, "
+     "gpus, name, python, slots, ssh, workdir"),
+    ("unknown-no-match", "inv.yaml", HOST + "    colour: red\n",
+     "inv.yaml:3: unknown key 'colour' in host 'node0'; allowed: addr, env, gpus, name, "
+     "python, slots, ssh, workdir"),
+    ("unknown-env-form", "inv.yaml", HOST + "    env:\n      T: {value: x, secert: true}\n",
+     "inv.yaml:4: unknown key 'secert' in env T of host 'node0'; did you mean 'secret'? "
+     "Allowed: secret, value"),
+    ("unknown-toml-host", "inv.toml",
+     '[[hosts]]\nname = "node0"\n\n[[hosts]]\nname = "node1"\nadr = "10.0.0.11"\n',
+     "inv.toml:6: unknown key 'adr' in host 'node1'; did you mean 'addr'? Allowed: addr, env, "
+     "gpus, name, python, slots, ssh, workdir"),
+    ("duplicate-name", "inv.yaml",
+     "hosts:\n  - name: node1\n    addr: 10.0.0.1\n  - name: node1\n    addr: 10.0.0.2\n",
+     "inv.yaml:4: duplicate host name 'node1' (first defined on line 2); host names must be "
+     "unique"),
+    ("duplicate-addr", "inv.yaml",
+     "hosts:\n  - name: a\n    ssh: u@box:2201\n  - name: b\n    ssh: u@box:2202\n",
+     "inv.yaml:5: host 'b' has the same addr 'box' as host 'a' (line 2); each node needs its "
+     "own address (it is the node's --local-addr), so give each host a distinct 'addr:'"),
+    ("duplicate-key", "inv.yaml", HOST + "    slots: 2\n    gpus: 2\n    slots: 4\n",
+     "inv.yaml:5: duplicate key 'slots' (first on line 3); YAML would keep only the last one, "
+     "so remove or rename one of them"),
+    ("missing-name", "inv.yaml", HOST + "  - ssh: gpu-node-1\n",
+     "inv.yaml:3: host #2 has no name; add 'name: <name>' (host names must be unique)"),
+    ("bad-name", "inv.yaml", "hosts:\n  - name: node 0\n",
+     "inv.yaml:2: host name 'node 0' is not valid; use letters, digits, '.', '_' and '-', "
+     "starting with a letter or digit"),
+    ("number-name", "inv.yaml", "hosts:\n  - name: 007\n",
+     "inv.yaml:2: host #1: name must be text, got 007; put it in quotes: \"007\""),
+    ("no-hosts", "inv.yaml", "name: empty\nhosts: []\n",
+     "inv.yaml:2: no hosts; add a hosts list with at least one host (see "
+     "inventory/cluster.example.yaml)"),
+    ("hosts-not-list", "inv.yaml", "hosts:\n  node0: {}\n",
+     "inv.yaml:1: hosts must be a list of hosts, each starting with '- name:', got a mapping"),
+    ("slots-text", "inv.yaml", HOST + "    slots: eight\n",
+     "inv.yaml:3: host 'node0': slots must be a whole number >= 1, got 'eight'"),
+    ("slots-quoted", "inv.yaml", HOST + "    slots: \"8\"\n",
+     "inv.yaml:3: host 'node0': slots must be a whole number >= 1, got '8'; remove the quotes"),
+    ("slots-zero", "inv.yaml", "defaults:\n  slots: 0\n" + HOST,
+     "inv.yaml:2: defaults: slots must be a whole number >= 1, got 0"),
+    ("gpus-bool", "inv.yaml", HOST + "    gpus: yes\n",
+     "inv.yaml:3: host 'node0': gpus must be a whole number >= 0, got yes (a boolean)"),
+    ("slots-bool-toml", "inv.toml", '[[hosts]]\nname = "node0"\nslots = true\n',
+     "inv.toml:3: host 'node0': slots must be a whole number >= 1, got true (a boolean)"),
+    ("undefined-var", "inv.yaml",
+     HOST + "  - name: node1\n    env:\n      WANDB_API_KEY: ${WANDB_API_KEY}\n",
+     "inv.yaml:5: environment variable WANDB_API_KEY is not set on this machine (used by "
+     "hosts.node1.env.WANDB_API_KEY); export it, or write ${WANDB_API_KEY:-default}"),
+    ("undefined-var-toml", "inv.toml",
+     '[defaults]\nslots = 2\n\n[defaults.env]\nA = "1"\nKEY = "x-${KEY}"\n\n'
+     '[[hosts]]\nname = "node0"\n',
+     "inv.toml:6: environment variable KEY is not set on this machine (used by "
+     "defaults.env.KEY); export it, or write ${KEY:-default}"),
+    ("unclosed-ref", "inv.yaml", HOST + "    env:\n      A: x${Y\n",
+     "inv.yaml:4: unclosed '${' in hosts.node0.env.A; close it with '}', or write '$${' for a "
+     "literal '${'"),
+    ("bad-ref", "inv.yaml", HOST + "    env:\n      A: ${1X}\n",
+     "inv.yaml:4: '${1X}' in hosts.node0.env.A is not a valid reference; write ${NAME} or "
+     "${NAME:-fallback}, or '$${' for a literal '${'"),
+    ("bad-env-name", "inv.yaml", HOST + "    env:\n      MY-VAR: x\n",
+     "inv.yaml:4: host 'node0': 'MY-VAR' is not a valid environment variable name; use "
+     "letters, digits and '_', not starting with a digit"),
+    ("env-bool", "inv.yaml", HOST + "    env:\n      DEBUG: true\n",
+     "inv.yaml:4: host 'node0': env DEBUG is true (a boolean); environment values are text, "
+     "so quote it: \"true\""),
+    ("env-secret-not-bool", "inv.yaml", HOST + "    env:\n      T:\n        value: x\n"
+     "        secret: maybe\n",
+     "inv.yaml:6: host 'node0': env T: secret must be true or false, got 'maybe'"),
+    ("local-with-ssh", "inv.yaml",
+     "transport: local\nhosts:\n  - name: node0\n    ssh: gpu-node-0\n    addr: 127.0.0.2\n",
+     "inv.yaml:4: host 'node0' sets ssh, but transport is local (every node runs on this "
+     "machine); remove 'ssh:' or set 'transport: ssh'"),
+    ("local-no-addr", "inv.yaml", "transport: local\n" + HOST,
+     "inv.yaml:3: host 'node0' needs an addr with transport local: a loopback address of its "
+     "own, such as 127.0.0.2"),
+    ("local-not-loopback", "inv.yaml",
+     "transport: local\nhosts:\n  - name: node0\n    addr: 10.0.0.10\n",
+     "inv.yaml:4: host 'node0': addr '10.0.0.10' is not a loopback address; with transport "
+     "local every node runs on this machine, so use 127.0.0.2, 127.0.0.3, ..."),
+    ("bad-transport", "inv.yaml", "transport: sssh\n" + HOST,
+     "inv.yaml:1: transport must be 'ssh' or 'local', got 'sssh'; did you mean 'ssh'?"),
+    ("bad-port", "inv.yaml", HOST + "    ssh: me@gpu:22x\n",
+     "inv.yaml:3: host 'node0': ssh 'me@gpu:22x' is not an ssh target; write an "
+     "~/.ssh/config alias or [user@]host[:port] with a port from 1 to 65535"),
+    ("top-is-list", "inv.yaml", "- name: node0\n",
+     "inv.yaml:1: the top level must be a mapping with a hosts list, got a list (see "
+     "inventory/cluster.example.yaml)"),
+    ("empty-yaml", "inv.yaml", "",
+     "inv.yaml: the file is empty; an inventory needs a list of hosts (see "
+     "inventory/cluster.example.yaml)"),
+    ("only-comments", "inv.yaml", "# todo\n",
+     "inv.yaml: the file is empty; an inventory needs a list of hosts (see "
+     "inventory/cluster.example.yaml)"),
+    ("missing-file", "missing.yaml", None, "missing.yaml: no such file"),
+    ("hostfile-bad-slots", "hosts", "node0 slots=8\nnode1 slots=eight\n",
+     "hosts:2: slots must be a whole number >= 1, got 'eight'; write e.g. 'node1 slots=8'"),
+    ("hostfile-spaced-slots", "hosts", "# gpus\nnode0 slots = 8\n",
+     "hosts:2: unexpected 'slots' after 'node0'; a hostfile line is 'hostname slots=N', e.g. "
+     "'node0 slots=8'"),
+    ("hostfile-duplicate", "hosts", "node0 slots=8\n\n# again\nnode0 slots=4\n",
+     "hosts:4: duplicate host name 'node0' (first defined on line 1); host names must be "
+     "unique"),
+    ("hostfile-user", "hosts", "root@node0 slots=8\n",
+     "hosts:1: 'root@node0' is not a valid host name; use letters, digits, '.', '_' and '-' "
+     "(for a user or port, use an ~/.ssh/config alias or a YAML inventory)"),
+    ("hostfile-empty", "hosts", "# nothing yet\n",
+     "hosts: no hosts in this hostfile; add one line per host, e.g. 'node0 slots=8'"),
+]
+
+
+@pytest.mark.parametrize("name, text, message", [c[1:] for c in CATALOGUE],
+                         ids=[c[0] for c in CATALOGUE])
+def test_each_mistake_gets_file_line_and_fix(tmp_path, monkeypatch, name, text, message):
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        Path(name).write_text(text)
+    with pytest.raises(InventoryError) as err:
+        load_inventory(name, {})
+    assert str(err.value) == message
