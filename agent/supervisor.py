@@ -169,6 +169,9 @@ class Supervisor(object):
         env.update(self.spec.get("env", {}))
         env[procs.MARKER] = self.marker
         env["PYTHONUNBUFFERED"] = "1"
+        # Without this a node relaunched into a running c10d rendezvous kills the whole job
+        # (torch 2.13; FACTS.md "Hangs, kills and restarts").
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         env["RANKDECK_RUN_ID"] = self.spec["run_id"]
         env["RANKDECK_NODE"] = self.spec["node"]
         env["RANKDECK_NODE_DIR"] = self.node_dir

@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--steps", type=int, default=2000)
     de.add_argument("--nodes", type=int, default=4, choices=range(1, 5), metavar="1-4")
     de.add_argument("--nproc-per-node", type=int, default=1)
+    de.add_argument("--detach", action="store_true", help="return once every node started")
     de.add_argument("args", nargs=argparse.REMAINDER, help="extra trainer arguments after --")
     run_opts(de)
 

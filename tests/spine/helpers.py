@@ -1,0 +1,65 @@
+"""Helpers for runs of the reference trainer on local nodes (real torchrun, CPU, gloo)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from agent import procs
+from inventory.model import Host, Inventory
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAINER = os.path.join(REPO, "trainer", "train.py")
+# A tiny model: a step is milliseconds, so the run's time is torch's start-up.
+TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
+        "--batch-size", "4", "--synthetic-samples", "2048", "--pg-timeout", "30"]
+
+
+def local_inventory(workdir, n=4) -> Inventory:
+    hosts = [Host(name="node%d" % i, addr="127.0.0.%d" % (i + 2), python="",
+                  workdir=str(workdir)) for i in range(n)]
+    return Inventory(path="<test>", hosts=hosts, transport="local")
+
+
+def node_dir(workdir, run_id, node) -> str:
+    return os.path.join(str(workdir), ".rankdeck", "runs", run_id, node)
+
+
+def rank_log_files(workdir, run_id, node) -> list[str]:
+    base = os.path.join(node_dir(workdir, run_id, node), "torchrun")
+    out = []
+    for root, _dirs, files in os.walk(base):
+        for name in files:
+            if name in ("stdout.log", "stderr.log"):
+                out.append(os.path.join(root, name))
+    return sorted(out)
+
+
+def processes_of(run_id: str) -> list[tuple[int, str]]:
+    """Every live process whose command line or rankdeck marker names the run."""
+    found = []
+    for pid in procs.all_pids():
+        if pid == os.getpid():
+            continue
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        info = procs.stat(pid)
+        if info is None or info.state == "Z":
+            continue
+        env = procs.environ(pid)
+        if run_id in cmd or env.get(procs.MARKER, "").startswith(run_id + "/"):
+            found.append((pid, cmd))
+    return found
+
+
+async def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(poll)
+    raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))

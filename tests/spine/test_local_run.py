@@ -1,0 +1,157 @@
+"""The spine with real parts: 4 local nodes, real torchrun, the reference trainer on CPU.
+
+Each test starts its own run (about 15-25 s of torch start-up) and makes sure nothing of it
+is left afterwards, whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from agent.protocol import text_to_bytes
+from console.history import History
+from console.run import LaunchSpec, RunController
+from console.transport.local import LocalTransport
+
+from .helpers import (REPO, TINY, TRAINER, local_inventory, node_dir, processes_of,
+                      rank_log_files, wait_for)
+
+pytestmark = pytest.mark.e2e
+RUN_TIMEOUT = 300
+
+
+@pytest.fixture
+async def controller(tmp_path):
+    """A controller over 4 local nodes; on the way out, stop whatever is still running."""
+    ctl = RunController(local_inventory(tmp_path / "work"), LocalTransport(),
+                        History())  # under the test's XDG_STATE_HOME, as the CLI finds it
+    yield ctl
+    if any(l.stream is not None for l in ctl.links.values()):
+        await ctl.stop()
+    await ctl.close()
+    left = processes_of(ctl.run_id)
+    for pid, _cmd in left:  # never leave a run behind, even when the test failed
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    assert not left, "processes left behind: %s" % left
+
+
+def collect_lines(ctl: RunController):
+    got = defaultdict(list)
+    ctl.state.line_listeners.append(
+        lambda b: got[(b.node, b.path)].append((b.offset, text_to_bytes(b.text))))
+    return got
+
+
+async def test_run_to_completion_delivers_every_line_exactly_once(controller, tmp_path):
+    ctl = controller
+    got = collect_lines(ctl)
+    events = []
+    ctl.state.event_listeners.append(events.append)
+    steps = 12
+    await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0,
+                                args=TINY + ["--steps", str(steps), "--ckpt-every", "5"]))
+    final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
+    await ctl.stop_store()
+    assert final == "succeeded", ctl.state.status()
+
+    work = tmp_path / "work"
+    for node in ctl.state.nodes:
+        files = rank_log_files(work, ctl.run_id, node)
+        assert any(f.endswith("stdout.log") for f in files), files
+        for path in files:
+            with open(path, "rb") as f:
+                on_disk = f.read()
+            chunks = got.get((node, path), [])
+            # contiguous offsets: nothing skipped, nothing sent twice
+            offset = 0
+            for start, data in chunks:
+                assert start == offset, (path, start, offset)
+                offset += len(data)
+            assert b"".join(d for _o, d in chunks) == on_disk, path
+
+    status = ctl.state.status()
+    assert [n["exit_code"] for n in status["nodes"]] == [0, 0, 0, 0]
+    assert sorted(ctl.state.ranks) == [0, 1, 2, 3]
+    for rank in ctl.state.ranks.values():
+        assert [s for s, _loss in rank.points] == list(range(1, steps + 1)), rank.rank
+        assert all(loss == loss and loss > 0 for _s, loss in rank.points)  # not NaN
+    ckpts = [e for e in events if e.kind == "checkpoint"]
+    for node in ctl.state.nodes:  # local rank 0 of every node saves at 5, 10 and the end
+        saved = sorted(int(re.search(r"step (\d+)", e.text).group(1)) for e in ckpts
+                       if e.node == node)
+        assert saved == [5, 10, 12], (node, saved)
+
+
+async def test_crash_on_one_rank_names_the_rank_and_the_cause(controller, tmp_path):
+    ctl = controller
+    await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0,
+                                args=TINY + ["--steps", "50", "--crash-at-step", "4",
+                                             "--crash-rank", "2"]))
+    final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
+    await ctl.stop_store()
+    assert final == "failed"
+    crashed = [n for n in ctl.state.nodes.values() if n.cause and "injected crash" in n.cause]
+    assert len(crashed) == 1, [(n.name, n.state, n.cause) for n in ctl.state.nodes.values()]
+    node = crashed[0]
+    assert node.state == "failed" and node.exit_code not in (0, None)
+    assert ctl.state.ranks[2].node == node.name
+    assert ctl.state.ranks[2].state == "failed"
+
+    # The same through the CLI, from the run history: exit code and status --json.
+    out = subprocess.run([sys.executable, "-m", "console", "status", ctl.run_id, "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["state"] == "failed"
+    bad = [n for n in doc["nodes"] if n["name"] == node.name][0]
+    assert "injected crash at step 4 on rank 2" in bad["cause"]
+    assert [r["state"] for r in bad["ranks"]] == ["failed"]
+
+
+async def test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing(controller,
+                                                                                tmp_path):
+    ctl = controller
+    got = collect_lines(ctl)
+    await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=2, grace=5,
+                                args=TINY + ["--steps", "100000", "--ckpt-every", "5"]))
+    ranks = ctl.state.ranks
+    await wait_for(lambda: len(ranks) == 4 and all((r.step or 0) >= 7 for r in ranks.values()),
+                   RUN_TIMEOUT, "all ranks past the step-5 checkpoint")
+
+    res = await ctl.restart("node1")
+    assert res["node1"]["launches"] == 2, res
+
+    def resumed_lines():
+        text = b"".join(d for chunks in got.values() for _o, d in chunks).decode(
+            "utf-8", "replace")
+        return re.findall(r"resumed step=(\d+)", text)
+
+    # every rank (the three others too: their workers restart on the membership change)
+    await wait_for(lambda: len(resumed_lines()) >= 4, RUN_TIMEOUT, "4 ranks resumed")
+    # the newest checkpoint: step 5, 10, ... or the one the trainer saved on SIGTERM
+    resumed_at = max(int(s) for s in resumed_lines())
+    assert resumed_at >= 7
+    await wait_for(lambda: all((r.step or 0) > resumed_at + 2 and r.state == "running"
+                               for r in ranks.values()), RUN_TIMEOUT, "all ranks stepping again")
+    node1 = ctl.state.nodes["node1"]
+    assert node1.restarts == 1 and node1.restarts_used == 1
+    assert all(ctl.state.nodes[n].restarts == 0 for n in ("node0", "node2", "node3"))
+
+    results = await ctl.stop()
+    assert all(not isinstance(r, BaseException) for r in results.values()), results
+    assert all(r["state"] == "stopped" and r["left"] == [] for r in results.values()), results
+    assert processes_of(ctl.run_id) == []
+    again = await ctl.stop()  # harmless
+    assert all(r["state"] == "stopped" for r in again.values()), again
