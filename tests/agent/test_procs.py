@@ -1,0 +1,60 @@
+"""Verified kill: workers in sessions of their own and stopped processes included."""
+
+import os
+import subprocess
+import sys
+import time
+
+from agent import procs
+
+# A parent that starts a child in a new session (as torchrun starts workers), which starts a
+# grandchild and stops itself (SIGSTOP), then the parent sleeps.
+TREE = r"""
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import os, signal, subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+    "time.sleep(0.3); os.kill(os.getpid(), signal.SIGSTOP); time.sleep(600)"],
+    start_new_session=True)
+print(child.pid, flush=True)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a parent that ignores SIGTERM
+time.sleep(600)
+"""
+
+
+def test_kill_run_reaches_new_sessions_and_stopped_processes():
+    root = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE,
+                            env=dict(os.environ, RANKDECK_RUN="test/nodeX"))
+    try:
+        child = int(root.stdout.readline())
+        deadline = time.time() + 10
+        while len(procs.descendants(root.pid)) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        below = procs.descendants(root.pid)
+        assert child in below and len(below) == 2
+        assert procs.stat(child).sid != procs.stat(root.pid).sid  # its own session
+        marked = procs.marked("test/nodeX")
+        assert root.pid in marked and child in marked
+        report = procs.kill_run(os.getpid(), "test/nodeX", grace=1.0, first=root.pid)
+        root.wait(timeout=5)
+        assert report["left"] == [] and report["dstate"] == []
+        assert root.pid in report["killed"]  # it ignored SIGTERM: SIGKILL after the grace
+        for pid in below:
+            assert not procs.alive(pid)
+        assert procs.marked("test/nodeX") == []
+    finally:
+        if root.poll() is None:
+            root.kill()
+
+
+def test_stat_parses_names_with_spaces_and_parentheses(tmp_path):
+    exe = tmp_path / "odd) name ("
+    os.symlink(sys.executable, exe)
+    p = subprocess.Popen([str(exe), "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.2)
+        info = procs.stat(p.pid)
+        assert info.ppid == os.getpid() and info.state in "SR"
+    finally:
+        p.kill()
+        p.wait()
