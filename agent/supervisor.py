@@ -175,6 +175,7 @@ class Supervisor(object):
         env["RANKDECK_RUN_ID"] = self.spec["run_id"]
         env["RANKDECK_NODE"] = self.spec["node"]
         env["RANKDECK_NODE_DIR"] = self.node_dir
+        env["RANKDECK_LOG_DIR"] = self.log_dir
         env.setdefault("RANKDECK_CKPT_DIR", os.path.join(self.node_dir, "ckpt"))
         try:
             self.instance_before = set(os.listdir(self.log_dir))

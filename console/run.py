@@ -47,6 +47,9 @@ class LaunchSpec:
     metrics_regex: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     module: bool = False  # script is a module name (torchrun -m)
+    # An argv that replaces torchrun (benchmarks, non-torch launchers). It must write each
+    # rank's output as torchrun's --log-dir layout under $RANKDECK_LOG_DIR.
+    launcher: list[str] | None = None
 
 
 def new_run_id() -> str:
@@ -60,6 +63,8 @@ def run_root(host: Host, run_id: str) -> str:
 def torchrun_argv(host: Host, spec: LaunchSpec, run_id: str, nnodes: str, endpoint: str,
                   log_dir: str) -> list[str]:
     python = host.python or sys.executable
+    if spec.launcher:
+        return list(spec.launcher) + [spec.script] + list(spec.args)
     argv = [
         python, "-m", "torch.distributed.run",
         "--nnodes", nnodes,
@@ -156,7 +161,7 @@ class RunController:
             await self.close()
             raise LaunchError("cannot reach %d of %d hosts; nothing was started:\n%s" % (
                 len(failed), len(self.inventory.hosts),
-                "\n".join("  %s: %s" % (n, e) for n, e in failed.items())), 3, failed)
+                "\n".join(cause_line(n, e) for n, e in failed.items())), 3, failed)
         hosts = [h for h in self.inventory.hosts if h.name not in failed]
         rdzv = hosts[0]
         self.record = {
@@ -194,7 +199,7 @@ class RunController:
             self.history.save(self.record)
             await self.close()
             raise LaunchError("could not start on %s; the run was stopped:\n%s" % (
-                ", ".join(bad), "\n".join("  %s: %s" % (n, e) for n, e in bad.items())), 1, bad)
+                ", ".join(bad), "\n".join(cause_line(n, e) for n, e in bad.items())), 1, bad)
         self.history.save(self.record)
         await self.subscribe_all()
         return self.run_id
@@ -212,6 +217,7 @@ class RunController:
         ctl = cls(inventory_from_record(record), transport, history, run_id=record["run_id"],
                   max_restarts=record.get("spec", {}).get("max_restarts", 0))
         ctl.record = record
+        ctl.state.started = record.get("created", ctl.state.started)
         spec = dict(record.get("spec", {}))
         spec["env"] = {}  # secret values are never recorded: take them from the inventory
         ctl.spec = LaunchSpec(**spec)
@@ -316,6 +322,15 @@ class RunController:
             t.cancel()
         await asyncio.gather(*(l.close() for l in self.links.values()), return_exceptions=True)
         await self.transport.close()
+
+
+def cause_line(name: str, exc: BaseException) -> str:
+    """``  node1: no-python: python '/x' not found; ...`` (one host's failure, one line)."""
+    cause = getattr(exc, "cause", None) or getattr(exc, "kind", None) or "error"
+    msg = str(exc)
+    if msg.startswith(name + ":"):
+        msg = msg[len(name) + 1:].lstrip()
+    return "  %s: %s: %s" % (name, cause, msg)
 
 
 def describe_argv(argv: list[str]) -> str:

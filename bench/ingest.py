@@ -1,0 +1,220 @@
+"""Ingest benchmark: synthetic ranks on 4 local nodes at rising rates, rankdeck vs `tail -F`.
+
+For each total rate it runs bench/writer.py as the "launcher" on 4 local nodes x 2 ranks
+through the real path (supervisor -> journal -> serve -> pipe -> RunController -> RunState),
+then the same writers read by `tail -q -F` through a pipe (the baseline), and prints:
+delivered lines/s, p50/p99 latency from write to arrival, and CPU seconds per million lines
+(agent side: supervisors + serves; console side: this process; baseline: tail + reader).
+
+    .venv/bin/python bench/ingest.py [--seconds 10] [--rates 10000,50000,100000,200000]
+
+Never a test: timings on a shared 2-core machine are noisy. Results go in docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from agent import procs  # noqa: E402
+from console.history import History  # noqa: E402
+from console.run import LaunchSpec, RunController  # noqa: E402
+from console.transport.local import LocalTransport  # noqa: E402
+from inventory.model import Host, Inventory  # noqa: E402
+
+WRITER = os.path.join(REPO, "bench", "writer.py")
+NODES, NPROC = 4, 2
+T_RE = re.compile(rb"t=(\d+\.\d+)")
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pid: int) -> float:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK
+    except OSError:
+        return 0.0
+
+
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class Meter:
+    """Counts lines and samples latency (every 50th line) from the ``t=`` stamps."""
+
+    def __init__(self):
+        self.lines = 0
+        self.lat = []
+        self.first = self.last = None
+
+    def feed(self, data: bytes, now: float) -> None:
+        n = data.count(b"\n")
+        if not n:
+            return
+        if self.first is None:
+            self.first = now
+        self.last = now
+        start = self.lines
+        self.lines += n
+        if start // 50 != self.lines // 50:
+            m = T_RE.search(data, data.rfind(b"\n", 0, len(data) - 1) + 1)
+            if m:
+                self.lat.append(now - float(m.group(1)))
+
+    def rate(self) -> float:
+        span = (self.last or 0) - (self.first or 0)
+        return self.lines / span if span > 0 else 0.0
+
+    def pct(self, q: float) -> float:
+        if not self.lat:
+            return float("nan")
+        s = sorted(self.lat)
+        return s[min(len(s) - 1, int(q * len(s)))] * 1000
+
+
+async def run_rankdeck(rate: int, seconds: float, work: str) -> dict:
+    hosts = [Host(name="node%d" % i, addr="127.0.0.%d" % (i + 2), python="", workdir=work)
+             for i in range(NODES)]
+    ctl = RunController(Inventory("<bench>", hosts, "local"), LocalTransport(),
+                        History(os.path.join(work, "history")))
+    meter = Meter()
+    ctl.state.line_listeners.append(
+        lambda b: meter.feed(b.text.encode("utf-8", "surrogateescape"), time.time()))
+    per_rank = rate / (NODES * NPROC)
+    spec = LaunchSpec(script=WRITER, args=[str(NPROC), str(per_rank), str(seconds)],
+                      launcher=[sys.executable], max_restarts=0)
+    cpu0 = own_cpu()
+    await ctl.launch(spec)
+    watched = {}  # pid -> last cpu seen (supervisors exit at the end: sample while alive)
+    serves = [l.stream.proc.pid for l in ctl.links.values()]
+
+    async def sample():
+        while True:
+            for pid in list(procs_of_run(ctl.run_id)) + serves:
+                c = cpu_of(pid)
+                if c:
+                    watched[pid] = c
+            await asyncio.sleep(0.25)
+    sampler = asyncio.ensure_future(sample())
+    await ctl.wait_done()
+    await asyncio.sleep(0.5)
+    sampler.cancel()
+    for pid in serves:
+        watched[pid] = cpu_of(pid) or watched.get(pid, 0.0)
+    console_cpu = own_cpu() - cpu0
+    await ctl.stop_store()
+    await ctl.close()
+    agent_cpu = sum(watched.values())
+    return {"lines": meter.lines, "rate": meter.rate(), "p50": meter.pct(0.5),
+            "p99": meter.pct(0.99), "agent_cpu": agent_cpu, "console_cpu": console_cpu}
+
+
+def procs_of_run(run_id: str):
+    for pid in procs.all_pids():
+        env = procs.environ(pid)
+        if env.get(procs.MARKER, "").startswith(run_id + "/") and "BENCH_WORKER" not in env:
+            yield pid
+    # supervisors are not marked: find them by their state.json-declared command line
+    for pid in procs.all_pids():
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"supervisor" in cmd and run_id.encode() in cmd:
+            yield pid
+
+
+def run_baseline(rate: int, seconds: float, work: str) -> dict:
+    per_rank = rate / (NODES * NPROC)
+    files = []
+    for n in range(NODES):
+        for lr in range(NPROC):
+            d = os.path.join(work, "node%d" % n, "bench_x", "attempt_0", str(lr))
+            os.makedirs(d, exist_ok=True)
+            files.append(os.path.join(d, "stdout.log"))
+            open(files[-1], "ab").close()
+    tail = subprocess.Popen(["tail", "-q", "-n", "+1", "-F"] + files, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, bufsize=0)
+    meter = Meter()
+    cpu0 = own_cpu()
+
+    def reader():
+        while True:
+            data = tail.stdout.read(65536)
+            if not data:
+                return
+            meter.feed(data, time.time())
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    writers = [subprocess.Popen([sys.executable, WRITER, str(NPROC), str(per_rank),
+                                 str(seconds)],
+                                env=dict(os.environ, RANKDECK_LOG_DIR=os.path.join(
+                                    work, "node%d" % n), RANKDECK_NODE="node%d" % n),
+                                stdout=subprocess.DEVNULL)
+               for n in range(NODES)]
+    for w in writers:
+        w.wait()
+    time.sleep(1.0)
+    tail_cpu = cpu_of(tail.pid)
+    tail.terminate()
+    tail.wait()
+    t.join(2)
+    return {"lines": meter.lines, "rate": meter.rate(), "p50": meter.pct(0.5),
+            "p99": meter.pct(0.99), "agent_cpu": tail_cpu, "console_cpu": own_cpu() - cpu0}
+
+
+def per_m(cpu: float, lines: int) -> float:
+    return cpu / lines * 1e6 if lines else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--rates", default="10000,50000,100000,200000")
+    args = ap.parse_args()
+    rates = [int(r) for r in args.rates.split(",")]
+    print("%d nodes x %d ranks, %.0f s per rate; latency = write to arrival in RunState "
+          "(rankdeck) or to the reader (tail -F)" % (NODES, NPROC, args.seconds))
+    head = ("target/s", "who", "lines", "delivered/s", "p50 ms", "p99 ms", "agent s/M",
+            "console s/M")
+    print("%-9s %-9s %9s %12s %8s %8s %10s %11s" % head)
+    rows = []
+    for rate in rates:
+        with tempfile.TemporaryDirectory(prefix="rdk-bench-") as work:
+            rd = asyncio.run(run_rankdeck(rate, args.seconds, work))
+        with tempfile.TemporaryDirectory(prefix="rdk-bench-") as work:
+            base = run_baseline(rate, args.seconds, work)
+        for who, r in (("rankdeck", rd), ("tail -F", base)):
+            print("%-9d %-9s %9d %12.0f %8.1f %8.1f %10.2f %11.2f" % (
+                rate, who, r["lines"], r["rate"], r["p50"], r["p99"],
+                per_m(r["agent_cpu"], r["lines"]), per_m(r["console_cpu"], r["lines"])))
+        rows.append((rate, rd, base))
+        sys.stdout.flush()
+    print("\nratios rankdeck / tail -F:")
+    for rate, rd, base in rows:
+        print("  %6d/s: delivered %.2fx, p99 %.2fx, total CPU per line %.2fx" % (
+            rate, rd["rate"] / base["rate"] if base["rate"] else float("nan"),
+            rd["p99"] / base["p99"] if base["p99"] else float("nan"),
+            (rd["agent_cpu"] + rd["console_cpu"]) / max(1e-9, base["agent_cpu"] +
+                                                         base["console_cpu"])
+            * base["lines"] / max(1, rd["lines"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Make .venv with rankdeck (editable), the reference trainer's torch (pinned: an unpinned
+# torch pulls GBs of CUDA packages) and, with --test, what the test suite needs: Debian's
+# openssh-server, pdsh, tmux and iproute2 (as root), and the Python test tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+if [ "$want_test" = 1 ] && [ "$(id -u)" = 0 ]; then
+  missing=()
+  command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
+  command -v pdsh >/dev/null 2>&1 || missing+=(pdsh)
+  command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "installing ${missing[*]} ..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+fi
+extras="trainer"
+[ "$want_test" = 1 ] && extras="trainer,test"
+stamp=".venv/.rankdeck-$extras-$(sha256sum pyproject.toml | cut -c1-12)"
+if [ ! -e "$stamp" ]; then
+  .venv/bin/pip install -q -c constraints.txt -e ".[$extras]"
+  touch "$stamp"
+fi

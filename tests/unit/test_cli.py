@@ -1,0 +1,68 @@
+"""The CLI's answers to bad input: a clear message, the right exit code, nothing started."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def rankdeck(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "console"] + list(args), capture_output=True,
+                          text=True, cwd=cwd or REPO, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def runs_recorded():
+    folder = os.path.join(os.environ["XDG_STATE_HOME"], "rankdeck", "runs")
+    return os.listdir(folder) if os.path.isdir(folder) else []
+
+
+def test_bad_inventory_is_exit_2_with_file_and_line(tmp_path):
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("transport: local\nhosts:\n  - name: node0\n    adr: 127.0.0.2\n")
+    out = rankdeck("launch", "-i", str(inv), "train.py")
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "rankdeck: %s:4: unknown key 'adr' in host 'node0'; did you mean 'addr'? "
+        "Allowed: addr, env, gpus, name, python, slots, ssh, workdir" % inv)
+    assert runs_recorded() == []
+
+
+def test_missing_inventory_file(tmp_path):
+    out = rankdeck("launch", "-i", str(tmp_path / "nope.yaml"), "train.py")
+    assert out.returncode == 2 and "nope.yaml: no such file" in out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["launch", "-i", "inventory/local.yaml", "--nnodes", "two", "t.py"],
+     "--nnodes 'two': write N or MIN:MAX"),
+    (["launch", "-i", "inventory/local.yaml", "--env", "1BAD=x", "t.py"],
+     "--env '1BAD=x': write KEY=VALUE"),
+    (["status", "no-such-run"], "run 'no-such-run' is unknown"),
+    (["stop", "no-such-run"], "run 'no-such-run' is unknown"),
+])
+def test_usage_mistakes_are_exit_2(args, message):
+    out = rankdeck(*args)
+    assert out.returncode == 2, out
+    assert message in out.stderr
+
+
+def test_no_command_prints_help_and_exits_2():
+    out = rankdeck()
+    assert out.returncode == 2 and "launch" in out.stdout
+
+
+def test_unreachable_host_is_exit_3_and_nothing_starts(tmp_path):
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("transport: local\ndefaults:\n  workdir: %s\nhosts:\n"
+                   "  - {name: node0, addr: 127.0.0.2}\n"
+                   "  - {name: node1, addr: 127.0.0.3, python: /nonexistent/python3}\n"
+                   % tmp_path)
+    out = rankdeck("launch", "--no-tui", "-i", str(inv), "train.py")
+    assert out.returncode == 3, out
+    assert "node1: no-python" in out.stderr and "nothing was started" in out.stderr
+    assert not (tmp_path / ".rankdeck").exists()
+    assert runs_recorded() == []
