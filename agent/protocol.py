@@ -43,6 +43,8 @@ OPS = (
     "read_journal",
     "stacks",
     "probe_tcp",
+    "listen",
+    "unlisten",
 )
 
 

@@ -73,6 +73,7 @@ class Server(object):
         self.gpu = GpuProbe()
         self.gpu_interval = 1.0
         self.closed = threading.Event()
+        self.listeners = {}
 
     # -- output ----------------------------------------------------------------------------
     def send(self, msg):
@@ -129,6 +130,23 @@ class Server(object):
         except OSError as exc:
             return {"ok": False, "error": str(exc)}
         return {"ok": True, "ms": round((time.monotonic() - start) * 1000, 1)}
+
+    def op_listen(self, args):
+        """A throwaway TCP listener so other nodes can prove they reach this one."""
+        from .preflight import Listener
+
+        try:
+            lis = Listener(args["addr"], int(args.get("port", 0)))
+        except OSError as exc:
+            raise RequestError("cannot listen on %s: %s" % (args["addr"], exc), "listen")
+        self.listeners[lis.port] = lis
+        return {"port": lis.port}
+
+    def op_unlisten(self, args):
+        lis = self.listeners.pop(int(args["port"]), None)
+        if lis:
+            lis.close()
+        return {}
 
     def op_store_start(self, args):
         root = os.path.expanduser(args["run_root"])

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and "
                     "SIGKILL when stopping")
     la.add_argument("--detach", action="store_true", help="return once every node started")
+    la.add_argument("--skip-preflight", action="store_true",
+                    help="start without checking the hosts first (`rankdeck check`)")
     la.add_argument("--allow-partial", action="store_true",
                     help="start on the reachable hosts even if some are not")
     la.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")

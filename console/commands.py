@@ -87,7 +87,8 @@ async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str)
 
     async def launch():
         await ctl.launch(spec, allow_partial=getattr(args, "allow_partial", False),
-                         inventory_path=inventory_path)
+                         inventory_path=inventory_path,
+                         preflight=not getattr(args, "skip_preflight", False))
 
     if getattr(args, "detach", False):
         await launch()

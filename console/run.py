@@ -97,6 +97,7 @@ class RunController:
         self.record: dict = {}
         self._tasks: list[asyncio.Task] = []
         self.secrets = inventory.secrets
+        self.preflight_checks: list = []
 
     # -- connections -----------------------------------------------------------------------
     def root_of(self, name: str) -> str:
@@ -151,7 +152,7 @@ class RunController:
         }
 
     async def launch(self, spec: LaunchSpec, allow_partial: bool = False,
-                     inventory_path: str = "") -> str:
+                     inventory_path: str = "", preflight: bool = True) -> str:
         self.state.started = time.time()
         self.spec = spec
         for ns in self.state.nodes.values():
@@ -164,6 +165,8 @@ class RunController:
                 "\n".join(cause_line(n, e) for n, e in failed.items())), 3, failed)
         hosts = [h for h in self.inventory.hosts if h.name not in failed]
         rdzv = hosts[0]
+        if preflight:
+            await self._preflight(hosts, failed, rdzv)
         self.record = {
             "run_id": self.run_id, "created": time.time(), "inventory": inventory_path,
             "transport": self.inventory.transport, "hosts": [host_record(h) for h in hosts],
@@ -203,6 +206,24 @@ class RunController:
         self.history.save(self.record)
         await self.subscribe_all()
         return self.run_id
+
+    async def _preflight(self, hosts: list[Host], failed: dict, rdzv: Host) -> None:
+        from .preflight import run_preflight, table
+
+        for h in hosts:
+            self.state.set_node(h.name, "preflight")
+        checks = await run_preflight(self.links, {h.name: h for h in hosts}, {}, rdzv.name)
+        self.preflight_checks = checks
+        for c in checks:
+            if c.ok:
+                self.state.add_event(c.name, "preflight", "preflight ok (torch %s, %d GPU(s))"
+                                     % (c.facts.get("torch"), len(c.facts.get("gpus") or [])))
+            else:
+                self.state.set_node(c.name, "preflight failed", "; ".join(c.problems))
+        if not all(c.ok for c in checks):
+            await self.close()
+            raise LaunchError("preflight found problems; nothing was started (rankdeck launch "
+                              "--skip-preflight starts anyway):\n%s" % table(checks), 1)
 
     async def subscribe_all(self) -> None:
         await self.gather_nodes(lambda link: link.subscribe(),

@@ -97,7 +97,7 @@ async def test_crash_on_one_rank_names_the_rank_and_the_cause(controller, tmp_pa
     ctl = controller
     await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0,
                                 args=TINY + ["--steps", "50", "--crash-at-step", "4",
-                                             "--crash-rank", "2"]))
+                                             "--crash-rank", "2"]), preflight=False)
     final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
     await ctl.stop_store()
     assert final == "failed"
@@ -125,7 +125,8 @@ async def test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing(c
     ctl = controller
     got = collect_lines(ctl)
     await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=2, grace=5,
-                                args=TINY + ["--steps", "100000", "--ckpt-every", "5"]))
+                                args=TINY + ["--steps", "100000", "--ckpt-every", "5"]),
+                     preflight=False)
     ranks = ctl.state.ranks
     await wait_for(lambda: len(ranks) == 4 and all((r.step or 0) >= 7 for r in ranks.values()),
                    RUN_TIMEOUT, "all ranks past the step-5 checkpoint")
