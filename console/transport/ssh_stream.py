@@ -1,0 +1,103 @@
+"""The agent stream over one SSH channel, and the background reader of its stderr."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import asyncssh
+
+from .base import AgentStream, HostUnreachable
+
+STDERR_TAIL = 8192
+
+
+class StderrTail:
+    """Reads a stream to its end in the background, keeping only the last bytes."""
+
+    def __init__(self, reader: asyncssh.SSHReader):
+        self.data = bytearray()
+        self.task = asyncio.ensure_future(self._run(reader))
+
+    async def _run(self, reader) -> None:
+        try:
+            while True:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    return
+                self.data += chunk
+                del self.data[:-STDERR_TAIL]
+        except (OSError, asyncssh.Error):
+            return
+
+    async def text(self, wait: float = 0.0) -> str:
+        if wait:
+            await asyncio.wait([self.task], timeout=wait)
+        return bytes(self.data).decode("utf-8", "replace")
+
+
+class SshAgentStream(AgentStream):
+    """An agent ``serve`` on one host over one SSH channel (bytes, one JSON message a line).
+
+    The hello the transport checked is handed out again as the first :meth:`readline`, so the
+    protocol layer reads every message itself. ``hello`` (the parsed message) and ``copied``
+    (whether this open installed the agent on the host) are for callers and tests.
+    """
+
+    def __init__(self, process: asyncssh.SSHClientProcess, label: str, hello_line: bytes,
+                 stderr: StderrTail, copied: bool):
+        self.process = process
+        self.label = label
+        self.hello = json.loads(hello_line)
+        self.copied = copied
+        self._first: list[bytes] = [hello_line]
+        self._stderr = stderr
+        self._closed = False
+
+    def _lost(self, exc: BaseException) -> HostUnreachable:
+        return HostUnreachable("closed", "%s: the SSH connection to the agent broke: %s"
+                               % (self.label, exc))
+
+    async def readline(self) -> bytes:
+        if self._first:
+            return self._first.pop()
+        try:
+            return await self.process.stdout.readline()
+        except (OSError, asyncssh.Error) as exc:
+            raise self._lost(exc) from exc
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.process.stdin.write(data)
+        except (OSError, asyncssh.Error) as exc:
+            raise self._lost(exc) from exc
+
+    async def drain(self) -> None:
+        try:
+            await self.process.stdin.drain()
+        except (OSError, asyncssh.Error) as exc:
+            raise self._lost(exc) from exc
+
+    async def stderr_tail(self) -> str:
+        """The last few KB the agent wrote to stderr (for a crash report)."""
+        return await self._stderr.text()
+
+    @property
+    def exit_status(self) -> int | None:
+        return self.process.exit_status
+
+    async def close(self) -> None:
+        """EOF to ``serve`` (it exits on it, its supervisors do not), then close the channel."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.process.stdin.write_eof()
+        except (OSError, asyncssh.Error):
+            pass
+        self.process.close()
+        try:
+            await asyncio.wait_for(self.process.wait_closed(), 5)
+        except (asyncio.TimeoutError, OSError, asyncssh.Error):
+            pass
+        self._stderr.task.cancel()

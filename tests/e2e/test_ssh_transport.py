@@ -1,0 +1,371 @@
+"""The SSH transport against real OpenSSH hosts in network namespaces (root only).
+
+Each test builds its own SshTransport with the fixture's ssh_config / known_hosts / client key
+and a per-host private agent cache, so nothing touches the real ~/.ssh or home.
+"""
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import asyncssh
+import pytest
+
+from agent import protocol
+from agent.version import agent_version
+from console.transport.base import HostUnreachable
+from console.transport.ssh import SshTransport, open_all
+from inventory.model import Host
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+
+OLD_PYTHON = "/root/.pyenv/versions/3.6.15/bin/python3.6"  # used when this machine has one
+
+FAKE_PY36 = r'''
+import runpy, sys
+sys.version_info = (3, 6, 15, "final", 0)  # everything below sees an old interpreter
+args = sys.argv[1:]
+while args and args[0] in ("-E", "-S"):
+    args.pop(0)
+if args[0] == "-c":
+    sys.argv = ["-c"] + args[2:]
+    exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})
+else:  # -m MODULE ARGS
+    sys.argv = [args[1]] + args[2:]
+    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+'''
+
+
+@pytest.fixture
+async def transports(ssh_hosts):
+    """Factory for transports on the fixture hosts; all closed after the test."""
+    made = []
+
+    def make(**kw):
+        kw.setdefault("ssh_config", ssh_hosts.ssh_config)
+        kw.setdefault("known_hosts", ssh_hosts.known_hosts)
+        kw.setdefault("client_keys", [ssh_hosts.client_key])
+        kw.setdefault("remote_cache", ssh_hosts.remote_cache)
+        kw.setdefault("connect_timeout", 5)
+        t = SshTransport(**kw)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        await t.close()
+
+
+def clear_caches(ssh_hosts):
+    for h in ssh_hosts.hosts:
+        for name in os.listdir(h.cache_dir):
+            shutil.rmtree(os.path.join(h.cache_dir, name))
+
+
+def py_files(folder: str) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.endswith(".py"))
+
+
+def fingerprint_of(pub_line: str) -> str:
+    return asyncssh.import_public_key(pub_line).get_fingerprint("sha256")
+
+
+async def ping(stream) -> dict:
+    stream.write(protocol.encode({"t": "req", "id": 7, "op": "ping", "args": {}}))
+    await stream.drain()
+    while True:  # the agent may push other messages (gpu) first
+        msg = protocol.decode(await asyncio.wait_for(stream.readline(), 10))
+        if msg["t"] == "res":
+            return msg
+
+
+def established_ssh(ssh_hosts, name: str) -> int:
+    out = ssh_hosts.run_in(name, ["ss", "-Htn", "state", "established", "( sport = :22 )"]).stdout
+    return len(out.splitlines())
+
+
+async def test_open_four_hosts_in_parallel_copy_once(ssh_hosts, transports):
+    clear_caches(ssh_hosts)
+    version = agent_version()
+    t = transports()
+    started = time.monotonic()
+    streams = await open_all(t, ssh_hosts.inventory())
+    elapsed = time.monotonic() - started
+    assert all(not isinstance(s, HostUnreachable) for s in streams.values()), streams
+    marks = {}
+    for h in ssh_hosts.hosts:
+        s = streams[h.name]
+        hello = protocol.decode(await s.readline())  # the hello is handed on to the caller
+        assert hello["t"] == "hello" and hello["proto"] == 1 and hello["agent"] == version
+        assert hello["host"] == h.name  # the namespace host's own hostname
+        assert (await ping(s))["ok"] is True
+        assert s.copied
+        folder = os.path.join(h.cache_dir, "agent-" + version)
+        assert py_files(os.path.join(folder, "agent")) == py_files(
+            os.path.dirname(protocol.__file__))
+        assert os.listdir(h.cache_dir) == ["agent-" + version]  # no temp folders left
+        marks[h.name] = os.stat(os.path.join(folder, ".complete")).st_mtime_ns
+    assert elapsed < 10
+
+    # A second stream and a command on node0 share its one SSH connection.
+    extra = await t.open(ssh_hosts.inventory()[0])
+    assert await t.run_command(ssh_hosts.inventory()[0], "true") == (0, "", "")
+    assert established_ssh(ssh_hosts, "node0") == 1
+    await extra.close()
+
+    # Warm: a new transport (new connections) finds the agent and copies nothing.
+    again = await open_all(transports(), ssh_hosts.inventory())
+    for h in ssh_hosts.hosts:
+        s = again[h.name]
+        assert not isinstance(s, HostUnreachable), s
+        assert not s.copied
+        assert json.loads(await s.readline())["agent"] == version
+        folder = os.path.join(h.cache_dir, "agent-" + version)
+        assert os.stat(os.path.join(folder, ".complete")).st_mtime_ns == marks[h.name]
+
+
+async def test_close_ends_serve(ssh_hosts, transports):
+    s = await transports().open(ssh_hosts.inventory()[1])
+    pid = json.loads(await s.readline())["pid"]
+    assert os.path.exists("/proc/%d" % pid)
+    await s.close()
+    for _ in range(100):
+        if not os.path.exists("/proc/%d" % pid):
+            break
+        await asyncio.sleep(0.05)
+    assert not os.path.exists("/proc/%d" % pid), "serve outlived its closed channel"
+
+
+async def test_half_copied_folder_is_redone(ssh_hosts, transports):
+    h = ssh_hosts.hosts[2]
+    clear_caches(ssh_hosts)
+    half = os.path.join(h.cache_dir, "agent-" + agent_version(), "agent")
+    os.makedirs(half)
+    with open(os.path.join(half, "serve.py"), "w") as f:
+        f.write("raise SystemExit('half a file')")  # no .complete marker
+    s = await transports().open(ssh_hosts.inventory()[2])
+    assert s.copied and json.loads(await s.readline())["t"] == "hello"
+
+
+async def test_tampered_copy_is_a_version_mismatch(ssh_hosts, transports):
+    h = ssh_hosts.hosts[3]
+    clear_caches(ssh_hosts)
+    version = agent_version()
+    folder = os.path.join(h.cache_dir, "agent-" + version)
+    shutil.copytree(os.path.dirname(protocol.__file__), os.path.join(folder, "agent"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(os.path.join(folder, "agent", "version.py"), "a") as f:
+        f.write("\n# edited on the host\n")
+    open(os.path.join(folder, ".complete"), "w").close()
+    with pytest.raises(HostUnreachable) as err:
+        await transports().open(ssh_hosts.inventory()[3])
+    assert err.value.cause == "agent-failed"
+    assert "agent version mismatch" in str(err.value) and version in str(err.value)
+    shutil.rmtree(folder)
+
+
+async def test_unknown_host_key_refused_then_recorded_with_flag(ssh_hosts, transports, tmp_path):
+    node1 = ssh_hosts.hosts[1]
+    known = tmp_path / "known_hosts"
+    known.write_text("".join("%s %s\n" % (h.addr, h.host_key_pub)
+                             for h in ssh_hosts.hosts if h.name != "node1"))
+    host = ssh_hosts.inventory()[1]
+    with pytest.raises(HostUnreachable) as err:
+        await transports(known_hosts=str(known)).open(host)
+    msg = str(err.value)
+    assert err.value.cause == "hostkey"
+    assert msg.startswith("node1 (%s)" % node1.addr)
+    assert "not known" in msg and "--accept-new-host-keys" in msg
+    assert "ssh-ed25519 " + fingerprint_of(node1.host_key_pub) in msg
+    assert node1.host_key_pub.split()[1] not in known.read_text()
+
+    s = await transports(known_hosts=str(known), accept_new_host_keys=True).open(host)
+    assert json.loads(await s.readline())["t"] == "hello"
+    assert "%s %s\n" % (node1.addr, node1.host_key_pub) in known.read_text()
+
+    s = await transports(known_hosts=str(known)).open(host)  # now known, no flag needed
+    assert json.loads(await s.readline())["t"] == "hello"
+
+
+async def test_changed_host_key_refused_even_with_flag(ssh_hosts, transports, tmp_path):
+    node1, node2 = ssh_hosts.hosts[1], ssh_hosts.hosts[2]
+    known = tmp_path / "known_hosts"
+    known.write_text("# header\n%s %s\n%s %s\n" % (node2.addr, node2.host_key_pub,
+                                                 node1.addr, node2.host_key_pub))
+    before = known.read_text()
+    with pytest.raises(HostUnreachable) as err:
+        await transports(known_hosts=str(known), accept_new_host_keys=True).open(
+            ssh_hosts.inventory()[1])
+    msg = str(err.value)
+    assert err.value.cause == "hostkey"
+    assert "CHANGED" in msg and fingerprint_of(node1.host_key_pub) in msg
+    assert "%s:3" % known in msg  # where the old key is
+    assert known.read_text() == before
+
+
+async def test_wrong_client_key_is_auth(ssh_hosts, transports, tmp_path):
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    key.write_private_key(str(tmp_path / "id_other"))
+    with pytest.raises(HostUnreachable) as err:
+        await transports(client_keys=[str(tmp_path / "id_other")]).open(ssh_hosts.inventory()[0])
+    assert err.value.cause == "auth" and "permission denied" in str(err.value)
+
+
+async def test_stopped_sshd_is_refused_others_open(ssh_hosts, transports):
+    ssh_hosts.stop_sshd("node2")
+    try:
+        results = await open_all(transports(), ssh_hosts.inventory())
+    finally:
+        ssh_hosts.start_sshd("node2")
+    assert isinstance(results["node2"], HostUnreachable)
+    assert results["node2"].cause == "refused", results["node2"]
+    assert str(results["node2"]).startswith("node2 (%s)" % ssh_hosts["node2"].addr)
+    for name in ("node0", "node1", "node3"):
+        assert not isinstance(results[name], HostUnreachable), results[name]
+
+
+async def test_silent_address_times_out_without_blocking_others(ssh_hosts, transports):
+    ghost = Host(name="ghost", addr=ssh_hosts.unused_addr(), ssh=ssh_hosts.unused_addr(),
+                 python=sys.executable)
+    t = transports(connect_timeout=2)
+    started = time.monotonic()
+    results = await open_all(t, [ghost] + ssh_hosts.inventory()[:1])
+    elapsed = time.monotonic() - started
+    assert results["ghost"].cause in ("timeout", "unreachable"), results["ghost"]
+    assert not isinstance(results["node0"], HostUnreachable)
+    assert elapsed < 3.5
+
+
+async def test_cut_link_times_out_and_comes_back(ssh_hosts, transports):
+    host = ssh_hosts.inventory()[3]
+    ssh_hosts.link_down("node3")
+    try:
+        with pytest.raises(HostUnreachable) as err:
+            await transports(connect_timeout=1).open(host)
+        assert err.value.cause in ("timeout", "unreachable"), err.value
+    finally:
+        ssh_hosts.link_up("node3")
+    s = await transports().open(host)
+    assert json.loads(await s.readline())["host"] == "node3"
+
+
+async def test_unresolvable_name_is_dns(transports, ssh_hosts):
+    host = Host(name="nowhere", addr="x", ssh="no-such-host.invalid", python=sys.executable)
+    with pytest.raises(HostUnreachable) as err:
+        await transports().open(host)
+    assert err.value.cause == "dns" and str(err.value).startswith("nowhere")
+
+
+async def test_missing_python_is_no_python(ssh_hosts, transports):
+    host = ssh_hosts.inventory(python="/opt/no/such/python3")[0]
+    with pytest.raises(HostUnreachable) as err:
+        await transports().open(host)
+    assert err.value.cause == "no-python"
+    assert "/opt/no/such/python3" in str(err.value)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+async def test_old_python_is_too_old(ssh_hosts, transports, tmp_path, warm):
+    fake = tmp_path / "python3.6"
+    (tmp_path / "fakepy36.py").write_text(FAKE_PY36)
+    fake.write_text("#!/bin/sh\nexec %s %s \"$@\"\n" % (sys.executable, tmp_path / "fakepy36.py"))
+    fake.chmod(0o755)
+    clear_caches(ssh_hosts)
+    if warm:  # the agent is already there, copied by a good interpreter
+        s = await transports().open(ssh_hosts.inventory()[0])
+        await s.close()
+    with pytest.raises(HostUnreachable) as err:
+        await transports().open(ssh_hosts.inventory(python=str(fake))[0])
+    assert err.value.cause == "python-too-old", err.value
+    assert "Python 3.6" in str(err.value) and ">= 3.8" in str(err.value)
+
+
+@pytest.mark.skipif(not os.access(OLD_PYTHON, os.X_OK), reason="no real Python 3.6 here")
+async def test_real_old_python_is_too_old(ssh_hosts, transports):
+    clear_caches(ssh_hosts)
+    with pytest.raises(HostUnreachable) as err:
+        await transports().open(ssh_hosts.inventory(python=OLD_PYTHON)[1])
+    assert err.value.cause == "python-too-old" and "Python 3.6" in str(err.value)
+
+
+async def test_ssh_config_alias_other_port_user_identity(ssh_hosts, transports):
+    # Only the ssh_config: HostName, Port 2222, User, IdentityFile and UserKnownHostsFile all
+    # come from it (HOME is a temp folder, so there are no default keys to fall back on).
+    t = transports(known_hosts=None, client_keys=None)
+    host = ssh_hosts.inventory(alias_suffix="-alt")[3]
+    status, out, _ = await t.run_command(host, "echo $SSH_CONNECTION; id -un; hostname")
+    conn, user, hostname = out.split("\n")[:3]
+    assert status == 0
+    assert conn.split()[2:] == [ssh_hosts["node3"].addr, str(ssh_hosts.alt_port)]
+    assert (user, hostname) == ("root", "node3")
+    s = await t.open(host)
+    assert json.loads(await s.readline())["host"] == "node3"
+
+
+async def test_run_command_argv_and_status(ssh_hosts, transports):
+    t = transports()
+    result = await t.run_command(ssh_hosts.inventory()[0],
+                                 ["sh", "-c", "echo 'it''s'; echo err >&2; exit 3"])
+    assert result == (3, "its\n", "err\n")
+
+
+def test_fixture_knows_each_sshd_pid(ssh_hosts):
+    for h in ssh_hosts.hosts:
+        assert h.sshd is not None and h.sshd.poll() is None
+        out = subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True, text=True)
+        assert str(h.sshd.pid) in out.stdout.split()
+
+
+def jump_config(ssh_hosts, tmp_path, via="node0") -> str:
+    """The fixture's ssh_config plus ``nodeK-via0`` aliases reached through ProxyJump node0."""
+    extra = "".join("Host %s-via0\n  HostName %s\n  ProxyJump %s\n" % (h.name, h.addr, via)
+                    for h in ssh_hosts.hosts[1:])
+    path = tmp_path / "ssh_config"
+    path.write_text(extra + open(ssh_hosts.ssh_config).read())
+    return str(path)
+
+
+async def test_proxyjump_hosts_share_one_jump_connection(ssh_hosts, transports, tmp_path):
+    t = transports(ssh_config=jump_config(ssh_hosts, tmp_path))
+    hosts = ssh_hosts.inventory(alias_suffix="-via0")[2:]
+    streams = await open_all(t, hosts)
+    for h in hosts:
+        assert json.loads(await streams[h.name].readline())["host"] == h.name
+        status, out, _ = await t.run_command(h, "echo $SSH_CONNECTION")
+        assert out.split()[0] == ssh_hosts["node0"].addr  # the connection came from node0
+    assert established_ssh(ssh_hosts, "node0") == 1  # one jump connection for both
+
+
+async def test_proxyjump_failure_names_host_and_jump(ssh_hosts, transports, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("".join("%s %s\n" % (h.addr, h.host_key_pub) for h in ssh_hosts.hosts[1:]))
+    t = transports(ssh_config=jump_config(ssh_hosts, tmp_path), known_hosts=str(known))
+    with pytest.raises(HostUnreachable) as err:
+        await t.open(ssh_hosts.inventory(alias_suffix="-via0")[2])
+    msg = str(err.value)
+    assert err.value.cause == "hostkey"
+    assert msg.startswith("node2 (%s): jump host node0 (%s): host key not known"
+                          % (ssh_hosts["node2"].addr, ssh_hosts["node0"].addr)), msg
+    assert fingerprint_of(ssh_hosts["node0"].host_key_pub) in msg
+
+
+def test_parse_target():
+    from console.transport.ssh import parse_target
+
+    assert parse_target("node1") == ("node1", None, None)
+    assert parse_target("alice@gpu-3:2222") == ("gpu-3", 2222, "alice")
+    assert parse_target("[fe80::1]:22") == ("fe80::1", 22, None)
+    assert parse_target("bob@fe80::1") == ("fe80::1", None, "bob")
+
+
+def test_ssh_transport_imports_no_textual():
+    code = ("import sys, console.transport.ssh; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'textual'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
