@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("run_id")
     rs.add_argument("--node")
 
+    sk = sub.add_parser("stacks", help="Python stacks of every rank (or one node's); the "
+                        "rank that differs from the majority is marked")
+    sk.add_argument("run_id")
+    sk.add_argument("--node")
+    sk.add_argument("--json", action="store_true")
+
     ck = sub.add_parser("check", help="preflight every host of an inventory")
     ck.add_argument("-i", "--inventory", required=True)
     ck.add_argument("--json", action="store_true")

@@ -240,6 +240,26 @@ async def cmd_restart(args) -> int:
     return await control(args, "restart")
 
 
+async def cmd_stacks(args) -> int:
+    from .stacks import group, render
+
+    ctl, failed = await open_run(args.run_id, subscribe=False, reconnect=False)
+    report_unreachable(failed)
+    names = [args.node] if args.node else [n for n in ctl.links if n not in failed]
+    try:
+        results = await ctl.stacks(names)
+    finally:
+        await ctl.close()
+    if args.json:
+        ranks = [dict(r, node=n) for n, res in results.items()
+                 if not isinstance(res, BaseException) for r in res.get("ranks", [])]
+        ranks, odd = group(ranks)
+        print_json({"ranks": ranks, "odd": odd})
+    else:
+        print(render(results))
+    return EXIT_UNREACHABLE if failed else EXIT_OK
+
+
 async def cmd_check(args) -> int:
     from .preflight import run_check
 
@@ -267,5 +287,6 @@ async def cmd_ls(args) -> int:
 COMMANDS = {
     "launch": cmd_launch, "demo": cmd_demo, "attach": cmd_attach, "status": cmd_status,
     "logs": cmd_logs, "stop": cmd_stop, "restart": cmd_restart, "check": cmd_check,
+    "stacks": cmd_stacks,
     "ls": cmd_ls,
 }

@@ -313,6 +313,13 @@ class RunController:
                                 timeout=self.spec.grace + 120)
         return await self.gather_nodes(req, names)
 
+    async def stacks(self, names: list[str] | None = None) -> dict:
+        """Every rank's Python stack on the named nodes: {node: {"ranks": [...]}}."""
+        return await self.gather_nodes(
+            lambda link: link.request("stacks", run_root=link.run_root, node=link.name,
+                                      python=link.host.python or sys.executable, timeout=60),
+            names)
+
     # -- lifetime --------------------------------------------------------------------------
     async def _housekeeping(self) -> None:
         last_save = 0.0

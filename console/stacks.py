@@ -1,0 +1,83 @@
+"""Stack dumps of a run's ranks, grouped: the rank whose stack differs from the majority is
+the one to look at in a hang (the others wait for it in a collective)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+_PYSPY_FRAME = re.compile(r"^\s+(\S+) \((.+?):\d+\)\s*$")
+_FH_FRAME = re.compile(r'^\s+File "(.+?)", line \d+ in (\S+)\s*$')
+
+
+def main_thread_frames(stack: str) -> list[str]:
+    """``function (file)`` of the main thread's frames, innermost first, without line numbers.
+
+    Reads py-spy's dump (``Thread N (idle): "MainThread"``) and faulthandler's
+    (``Current thread 0x... (most recent call first):``).
+    """
+    blocks: list[tuple[str, list[str]]] = []
+    for line in stack.splitlines():
+        if line.startswith(("Thread ", "Current thread ")):
+            blocks.append((line, []))
+            continue
+        if not blocks:
+            continue
+        m = _PYSPY_FRAME.match(line)
+        if m:
+            blocks[-1][1].append("%s (%s)" % (m.group(1), m.group(2).rsplit("/", 1)[-1]))
+            continue
+        m = _FH_FRAME.match(line)
+        if m:
+            blocks[-1][1].append("%s (%s)" % (m.group(2), m.group(1).rsplit("/", 1)[-1]))
+    for header, frames in blocks:
+        if '"MainThread"' in header or header.startswith("Current thread"):
+            return frames
+    return blocks[0][1] if blocks else []
+
+
+def group(ranks: list[dict]) -> tuple[list[dict], list[int]]:
+    """Annotate each rank with ``frames`` and ``differs``; return (ranks, odd rank numbers).
+
+    The majority is the most common main-thread call chain; with two groups of equal size
+    nothing is marked.
+    """
+    for r in ranks:
+        r["frames"] = main_thread_frames(r.get("stack") or "")
+    sigs = Counter(tuple(r["frames"]) for r in ranks if r["frames"])
+    odd: list[int] = []
+    if len(sigs) > 1:
+        (top, n1), (_second, n2) = sigs.most_common(2)
+        if n1 > n2:
+            for r in ranks:
+                r["differs"] = bool(r["frames"]) and tuple(r["frames"]) != top
+                if r["differs"]:
+                    odd.append(r["rank"])
+    return ranks, odd
+
+
+def render(node_results: dict) -> str:
+    """Plain text: every rank's innermost frames, the odd ones marked."""
+    ranks = []
+    lines = []
+    for node, res in node_results.items():
+        if isinstance(res, BaseException):
+            lines.append("%s: %s" % (node, res))
+            continue
+        if res.get("error"):
+            lines.append("%s: %s" % (node, res["error"]))
+        for r in res.get("ranks", []):
+            ranks.append(dict(r, node=node))
+    ranks, odd = group(sorted(ranks, key=lambda r: r["rank"]))
+    for r in ranks:
+        mark = "  <-- DIFFERS FROM THE MAJORITY" if r.get("differs") else ""
+        head = "[%s r%d] pid %d, %s%s" % (r["node"], r["rank"], r["pid"],
+                                          r.get("method") or "no stack", mark)
+        lines.append(head)
+        if r.get("error"):
+            lines.append("    " + r["error"])
+        for f in r["frames"][:12]:
+            lines.append("    " + f)
+    if odd:
+        lines.append("odd rank(s) out: %s" % ", ".join(map(str, odd)))
+    return "\n".join(lines)
