@@ -56,8 +56,9 @@ def node_state(ndir):
 
 
 class Subscription(object):
-    def __init__(self, sub_id, ndir, offset):
+    def __init__(self, sub_id, ndir, offset, quiet_until=0):
         self.sub_id = sub_id
+        self.quiet_until = quiet_until  # data records ending before this are not sent
         self.ndir = ndir
         self.reader = JournalReader(os.path.join(ndir, "journal"), offset)
         self.last_state = None
@@ -272,7 +273,8 @@ class Server(object):
     def op_subscribe(self, args):
         ndir = node_dir(args)
         sub_id = args.get("sub") or args["node"]
-        sub = Subscription(sub_id, ndir, int(args.get("offset", 0)))
+        sub = Subscription(sub_id, ndir, int(args.get("offset", 0)),
+                           int(args.get("quiet_until", 0)))
         with self.subs_lock:
             old = self.subs.pop(sub_id, None)
             if old:
@@ -331,6 +333,12 @@ class Server(object):
                 if not records:
                     break
                 budget -= sum(len(d) for _m, d, _e in records) + 64 * len(records)
+                if sub.quiet_until and records[0][2] <= sub.quiet_until:
+                    # a console resuming its output: state records yes, old lines no
+                    records = [r for r in records if r[2] > sub.quiet_until or
+                               r[0].get("k") != "data"]
+                    if not records:
+                        continue
                 self.send({"t": "journal", "sub": sub.sub_id, "end": records[-1][2],
                            "recs": self._wire(records)})
                 sent = True

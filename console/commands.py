@@ -29,7 +29,11 @@ def make_transport(inv_transport: str, accept_new_host_keys: bool = False):
         return LocalTransport()
     from .transport.ssh import SshTransport
 
-    return SshTransport(accept_new_host_keys=accept_new_host_keys)
+    # RANKDECK_REMOTE_CACHE: where the agent is copied on the hosts (default
+    # ~/.cache/rankdeck), for hosts whose home is read-only or shared.
+    return SshTransport(accept_new_host_keys=accept_new_host_keys,
+                        remote_cache=os.environ.get("RANKDECK_REMOTE_CACHE",
+                                                    "~/.cache/rankdeck"))
 
 
 def resolve_local(inv: Inventory, base: str) -> Inventory:
@@ -55,8 +59,20 @@ async def follow(ctl: RunController, args, launch=None) -> int:
 
         return await run_app(ctl, launch)
     printer = HeadlessPrinter(ctl.state, secrets=ctl.secrets)
+    saved: dict[str, int] = {}
+
+    def keep_offsets(node: str) -> None:
+        # after the lines are printed: a later `attach --no-tui` goes on from here
+        offset = ctl.state.nodes[node].journal_offset
+        if saved.get(node) != offset:
+            saved[node] = offset
+            ctl.history.save_offsets(ctl.run_id, saved)
+    ctl.state.change_listeners.append(keep_offsets)
     if launch is not None:
         await launch()
+        print("[rankdeck] run %s started on %d nodes; Ctrl-C detaches, `rankdeck attach %s` "
+              "comes back" % (ctl.run_id, len(ctl.links), ctl.run_id), file=printer.out,
+              flush=True)
     detach = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, detach.set)
@@ -130,12 +146,19 @@ async def cmd_demo(args) -> int:
     return await start_run(inv, spec, args, DEMO_INVENTORY)
 
 
-async def open_run(run_id: str, subscribe: bool = True, reconnect: bool = True):
+async def open_run(run_id: str, subscribe: bool = True, reconnect: bool = True,
+                   resume: bool = False):
+    """A controller for a recorded run, connected. ``resume``: log lines from where the last
+    headless console stopped printing (state and metrics are still read from the start)."""
     history = History()
     record = history.load(run_id)
     ctl = RunController.from_record(record, make_transport(record.get("transport", "ssh")),
                                     history)
+    offsets = history.load_offsets(record["run_id"]) if resume else {}
     failed = await ctl.connect_all(reconnect=reconnect)
+    for name, offset in offsets.items():
+        if name in ctl.links:
+            ctl.links[name].quiet_until = offset
     if subscribe:
         await ctl.subscribe_all()
     return ctl, failed
@@ -147,7 +170,7 @@ def report_unreachable(failed: dict) -> None:
 
 
 async def cmd_attach(args) -> int:
-    ctl, failed = await open_run(args.run_id)
+    ctl, failed = await open_run(args.run_id, resume=not wants_tui(args))
     report_unreachable(failed)
     if len(failed) == len(ctl.links):
         await ctl.close()

@@ -54,6 +54,21 @@ class History:
         with open(self.path(matches[0])) as f:
             return json.load(f)
 
+    def save_offsets(self, run_id: str, offsets: dict[str, int]) -> None:
+        """The journal offsets a headless console has printed up to (for `attach`)."""
+        os.makedirs(self.folder, exist_ok=True)
+        path = os.path.join(self.folder, run_id + ".offsets")
+        with open(path + ".tmp", "w") as f:
+            json.dump(offsets, f)
+        os.replace(path + ".tmp", path)
+
+    def load_offsets(self, run_id: str) -> dict[str, int]:
+        try:
+            with open(os.path.join(self.folder, run_id + ".offsets")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
     def list(self) -> list[dict]:
         out = []
         try:

@@ -48,6 +48,7 @@ class NodeLink:
         self._closing = False
         self.connected = asyncio.Event()
         self.on_message = None  # optional callback(msg) for messages RunState does not take
+        self.quiet_until = 0  # first subscription: skip log lines before this journal offset
 
     # -- connection ------------------------------------------------------------------------
     async def connect(self) -> dict:
@@ -115,7 +116,7 @@ class NodeLink:
     async def subscribe(self) -> dict:
         offset = self.state.nodes[self.name].journal_offset if self.state else 0
         data = await self.request("subscribe", run_root=self.run_root, node=self.name,
-                                  sub=self.name, offset=offset)
+                                  sub=self.name, offset=offset, quiet_until=self.quiet_until)
         self.subscribed = True
         return data
 
