@@ -150,8 +150,9 @@ class Supervisor(object):
                 continue
             info = procs.stat(pid)
             if info and (best is None or info.starttime > best[0]):
-                best = (info.starttime, int(rank))
-        return None if best is None else best[1]
+                size = env.get("WORLD_SIZE", "")
+                best = (info.starttime, int(rank), int(size) if size.isdigit() else None)
+        return None if best is None else (best[1], {"world_size": best[2]})
 
     # -- state -----------------------------------------------------------------------------
     def save(self, **changes):

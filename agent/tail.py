@@ -44,8 +44,9 @@ class FollowedFile(object):
 class LogFollower(object):
     """Follows a torchrun log dir plus any extra files (torchrun's own console output).
 
-    ``resolve_rank(attempt, local_rank)`` returns the global rank of that worker or None
-    when it is not known (yet).
+    ``resolve_rank(attempt, local_rank)`` returns the global rank of that worker, or
+    ``(rank, extra)`` with more fields for the file record (world size), or None when it is not
+    known (yet).
     """
 
     def __init__(self, log_dir, resolve_rank, first_fid=1):
@@ -135,8 +136,11 @@ class LogFollower(object):
                     rank = self.resolve_rank(ff.meta["attempt"], ff.meta["local_rank"])
                     if rank is None and not final and now - ff.seen < RANK_WAIT:
                         continue  # data waits in the file until we know whose it is
+                    extra = {}
+                    if isinstance(rank, tuple):
+                        rank, extra = rank
                     ff.announced = True
-                    records.append((dict(ff.meta, k="file", f=ff.fid, rank=rank), b""))
+                    records.append((dict(ff.meta, k="file", f=ff.fid, rank=rank, **extra), b""))
             self._read(ff, records, final)
         still = []
         for ff in self.closing:

@@ -143,6 +143,7 @@ class RunState:
         self.event_listeners: list[Callable[[Event], None]] = []
         self.change_listeners: list[Callable[[str], None]] = []
         self.total_lines = 0
+        self.world_size: int | None = None
 
     # -- feeding ---------------------------------------------------------------------------
     def add_event(self, node: str | None, kind: str, text: str, rank: int | None = None,
@@ -194,6 +195,15 @@ class RunState:
         if fi.instance is not None and fi.attempt is not None:
             ns.attempts[fi.instance] = max(ns.attempts.get(fi.instance, 0), fi.attempt)
             ns.instance = fi.instance
+        size = meta.get("world_size")
+        if size and size != self.world_size:
+            if self.world_size is not None:
+                self.add_event(ns.name, "world", "world size %d -> %d" % (self.world_size, size),
+                               ts=meta.get("ts"))
+            self.world_size = size
+            for rs in self.ranks.values():  # ranks beyond the new world are gone
+                if rs.rank >= size and rs.state not in ("exited", "failed"):
+                    rs.state = "exited"
         if fi.rank is not None:
             rs = self.ranks.get(fi.rank)
             if rs is None:
@@ -361,7 +371,8 @@ class RunState:
                 "exit_code": ns.exit_code, "ranks": ranks,
             })
         return {"run_id": self.run_id, "state": self.run_state(), "nodes": nodes,
-                "started": self.started, "events": len(self.events)}
+                "started": self.started, "events": len(self.events),
+                "world_size": self.world_size}
 
 
 def human_bytes(n: float | None) -> str:
