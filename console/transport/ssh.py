@@ -27,12 +27,12 @@ from .ssh_hostkeys import GLOBAL_KNOWN_HOSTS, HostKeyClient, KnownHosts
 from .ssh_stream import SshAgentStream, StderrTail
 
 # Never a prompt: no passwords, no keyboard-interactive. Keepalives notice a dead link within
-# about 8 s (a lost host must show as unreachable within 10 s).
+# about 6-8 s (a lost host must show as unreachable within 10 s).
 DEFAULT_OPTIONS = {
     "password_auth": False,
     "kbdint_auth": False,
     "keepalive_interval": 2,
-    "keepalive_count_max": 4,
+    "keepalive_count_max": 3,
 }
 MAX_NOISE_LINES = 50  # lines a login script may print before the agent's first line
 MAX_JUMP_DEPTH = 4

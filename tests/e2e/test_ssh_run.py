@@ -225,3 +225,53 @@ def test_preflight_catches_torch_mismatch_and_unreachable_rendezvous(user_ssh, t
     assert launch.returncode == 1
     assert "preflight found problems; nothing was started" in launch.stderr
     assert not (work / ".rankdeck").exists()
+
+
+async def test_cut_link_is_reported_then_streams_resume_exactly_once(user_ssh, tmp_path, secret):
+    work = tmp_path / "work"
+    work.mkdir()
+    inv = load_inventory(write_inventory(tmp_path / "hosts.yaml", user_ssh, work))
+    transport = SshTransport(ssh_config=user_ssh.ssh_config, known_hosts=user_ssh.known_hosts,
+                             client_keys=[user_ssh.client_key],
+                             remote_cache=user_ssh.remote_cache)
+    ctl = RunController(inv, transport, History())
+    got = defaultdict(list)
+    ctl.state.line_listeners.append(
+        lambda b: got[(b.node, b.path)].append((b.offset, text_to_bytes(b.text))))
+    st = ctl.state
+    try:
+        await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=3,
+                                    args=TINY + ["--steps", "80", "--ckpt-every", "10",
+                                                 "--pg-timeout", "300"]), preflight=False)
+        await wait_for(lambda: len(st.ranks) == 4 and all((r.step or 0) >= 3
+                                                          for r in st.ranks.values()),
+                       TIMEOUT, "first steps")
+        user_ssh.link_down("node2")
+        cut = time.monotonic()
+        try:
+            # keepalives every 2 s, 4 missed: unreachable within 10 s (plus slack for load)
+            await wait_for(lambda: st.nodes["node2"].state == "unreachable", 30,
+                           "node2 reported unreachable")
+            noticed = time.monotonic() - cut
+        finally:
+            user_ssh.link_up("node2")
+        print("link cut noticed after %.1f s" % noticed)
+        await wait_for(lambda: ctl.links["node2"].connected.is_set() and
+                       st.nodes["node2"].state != "unreachable", 120, "node2 reconnected")
+        assert any(e.kind == "reconnected" and e.node == "node2" for e in st.events)
+        await asyncio.wait_for(ctl.wait_done(), TIMEOUT)
+        await ctl.stop_store()
+        await asyncio.sleep(1)
+    finally:
+        if st.run_state() not in ("succeeded", "failed", "stopped"):
+            await ctl.stop()
+        await ctl.close()
+    for node in st.nodes:
+        for path in rank_log_files(work, ctl.run_id, node):
+            with open(path, "rb") as f:
+                on_disk = f.read()
+            chunks = sorted(got[(node, path)])
+            offsets = [o for o, _d in chunks]
+            assert offsets == sorted(set(offsets)), "a chunk arrived twice: %s" % path
+            assert b"".join(d for _o, d in chunks) == on_disk, path
+    assert processes_of(ctl.run_id) == []
