@@ -20,6 +20,7 @@ import sys
 import time
 
 from . import procs
+from .gpu import GpuProbe, gpu_pids_memory
 from .journal import JournalWriter
 from .metrics import MetricParser
 from .tail import LogFollower
@@ -68,6 +69,23 @@ def find_error_files(log_dir, instance):
             found.append((int(ts) if str(ts).isdigit() else 0, local_rank, attempt, text, path))
     found.sort()
     return found
+
+
+def gpu_after_kill(probe, run_pids, wait=5.0):
+    """GPU memory the killed processes still hold, per the driver: {"held": bytes, "pids"}.
+
+    The driver frees a dead process's memory a moment after it is reaped, so wait briefly.
+    None without NVML per-process figures (no GPU, or nvidia-smi only).
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        snap = probe.snapshot()
+        if snap.get("source") == "none":
+            return None
+        held = {pid: used for pid, used in gpu_pids_memory(snap).items() if pid in run_pids}
+        if not held or time.monotonic() >= deadline:
+            return {"held": sum(held.values()), "pids": sorted(held)}
+        time.sleep(0.25)
 
 
 class Supervisor(object):
@@ -233,9 +251,12 @@ class Supervisor(object):
                 "error_file": path}
 
     def kill(self, grace):
+        probe = GpuProbe()
+        run_pids = set(procs.run_pids(os.getpid(), self.marker))
         report = procs.kill_run(os.getpid(), self.marker, grace=grace, first=self.torchrun,
                                 on_wait=self.pump)
         self.pump()
+        report["gpu"] = gpu_after_kill(probe, run_pids)
         return report
 
     # -- main loop -------------------------------------------------------------------------

@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     def run_opts(sp, tui=True):
+        sp.add_argument("--stall-after", type=float, default=60.0, metavar="SECONDS",
+                        help="a rank is stalled after max(SECONDS, 5 x its median step time) "
+                        "without a step (default 60)")
         if tui:
             sp.add_argument("--no-tui", action="store_true", help="print `[node r] line` "
                             "streams and a summary instead of the live view")
@@ -70,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="per node and per rank: state, step, loss, restarts")
     st.add_argument("run_id")
     st.add_argument("--json", action="store_true", help="machine-readable (docs/STATUS.md)")
+    st.add_argument("--stall-after", type=float, default=60.0, metavar="SECONDS")
 
     lg = sub.add_parser("logs", help="print a run's lines with `[node r]` prefixes")
     lg.add_argument("run_id")

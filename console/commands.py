@@ -100,6 +100,7 @@ async def follow(ctl: RunController, args, launch=None) -> int:
 async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str) -> int:
     transport = make_transport(inv.transport, getattr(args, "accept_new_host_keys", False))
     ctl = RunController(inv, transport, History(), max_restarts=spec.max_restarts)
+    ctl.state.stall_min_s = args.stall_after
 
     async def launch():
         await ctl.launch(spec, allow_partial=getattr(args, "allow_partial", False),
@@ -147,7 +148,7 @@ async def cmd_demo(args) -> int:
 
 
 async def open_run(run_id: str, subscribe: bool = True, reconnect: bool = True,
-                   resume: bool = False):
+                   resume: bool = False, stall_after: float = 60.0):
     """A controller for a recorded run, connected. ``resume``: log lines from where the last
     headless console stopped printing (state and metrics are still read from the start)."""
     history = History()
@@ -155,6 +156,7 @@ async def open_run(run_id: str, subscribe: bool = True, reconnect: bool = True,
     ctl = RunController.from_record(record, make_transport(record.get("transport", "ssh")),
                                     history)
     offsets = history.load_offsets(record["run_id"]) if resume else {}
+    ctl.state.stall_min_s = stall_after
     failed = await ctl.connect_all(reconnect=reconnect)
     for name, offset in offsets.items():
         if name in ctl.links:
@@ -170,7 +172,8 @@ def report_unreachable(failed: dict) -> None:
 
 
 async def cmd_attach(args) -> int:
-    ctl, failed = await open_run(args.run_id, resume=not wants_tui(args))
+    ctl, failed = await open_run(args.run_id, resume=not wants_tui(args),
+                                 stall_after=args.stall_after)
     report_unreachable(failed)
     if len(failed) == len(ctl.links):
         await ctl.close()
@@ -179,7 +182,7 @@ async def cmd_attach(args) -> int:
 
 
 async def cmd_status(args) -> int:
-    ctl, failed = await open_run(args.run_id, reconnect=False)
+    ctl, failed = await open_run(args.run_id, reconnect=False, stall_after=args.stall_after)
     try:
         await ctl.caught_up()
         ctl.state.check_stalls()

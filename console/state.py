@@ -398,6 +398,13 @@ def kill_summary(report: dict) -> str:
         parts.append("LEFT RUNNING: %s" % report["left"])
     else:
         parts.append("none left")
+    gpu = report.get("gpu")
+    if gpu is not None:
+        if gpu.get("held"):
+            parts.append("GPU MEMORY STILL HELD: %s by %s" % (human_bytes(gpu["held"]),
+                                                              gpu.get("pids")))
+        else:
+            parts.append("GPU memory freed")
     return ", ".join(parts)
 
 
