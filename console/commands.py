@@ -64,7 +64,7 @@ async def follow(ctl: RunController, args, launch=None) -> int:
     def keep_offsets(node: str) -> None:
         # after the lines are printed: a later `attach --no-tui` goes on from here
         offset = ctl.state.nodes[node].journal_offset
-        if saved.get(node) != offset:
+        if offset and saved.get(node) != offset:
             saved[node] = offset
             ctl.history.save_offsets(ctl.run_id, saved)
     ctl.state.change_listeners.append(keep_offsets)
