@@ -327,10 +327,16 @@ class Server(object):
         sent = False
         now = time.monotonic()
         for sub in subs:
+            # state.json is read BEFORE the journal is drained and sent only once it is: the
+            # records written before that state (a node's last lines, its "ended") go first.
+            check = now - sub.last_state_check >= STATE_POLL
+            state = node_state(sub.ndir) if check else None
+            drained = False
             budget = protocol.BATCH_BYTES * 4
             while budget > 0:
                 records = sub.reader.read(protocol.BATCH_BYTES)
                 if not records:
+                    drained = True
                     break
                 budget -= sum(len(d) for _m, d, _e in records) + 64 * len(records)
                 if sub.quiet_until and records[0][2] <= sub.quiet_until:
@@ -342,9 +348,8 @@ class Server(object):
                 self.send({"t": "journal", "sub": sub.sub_id, "end": records[-1][2],
                            "recs": self._wire(records)})
                 sent = True
-            if now - sub.last_state_check >= STATE_POLL:
+            if check and drained:
                 sub.last_state_check = now
-                state = node_state(sub.ndir)
                 if state != sub.last_state:
                     sub.last_state = state
                     self.send({"t": "state", "sub": sub.sub_id, "state": state})

@@ -17,6 +17,7 @@ import re
 import time
 
 MAX_PENDING = 64 * 1024
+MAX_RECORD = 64 * 1024  # bytes of log data in one journal record (one protocol message)
 READ_SIZE = 1 << 20
 RANK_WAIT = 5.0  # seconds to wait for a worker's RANK before announcing the file without it
 
@@ -171,10 +172,16 @@ class LogFollower(object):
             cut = data.rfind(b"\n") + 1
             if final or len(data) - cut > MAX_PENDING:
                 cut = len(data)
-            if cut:
+            start = 0
+            while start < cut:  # records of at most MAX_RECORD bytes, cut at a newline if any
+                end = min(cut, start + MAX_RECORD)
+                if end < cut:
+                    nl = data.rfind(b"\n", start, end) + 1
+                    end = nl if nl > start else end
                 records.append(({"k": "data", "f": ff.fid, "o": ff.pending_offset,
-                                 "ts": time.time()}, data[:cut]))
-                ff.pending_offset += cut
+                                 "ts": time.time()}, data[start:end]))
+                ff.pending_offset += end - start
+                start = end
             ff.pending = data[cut:]
         elif final and ff.pending:
             records.append(({"k": "data", "f": ff.fid, "o": ff.pending_offset,

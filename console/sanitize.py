@@ -15,17 +15,17 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def clean(line: str, secrets: tuple[str, ...] | list[str] = (), limit: int = MAX_LINE) -> str:
-    if len(line) > limit:
-        extra = len(line) - limit
-        line = line[:limit] + " … [+%d chars]" % extra
     if "\r" in line:  # progress bars redraw with \r: keep what a terminal would show last
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
     if "\x1b" in line:
         line = _ANSI.sub("", line)
-    if "\t" in line:
-        line = line.expandtabs(4)
     line = _CONTROL.sub("\ufffd", line)
-    for s in secrets:
+    for s in secrets:  # before the cap: a secret cut in two would not be found
         if s and s in line:
             line = line.replace(s, "****")
+    if "\t" in line:
+        line = line.expandtabs(4)
+    if len(line) > limit:  # last: nothing after it may lengthen the line again
+        extra = len(line) - limit
+        line = line[:limit] + " … [+%d chars]" % extra
     return line

@@ -224,6 +224,8 @@ class RunState:
         if len(fi.partial) > MAX_PARTIAL:  # a line with no end in sight: pass it on in pieces
             lines.append(fi.partial)
             fi.partial = ""
+        if len(joined) > MAX_PARTIAL:  # a finished line can be huge too: store it in pieces
+            lines = [piece for line in lines for piece in _pieces(line)]
         self.total_lines += len(lines)
         if fi.rank is not None and fi.rank in self.ranks:
             self.ranks[fi.rank].lines.extend(lines)
@@ -373,6 +375,12 @@ class RunState:
         return {"run_id": self.run_id, "state": self.run_state(), "nodes": nodes,
                 "started": self.started, "events": len(self.events),
                 "world_size": self.world_size}
+
+
+def _pieces(line: str) -> list[str]:
+    if len(line) <= MAX_PARTIAL:
+        return [line]
+    return [line[i:i + MAX_PARTIAL] for i in range(0, len(line), MAX_PARTIAL)]
 
 
 def human_bytes(n: float | None) -> str:

@@ -17,6 +17,7 @@ TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
 
 
 def local_inventory(workdir, n=4) -> Inventory:
+    os.makedirs(str(workdir), exist_ok=True)  # preflight refuses a missing workdir
     hosts = [Host(name="node%d" % i, addr="127.0.0.%d" % (i + 2), python="",
                   workdir=str(workdir)) for i in range(n)]
     return Inventory(path="<test>", hosts=hosts, transport="local")
