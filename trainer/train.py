@@ -284,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: --{fault.kind}-rank {fault.rank} is outside world size {ranks.world_size}; "
                   "it will never fire", file=sys.stderr, flush=True)
     code = trainer.run(trainer.resume(wanted), stop)
+    if code == EXIT_SIGTERM:
+        # The checkpoint is saved and flushed: leave now. Interpreter and torch teardown take
+        # 2-3 s on a CPU box, and a node restart waits for this process to be gone.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     # Only on the way out of a run every rank finished: after an error a peer may be stuck in
     # a collective, and tearing down the group could block on it.
     if ranks.distributed:
