@@ -52,24 +52,27 @@ def wants_tui(args) -> bool:
     return not getattr(args, "no_tui", True) and sys.stdout.isatty()
 
 
-async def follow(ctl: RunController, args, launch=None) -> int:
-    """Show the run (TUI or headless) until it ends or the user detaches."""
+async def follow(ctl: RunController, args, launch=None, resumed: bool = False) -> int:
+    """Show the run (TUI or headless) until it ends or the user detaches. ``launch`` is
+    awaited once the view listens (it launches the run, or subscribes to a running one)."""
     if wants_tui(args):
         from .tui.app import run_app
 
         return await run_app(ctl, launch)
-    printer = HeadlessPrinter(ctl.state, secrets=ctl.secrets)
-    saved: dict[str, int] = {}
+    quiet = {n: l.quiet_until for n, l in ctl.links.items()} if resumed else {}
+    printer = HeadlessPrinter(ctl.state, secrets=ctl.secrets, quiet=quiet)
+    saved: dict[str, int] = dict(quiet)
 
     def keep_offsets(node: str) -> None:
         # after the lines are printed: a later `attach --no-tui` goes on from here
         offset = ctl.state.nodes[node].journal_offset
-        if offset and saved.get(node) != offset:
+        if offset > saved.get(node, 0):
             saved[node] = offset
             ctl.history.save_offsets(ctl.run_id, saved)
     ctl.state.change_listeners.append(keep_offsets)
     if launch is not None:
         await launch()
+    if launch is not None and not resumed:
         print("[rankdeck] run %s started on %d nodes; Ctrl-C detaches, `rankdeck attach %s` "
               "comes back" % (ctl.run_id, len(ctl.links), ctl.run_id), file=printer.out,
               flush=True)
@@ -172,13 +175,15 @@ def report_unreachable(failed: dict) -> None:
 
 
 async def cmd_attach(args) -> int:
-    ctl, failed = await open_run(args.run_id, resume=not wants_tui(args),
+    resume = not wants_tui(args)
+    ctl, failed = await open_run(args.run_id, subscribe=False, resume=resume,
                                  stall_after=args.stall_after)
     report_unreachable(failed)
     if len(failed) == len(ctl.links):
         await ctl.close()
         return EXIT_UNREACHABLE
-    return await follow(ctl, args)
+    # subscribe only once the view is listening, or the first records go unseen
+    return await follow(ctl, args, ctl.subscribe_all, resumed=resume)
 
 
 async def cmd_status(args) -> int:

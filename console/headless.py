@@ -18,13 +18,17 @@ COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91
 class HeadlessPrinter:
     def __init__(self, state: RunState, out: TextIO | None = None, colour: bool | None = None,
                  secrets: list[str] | None = None, rank: int | None = None,
-                 node: str | None = None, events: bool = True):
+                 node: str | None = None, events: bool = True,
+                 quiet: dict[str, int] | None = None):
         self.state = state
         self.out = out or sys.stdout
         self.colour = self.out.isatty() if colour is None else colour
         self.secrets = tuple(secrets or ())
         self.only_rank = rank
         self.only_node = node
+        # resuming after another console: its events were printed already (per node, up to
+        # the journal offset it had printed)
+        self.quiet = quiet or {}
         self.node_colour = {n: COLOURS[i % len(COLOURS)] for i, n in enumerate(state.nodes)}
         state.line_listeners.append(self.on_lines)
         if events:
@@ -56,6 +60,9 @@ class HeadlessPrinter:
 
     def on_event(self, ev: Event) -> None:
         if self.only_node is not None and ev.node != self.only_node:
+            return
+        if ev.node in self.quiet and \
+                self.state.nodes[ev.node].journal_offset < self.quiet[ev.node]:
             return
         text = "[rankdeck] %s%s" % ("%s: " % ev.node if ev.node else "", clean(ev.text,
                                                                               self.secrets))

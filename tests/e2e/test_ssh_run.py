@@ -183,6 +183,7 @@ def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp
     attach = subprocess.run([sys.executable, "-m", "console", "attach", "--no-tui", run_id],
                             cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
                             capture_output=True, timeout=TIMEOUT)
+    (tmp_path / "attach.out").write_bytes(attach.stdout + b"\n--- stderr\n" + attach.stderr)
     assert attach.returncode == 0, attach.stderr.decode()
     seen = console_lines(first.read_text() + attach.stdout.decode())
     status = json.loads(subprocess.run(
