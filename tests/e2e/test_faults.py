@@ -107,8 +107,9 @@ def left_in_tmp(before: set[str], run_id: str) -> tuple[list[str], list[str]]:
     """New entries in /tmp and /dev/shm: (the run's, others') - pytest's own are ignored.
 
     The machine is shared, so a new entry is the run's when its name or a name inside it
-    carries the run id or rankdeck's name, or when it is a torchelastic_* folder (torchrun
-    makes one only without --log-dir, and rankdeck always passes one).
+    carries the run id, or when it is a torchelastic_* folder (torchrun makes one only without
+    --log-dir, and rankdeck always passes one). Other rankdeck-named entries (a benchmark
+    running beside the test) are not the run's.
     """
     ours, others = [], []
     for path in sorted(tmp_entries() - before):
@@ -116,7 +117,7 @@ def left_in_tmp(before: set[str], run_id: str) -> tuple[list[str], list[str]]:
         if name.startswith("pytest-of-"):
             continue
         inside = names_under(path)
-        if (name.startswith("torchelastic_") or run_id in name or "rankdeck" in name
+        if (name.startswith("torchelastic_") or run_id in name
                 or any(run_id in n for n in inside)):
             ours.append("%s %s" % (path, inside[:5]))
         else:
