@@ -1,0 +1,354 @@
+"""RankdeckApp: composes the console's widgets, binds keys and routes messages - no more.
+
+``run_app(ctl, launch)`` is what ``rankdeck launch/demo/attach`` call: the app is up from the
+first frame and, when ``launch`` is given, runs it as a worker so the nodes table shows each
+host connecting, starting, meeting at the rendezvous and taking its first step. RunState's
+callbacks reach the widgets through RunFeed (feed.py) as batched messages. Quitting detaches:
+the run goes on.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import sys
+import time
+from typing import Awaitable, Callable, Iterable
+
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from ..run import LaunchError, RunController
+from .confirm import control_confirm
+from .events import EventsLog
+from .feed import ALL, NODE, RANK, RunFeed
+from .gpu import GpuPanel
+from .header import RunHeader
+from .help import EXTRA_KEYS, HelpScreen
+from .logs import LogPanes
+from .losschart import LossChart
+from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, RunChanged,
+                       RunEventAdded, SourceChosen, WatchChanged)
+from .nodes import NodesTable
+from .palette import rankdeck_commands
+from .prompt import PromptBar
+from .summary import control_summary
+
+ENDED = ("succeeded", "failed", "stopped")
+GC_THRESHOLDS = tuple(int(x) for x in os.environ.get("RANKDECK_GC", "10000,10,10").split(","))
+
+
+class RankdeckApp(App[int]):
+    """The console for one run; ``ctl`` is a RunController (tests pass one built on a fake)."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "rankdeck"
+    BINDINGS = [
+        Binding("q", "detach", "Detach"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("g", "goto", "Go to rank"),
+        Binding("left_square_bracket", "step(-1)", "Prev rank", key_display="["),
+        Binding("right_square_bracket", "step(1)", "Next rank", key_display="]"),
+        Binding("n", "cycle_source", "Rank/node/all"),
+        Binding("plus", "add_pane", "Add pane", key_display="+"),
+        Binding("minus", "remove_pane", "Remove pane", key_display="-", show=False),
+        Binding("1", "focus_pane(0)", "Pane 1", show=False),
+        Binding("2", "focus_pane(1)", "Pane 2", show=False),
+        Binding("3", "focus_pane(2)", "Pane 3", show=False),
+        Binding("4", "focus_pane(3)", "Pane 4", show=False),
+        Binding("f", "follow", "Follow/pause"),
+        Binding("w", "toggle('wrap')", "Wrap", show=False),
+        Binding("t", "toggle('timestamps')", "Timestamps", show=False),
+        Binding("c", "toggle('collapse')", "Collapse identical", show=False),
+        Binding("l", "loss_mode", "Loss: rank 0/all", show=False),
+        Binding("k", "kill_node", "Kill node"),
+        Binding("K", "kill_run", "Kill run", key_display="K"),
+        Binding("r", "restart_node", "Restart node"),
+        Binding("R", "restart_run", "Restart run", key_display="R"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+    ]
+
+    def __init__(self, ctl: RunController, launch: Callable[[], Awaitable] | None = None,
+                 clock: Callable[[], float] = time.time, exit_on_done: bool = False,
+                 owns_controller: bool = True, panes: list[tuple] | None = None,
+                 gc_tuning: bool = False):
+        super().__init__()
+        self.ctl = ctl
+        self.launch = launch
+        self.clock = clock
+        self.exit_on_done = exit_on_done
+        self.owns_controller = owns_controller
+        self.initial_panes = panes
+        self.gc_tuning = gc_tuning
+        self.launch_error: LaunchError | None = None
+        self.launching = launch is not None
+        self.feed = RunFeed(ctl.state, self, ctl.secrets)
+        self._ended_seen = False
+
+    # -- composing -------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        state, secrets = self.ctl.state, self.ctl.secrets
+        # Kept as attributes: App.query_one looks at the active screen, which is a modal
+        # while help or a confirmation is open, and lines keep arriving meanwhile.
+        self.header = RunHeader(state, self.ctl.record, clock=self.clock, id="header")
+        self.nodes = NodesTable(state, id="nodes")
+        self.gpus = GpuPanel(state, id="gpus")
+        self.logs = LogPanes(state, secrets, self.initial_panes, id="logs")
+        self.chart = LossChart(state, id="loss")
+        self.events = EventsLog(state, secrets, id="events")
+        self.prompt = PromptBar(id="prompt")
+        yield self.header
+        with Horizontal(id="body"):
+            with Vertical(id="side"):
+                yield self.nodes
+                yield self.gpus
+            with Vertical(id="main"):
+                yield self.logs
+                with Horizontal(id="bottom"):
+                    yield self.chart
+                    yield self.events
+        yield self.prompt
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for widget, title in ((self.nodes, "nodes & ranks"), (self.gpus, "GPUs"),
+                              (self.events, "events"), (self.chart, "loss")):
+            widget.border_title = title
+        self.header.phase = "launching" if self.launching else None
+        self.feed.watch(self.logs.sources)
+        self.feed.start()
+        self.nodes.focus()
+        if self.launch is not None:
+            self.run_launch()
+        if self.gc_tuning:
+            self.call_after_refresh(tune_gc)
+
+    async def on_unmount(self) -> None:
+        self.feed.close()
+        if not self.owns_controller:
+            return
+        if self.ctl.state.run_state() in ENDED and self.launch_error is None:
+            await self.ctl.stop_store()
+        self.ctl.save_status()
+        await self.ctl.close()
+
+    # -- launch ----------------------------------------------------------------------------
+    @work(exclusive=True, group="launch")
+    async def run_launch(self) -> None:
+        header = self.header
+        try:
+            await self.launch()
+        except LaunchError as exc:
+            self.launch_error = exc
+            header.phase = "launch failed"
+            for node, cause in exc.causes.items():
+                ns = self.ctl.state.nodes.get(node)
+                if ns is not None and ns.state not in ("unreachable", "failed"):
+                    self.ctl.state.set_node(node, "failed", str(cause))
+            self.notify(str(exc), title="launch failed", severity="error", timeout=60)
+        except Exception as exc:  # a bug or an unexpected transport error: show, don't die
+            self.launch_error = LaunchError(str(exc), 1)
+            header.phase = "launch failed"
+            self.notify("%s: %s" % (type(exc).__name__, exc), title="launch failed",
+                        severity="error", timeout=60)
+        else:
+            header.phase = None
+        finally:
+            self.launching = False
+            header.record = self.ctl.record
+            header.update_info()
+            self.post_message(RunChanged())
+
+    # -- routing messages ------------------------------------------------------------------
+    def on_log_lines(self, message: LogLines) -> None:
+        if self.logs.is_attached:
+            self.logs.add_lines(message.lines)
+
+    def on_run_changed(self, message: RunChanged) -> None:
+        if not self.nodes.is_attached:  # shutting down: the feed's last messages
+            return
+        self.nodes.refresh_rows()
+        self.gpus.refresh_rows()
+        self.chart.update_chart()
+        self.header.update_info()
+        self.logs.refresh_titles()
+        final = self.ctl.state.run_state()
+        if final in ENDED and not self._ended_seen and not self.launching:
+            self._ended_seen = True
+            self.notify("run %s %s; q quits" % (self.ctl.run_id, final), title="run ended",
+                        severity="information" if final == "succeeded" else "error",
+                        timeout=30)
+            if self.exit_on_done:
+                self.exit(self.exit_code)
+
+    def on_run_event_added(self, message: RunEventAdded) -> None:
+        if self.events.is_attached:
+            self.events.add(message.event)
+
+    def on_source_chosen(self, message: SourceChosen) -> None:
+        self.logs.show(message.source)
+
+    def on_watch_changed(self, message: WatchChanged) -> None:
+        self.feed.watch(message.sources)
+
+    def on_filter_changed(self, message: FilterChanged) -> None:
+        pattern = re.compile(message.pattern) if message.pattern else None
+        self.logs.set_options(pattern=pattern)
+
+    def on_goto_submitted(self, message: GotoSubmitted) -> None:
+        text, state = message.text, self.ctl.state
+        if text in state.nodes:
+            self.logs.show((NODE, text))
+        elif text == "all":
+            self.logs.show((ALL, None))
+        elif text.lstrip("r").isdigit():
+            self.logs.show((RANK, int(text.lstrip("r"))))
+        else:
+            self.notify("no rank or node %r" % text, severity="error")
+
+    def on_follow_changed(self, message: FollowChanged) -> None:
+        if self.logs.is_attached:
+            self.logs.refresh_titles()
+
+    # -- actions ---------------------------------------------------------------------------
+    def action_detach(self) -> None:
+        self.exit(self.exit_code)
+
+    def action_help(self) -> None:
+        keys = [(b.key_display or b.key, b.description) for b in self.BINDINGS]
+        self.push_screen(HelpScreen([("Console", keys)] + EXTRA_KEYS))
+
+    def action_filter(self) -> None:
+        pattern = self.logs.pattern
+        self.prompt.open("filter", pattern.pattern if pattern else "")
+
+    def action_goto(self) -> None:
+        self.prompt.open("goto")
+
+    def action_clear_filter(self) -> None:
+        if self.logs.pattern is not None:
+            self.logs.set_options(pattern=None)
+
+    def action_step(self, delta: int) -> None:
+        self.logs.step(delta)
+
+    def action_cycle_source(self) -> None:
+        self.logs.cycle_kind()
+
+    def action_add_pane(self) -> None:
+        self.logs.add_pane()
+
+    def action_remove_pane(self) -> None:
+        self.logs.remove_pane()
+
+    def action_focus_pane(self, index: int) -> None:
+        self.logs.focus_pane(index)
+
+    def action_follow(self) -> None:
+        self.logs.toggle_follow()
+
+    def action_toggle(self, option: str) -> None:
+        logs = self.logs
+        logs.set_options(**{option: not getattr(logs, option)})
+        self.notify("%s %s" % (option, "on" if getattr(logs, option) else "off"), timeout=2)
+
+    def action_loss_mode(self) -> None:
+        chart = self.chart
+        chart.all_ranks = not chart.all_ranks
+
+    def action_kill_node(self) -> None:
+        self.ask("stop", self.nodes.current_node or "")
+
+    def action_kill_run(self) -> None:
+        self.ask("stop")
+
+    def action_restart_node(self) -> None:
+        self.ask("restart", self.nodes.current_node or "")
+
+    def action_restart_run(self) -> None:
+        self.ask("restart")
+
+    def ask(self, verb: str, node: str | None = None) -> None:
+        """Confirm, then stop/restart ``node`` ("" = none selected) or the whole run."""
+        if node == "":
+            self.notify("no node selected: pick one in the nodes table", severity="warning")
+            return
+        screen = control_confirm(verb, node, self.ctl.run_id, len(self.ctl.state.nodes))
+        self.push_screen(screen, lambda yes: self.run_control(verb, node) if yes else None)
+
+    @work(group="control")
+    async def run_control(self, verb: str, node: str | None) -> None:
+        what = node or "the run"
+        self.notify("%s %s..." % ("stopping" if verb == "stop" else "restarting", what),
+                    timeout=3)
+        try:
+            results = await (self.ctl.stop(node) if verb == "stop" else self.ctl.restart(node))
+        except Exception as exc:  # e.g. AgentError: tell the user, keep the console up
+            self.notify("%s %s failed: %s" % (verb, what, exc), severity="error", timeout=30)
+            return
+        text, failed = control_summary(verb, results)
+        self.notify(text, title="%s %s" % (verb, what), severity="error" if failed else
+                    "information", timeout=15 if failed else 6)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield from rankdeck_commands(self)
+
+    # -- the outcome -----------------------------------------------------------------------
+    @property
+    def run_ended(self) -> bool:
+        return self.ctl.state.run_state() in ENDED
+
+    @property
+    def detached(self) -> bool:
+        """Quit while the run goes on (nothing was stopped)."""
+        return self.launch_error is None and not self.run_ended
+
+    @property
+    def exit_code(self) -> int:
+        """0 run succeeded or user detached, 1 run failed/stopped, launch error's own code."""
+        if self.launch_error is not None:
+            return self.launch_error.code
+        final = self.ctl.state.run_state()
+        if final in ("failed", "stopped"):
+            return 1
+        return 0
+
+
+def tune_gc() -> None:
+    """Fewer, cheaper garbage collections for a console that runs for hours.
+
+    Rendering allocates many small objects that live a while in caches (strips, segments);
+    with CPython's default thresholds they reach the oldest generation and, in bench/tui.py,
+    full collections ran 1.5 times a second for up to 0.3 s each: most of the CPU and of
+    the latency spikes. What exists once the screen is up (modules, widgets) is frozen out of
+    the collector; young collections run less often, full ones rarely (cyclic garbage is
+    still collected, later). Process-wide, so only ``run_app`` asks for it.
+    """
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLDS[0], GC_THRESHOLDS[1], GC_THRESHOLDS[2])
+
+
+def detach_hint(run_id: str) -> str:
+    return ("rankdeck: detached; the run goes on. `rankdeck attach %s` to watch it again, "
+            "`rankdeck stop %s` to stop it." % (run_id, run_id))
+
+
+async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = None,
+                  **run_kwargs) -> int:
+    """Show ``ctl``'s run until the user quits; returns the exit code.
+
+    ``launch`` (optional) is awaited as a worker inside the app. ``run_kwargs`` go to
+    ``App.run_async`` (``headless=True, size=..., auto_pilot=...`` for tests).
+    """
+    app = RankdeckApp(ctl, launch, gc_tuning=True)
+    await app.run_async(**run_kwargs)
+    if app.detached:
+        print(detach_hint(ctl.run_id), file=sys.stderr)
+    return app.exit_code

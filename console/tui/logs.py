@@ -1,0 +1,174 @@
+"""LogPanes: one to four LogPanes side by side, and which one is active.
+
+The app hands it flushed line batches (``add_lines``) and the shared options (wrap,
+timestamps, collapse, filter); it passes each batch only to the panes showing that source
+and tells the app (``WatchChanged``) which sources are shown, so nothing else is kept.
+"""
+
+from __future__ import annotations
+
+import re
+
+from textual import events
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+
+from ..state import RunState
+from .feed import ALL, NODE, RANK
+from .logpane import LogPane
+from .messages import WatchChanged
+
+MAX_PANES = 4
+
+
+class LogPanes(Horizontal):
+    DEFAULT_CSS = """
+    LogPanes { height: 1fr; }
+    """
+
+    def __init__(self, state: RunState, secrets=(), sources=None, **kwargs):
+        super().__init__(**kwargs)
+        self.state = state
+        self.secrets = tuple(secrets or ())
+        first_node = next(iter(state.nodes), None)
+        self._initial = list(sources or [(RANK, 0)] + ([(NODE, first_node)] if first_node
+                                                         else []))[:MAX_PANES]
+        self.active = 0
+        self.wrap = False
+        self.timestamps = False
+        self.collapse = True
+        self.pattern: re.Pattern | None = None
+
+    def compose(self) -> ComposeResult:
+        for i, source in enumerate(self._initial):
+            yield LogPane(i + 1, source)
+
+    def on_mount(self) -> None:
+        for pane in self.panes:
+            self._configure(pane)
+            pane.show(pane.source, self.state, self.secrets)
+        self._mark_active()
+        self._announce()
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def panes(self) -> list[LogPane]:
+        return list(self.query_children(LogPane))
+
+    @property
+    def active_pane(self) -> LogPane:
+        panes = self.panes
+        return panes[min(self.active, len(panes) - 1)]
+
+    @property
+    def sources(self) -> frozenset:
+        return frozenset(p.source for p in self.panes)
+
+    # -- lines -----------------------------------------------------------------------------
+    def add_lines(self, lines: dict) -> None:
+        for pane in self.panes:
+            entries = lines.get(pane.source)
+            if entries:
+                pane.view.add_entries(entries)
+
+    def refresh_titles(self) -> None:
+        for pane in self.panes:
+            pane.update_title(self.state)
+
+    # -- choosing what to show -------------------------------------------------------------
+    def show(self, source: tuple, pane: int | None = None) -> None:
+        target = self.panes[self.active if pane is None else pane]
+        target.show(source, self.state, self.secrets)
+        self._announce()
+
+    def step(self, delta: int) -> None:
+        """Next/previous rank (or node) in the active pane."""
+        pane = self.active_pane
+        kind, value = pane.source
+        if kind == RANK:
+            ranks = sorted(self.state.ranks) or [0]
+            pos = ranks.index(value) if value in ranks else -1
+            self.show((RANK, ranks[(pos + delta) % len(ranks)]))
+        elif kind == NODE:
+            nodes = list(self.state.nodes)
+            pos = nodes.index(value) if value in nodes else -1
+            self.show((NODE, nodes[(pos + delta) % len(nodes)]))
+
+    def cycle_kind(self) -> None:
+        pane = self.active_pane
+        self.show(pane.cycle_kind(self.state))
+
+    def add_pane(self) -> None:
+        panes = self.panes
+        if len(panes) >= MAX_PANES:
+            self.app.notify("at most %d log panes" % MAX_PANES, severity="warning")
+            return
+        ranks = sorted(self.state.ranks) or [0]
+        shown = {p.source[1] for p in panes if p.source[0] == RANK}
+        rank = next((r for r in ranks if r not in shown), ranks[-1])
+        pane = LogPane(len(panes) + 1, (RANK, rank))
+        self.mount(pane)
+        self.call_after_refresh(self._adopt, pane)
+
+    def _adopt(self, pane: LogPane) -> None:
+        self._configure(pane)
+        pane.show(pane.source, self.state, self.secrets)
+        self.active = len(self.panes) - 1
+        self._mark_active()
+        self._announce()
+
+    def remove_pane(self) -> None:
+        panes = self.panes
+        if len(panes) <= 1:
+            return
+        victim = panes[self.active]
+        victim.remove()
+        remaining = [p for p in panes if p is not victim]
+        for i, p in enumerate(remaining):
+            p.number = i + 1
+            p.update_title(self.state)
+        self.active = min(self.active, len(remaining) - 1)
+        self._mark_active(remaining)
+        self.post_message(WatchChanged(frozenset(p.source for p in remaining)))
+
+    def focus_pane(self, index: int) -> None:
+        panes = self.panes
+        if 0 <= index < len(panes):
+            self.active = index
+            panes[index].view.focus()
+            self._mark_active()
+
+    # -- options ---------------------------------------------------------------------------
+    def set_options(self, **options) -> None:
+        for key, value in options.items():
+            setattr(self, key, value)
+        for pane in self.panes:
+            self._configure(pane)
+            pane.update_title(self.state)
+
+    def _configure(self, pane: LogPane) -> None:
+        pane.view.configure(wrap=self.wrap, timestamps=self.timestamps, collapse=self.collapse,
+                            pattern=self.pattern)
+
+    def toggle_follow(self) -> None:
+        pane = self.active_pane
+        pane.view.follow = not pane.view.follow
+        pane.update_title(self.state)
+
+    # -- focus -----------------------------------------------------------------------------
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        for i, pane in enumerate(self.panes):
+            if event.widget in pane.walk_children():
+                self.active = i
+                self._mark_active()
+
+    def _mark_active(self, panes=None) -> None:
+        for i, pane in enumerate(panes if panes is not None else self.panes):
+            pane.set_class(i == self.active, "-active")
+
+    def _announce(self) -> None:
+        self.post_message(WatchChanged(self.sources))
+        self.refresh_titles()
+
+
+__all__ = ["LogPanes", "MAX_PANES", "ALL", "NODE", "RANK"]

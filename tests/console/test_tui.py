@@ -1,0 +1,425 @@
+"""Pilot tests of the rankdeck TUI on a real RunController over the scripted transport."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from console.sanitize import clean
+from console.tui.app import RankdeckApp, run_app
+from console.tui.confirm import ConfirmScreen
+from console.tui.events import EventsLog
+from console.tui.feed import ALL, NODE, RANK
+from console.tui.help import HelpScreen
+
+from tests.console.scripted import (RUN_ID, T0, RunScript, controller, event, host_names,
+                                   no_gpu_snapshot, standard_script)
+
+SIZE = (160, 48)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """Keep every test out of the real home directory and local time zone."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    time.tzset()
+
+
+def build(tmp_path, script: RunScript | None = None, steps: int | None = 40, **transport):
+    script = script or standard_script(host_names(4), t0=time.time())
+    t = script.transport(**transport)
+    ctl, launch = controller(str(tmp_path), t, steps=steps)
+    return RankdeckApp(ctl, launch), ctl, t
+
+
+async def until(pilot, condition, timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("timed out waiting for %s" % (what or condition))
+
+
+async def running(pilot, app) -> None:
+    """Launch done, every rank stepping and shown in the nodes table."""
+    await until(pilot, lambda: not app.launching, what="launch")
+    await until(pilot, lambda: (app.nodes.row_values("r:7") or ("", ""))[1] == "running",
+                what="rank rows running")
+    await until(pilot, lambda: app.logs.panes[0].view.lines_text(), what="pane lines")
+
+
+def node_row(app, node):
+    return app.nodes.row_values("n:" + node)
+
+
+# -- launch progress and state ---------------------------------------------------------------
+async def test_launch_progress_shows_each_phase(tmp_path):
+    hosts = host_names(4)
+    script = RunScript(hosts, 2, t0=time.time()).launched()  # workers up, no step yet
+    app, ctl, t = build(tmp_path, script, hold={"open"})
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        assert [node_row(app, h)[1] for h in hosts] == ["connecting"] * 4
+        assert "launching" in app.header.info().plain
+        t.release()
+        await until(pilot, lambda: node_row(app, "node1")[1] == "rendezvous",
+                    what="rendezvous phase")
+        assert node_row(app, "node1")[-1] == "waiting for first step"
+        assert app.nodes.row_values("r:0")[1] == "starting"
+        live = RunScript(hosts, 2, t0=time.time())
+        live.steps(1, 3)
+        for node in hosts:
+            for rec in live.recs[node]:
+                t.node(node).append([rec])
+        await until(pilot, lambda: node_row(app, "node4")[1] == "running", what="running")
+        assert node_row(app, "node4")[2] == "3"
+        assert app.nodes.row_values("r:7")[2] == "3"
+
+
+async def test_start_held_shows_starting(tmp_path):
+    app, ctl, t = build(tmp_path, hold={"start"})
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: node_row(app, "node2")[1] == "starting", what="starting")
+        assert node_row(app, "node2")[-1] == "starting torchrun"
+        assert t.ops("store_start") == ["node1"]
+        t.release()
+        await running(pilot, app)
+        assert node_row(app, "node2")[1] == "running"
+        assert "step 24/40" in app.header.info().plain
+
+
+async def test_unreachable_host_shows_cause_and_exit_code(tmp_path):
+    app, ctl, t = build(tmp_path, unreachable={
+        "node3": ("refused", "node3: connection refused (127.0.0.4:22)")})
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: not app.launching, what="launch to fail")
+        await until(pilot, lambda: node_row(app, "node3")[1] == "unreachable")
+        row = node_row(app, "node3")
+        assert "refused" in row[-1] and "connection refused" in row[-1]
+        assert "launch failed" in app.header.info().plain
+        assert t.ops("start") == []
+        assert app.exit_code == 3
+        assert any("cannot reach" in n.message for n in app._notifications)
+
+
+async def test_crashed_node_shows_failure_and_cause(tmp_path):
+    hosts = host_names(4)
+    script = standard_script(hosts, t0=time.time())
+    script.crash("node2", 1, 1, "CUDA error: an illegal memory access was encountered",
+                 time.time() + 30)
+    app, ctl, t = build(tmp_path, script)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: node_row(app, "node2")[1] == "failed (1)", what="failed")
+        row = node_row(app, "node2")
+        assert "rank 3 (local 1) exited with code 1" in row[-1]
+        assert app.nodes.row_values("r:3")[1] == "failed"
+        assert node_row(app, "node1")[1] == "running"
+        await until(pilot, lambda: any(" failed " in s for s in app.events.shown))
+        failed = [s for s in app.events.shown if " failed " in s]
+        assert "node2/r3" in failed[0] and "illegal memory access" in failed[0]
+
+
+# -- log panes ---------------------------------------------------------------------------------
+async def test_pick_rank_per_pane(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        logs = app.logs
+        assert [p.source for p in logs.panes] == [(RANK, 0), (NODE, "node1")]
+        await pilot.press("2", "g", "5", "enter")
+        assert logs.panes[1].source == (RANK, 5)
+        assert logs.panes[0].source == (RANK, 0)
+        rank5 = "step 24 loss=%.4f" % (4.0 / (1 + 0.08 * 24) + 0.05 + 0.05 * ((24 * 7) % 5) / 5)
+        assert any(line.startswith(rank5) for line in logs.panes[1].view.lines_text())
+        assert "rank 5" in str(logs.panes[1].query_one(".logpane--title").render())
+        await pilot.press("right_square_bracket")
+        assert logs.panes[1].source == (RANK, 6)
+        await pilot.press("left_square_bracket", "left_square_bracket")
+        assert logs.panes[1].source == (RANK, 4)
+        # the nodes table picks for the active pane too
+        app.nodes.focus()
+        app.nodes.move_to("r:7")
+        await pilot.press("enter")
+        assert logs.panes[1].source == (RANK, 7)
+        await pilot.press("plus", "plus", "plus")
+        assert len(logs.panes) == 4
+        await pilot.press("minus")
+        assert len(logs.panes) == 3
+        assert app.feed.watched == logs.sources
+
+
+async def test_hidden_sources_get_no_writes_and_refill_when_shown(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        assert (RANK, 6) not in app.feed.watched
+        live = RunScript(host_names(4), 2, t0=time.time())
+        live.lines("node4", 0, ["only for rank six"], time.time())
+        t.node("node4").append(live.recs["node4"])
+        await until(pilot, lambda: ctl.state.ranks[6].lines[-1] == "only for rank six")
+        await pilot.pause(0.2)
+        for pane in app.logs.panes:
+            assert "only for rank six" not in pane.view.lines_text()
+        await pilot.press("g", "6", "enter")
+        assert app.logs.active_pane.view.lines_text()[-1] == "only for rank six"
+
+
+async def test_filter_regex_across_panes_highlights_matches(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        await pilot.press("slash", *"step 2[0-3] ", "enter")
+        for pane in app.logs.panes:
+            lines = pane.view.lines_text()
+            assert lines and all("step 2" in line for line in lines), lines
+            assert "match" in str(pane.query_one(".logpane--title").render())
+        rank0 = app.logs.panes[0].view
+        assert len(rank0.lines_text()) == 4
+        match_bg = rank0.get_component_rich_style("logview--match").bgcolor
+        segments = list(rank0.render_line(0))
+        highlighted = [s.text for s in segments if s.style and s.style.bgcolor == match_bg]
+        assert highlighted == ["step 20 "]
+        # an invalid regex is refused, the filter in force stays
+        await pilot.press("slash", "(")  # the prompt selects the old text: typing replaces it
+        assert app.prompt.has_class("-invalid")
+        assert len(rank0.lines_text()) == 4
+        await pilot.press("escape")
+        assert app.logs.pattern is None
+        assert len(rank0.lines_text()) > 24
+
+
+async def test_collapse_identical_lines_from_many_ranks(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        node1 = app.logs.panes[1].view
+        assert app.logs.panes[1].source == (NODE, "node1")
+        assert "ranks 0-1: using device cuda:0, world size 8" in node1.lines_text()
+        await pilot.press("g", *"all", "enter")
+        merged = app.logs.panes[0].view
+        assert app.logs.panes[0].source == (ALL, None)
+        assert "ranks 0-7: using device cuda:0, world size 8" in merged.lines_text()
+        await pilot.press("c")
+        lines = node1.lines_text()
+        assert "r0: using device cuda:0, world size 8" in lines
+        assert "r1: using device cuda:0, world size 8" in lines
+        assert not any(line.startswith("ranks ") for line in lines)
+
+
+async def test_follow_pause_wrap_and_timestamps(tmp_path):
+    t0 = time.time()
+    app, ctl, t = build(tmp_path, standard_script(host_names(4), t0=t0))
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        pane = app.logs.panes[0]
+        await pilot.press("1", "f")
+        assert not pane.view.follow
+        assert "PAUSED" in str(pane.query_one(".logpane--title").render())
+        y = pane.view.scroll_y
+        live = RunScript(host_names(4), 2, t0=t0)
+        live.lines("node1", 0, ["more %d" % i for i in range(200)], t0 + 30)
+        t.node("node1").append(live.recs["node1"])
+        await until(pilot, lambda: pane.view.lines_text()[-1] == "more 199")
+        assert pane.view.scroll_y == y  # paused: new lines do not move the view
+        await pilot.press("t")
+        last_step = pane.view.lines_text()[-201]
+        assert last_step == time.strftime("%H:%M:%S ", time.localtime(t0 + 22)) + \
+            "step 24 loss=1.3999 lr=3.00e-04 step_time=0.500s tok/s=32768"
+        rows_before = pane.view.line_count
+        await pilot.press("w")
+        assert pane.view.line_count > rows_before  # long lines take several rows
+        await pilot.press("end")
+        assert pane.view.follow
+
+
+async def test_untrusted_log_text_is_plain_and_keeps_the_layout(tmp_path):
+    nasty = ["[rank0]: hello", "[bold]x[/]", "\x1b[31mred\x1b[0m text \x1b]0;title\x07",
+             "bell\x07 nul\x00 back\x08 del\x7f", "bad \udcff\udcfe byte", "wide 漢字 ok",
+             "tab\tstop\rprogress 100%", "[link=http://x]click[/link] :rocket:", "x" * 5000]
+    script = standard_script(host_names(4), t0=time.time())
+    script.lines("node1", 0, nasty, time.time())
+    app, ctl, t = build(tmp_path, script)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        view = app.logs.panes[0].view
+        await until(pilot, lambda: view.lines_text()[-1].startswith("xxxx"))
+        shown = view.lines_text()[-len(nasty):]
+        assert shown == [clean(line) for line in nasty]
+        assert shown[0] == "[rank0]: hello" and shown[1] == "[bold]x[/]"
+        assert shown[7] == "[link=http://x]click[/link] :rocket:"
+        assert all("\x1b" not in s and "\x00" not in s and "\udcff" not in s for s in shown)
+        for wrap in (False, True):
+            view.configure(wrap=wrap)
+            await pilot.pause(0.05)
+            width = view.scrollable_content_region.width
+            for y in range(view.size.height):
+                strip = view.render_line(y)
+                assert strip.cell_length == width
+                text = "".join(seg.text for seg in strip)
+                assert "\x1b" not in text and "\n" not in text
+        # nothing was styled by markup in the text: only our own styles apply
+        view.configure(wrap=False)
+        view.scroll_end(animate=False, immediate=True)
+        await pilot.pause(0.05)
+        bold = [seg for y in range(view.size.height) for seg in view.render_line(y)
+                if seg.style and seg.style.bold and "x" == seg.text.strip()]
+        assert not bold
+
+
+# -- controls ----------------------------------------------------------------------------------
+async def confirm(pilot, app, key: str, answer: str) -> None:
+    await pilot.press(key)
+    await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirmation")
+    await pilot.press(answer)
+    await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+
+
+async def test_kill_node_asks_then_stops_that_node(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        app.nodes.focus()
+        app.nodes.move_to("r:3")  # a rank of node2
+        await confirm(pilot, app, "k", "n")
+        await pilot.pause(0.1)
+        assert t.ops("stop") == []
+        await confirm(pilot, app, "k", "escape")
+        assert t.ops("stop") == []
+        await confirm(pilot, app, "k", "y")
+        await until(pilot, lambda: t.ops("stop") == ["node2"], what="stop node2")
+        await until(pilot, lambda: node_row(app, "node2")[1] == "stopped")
+        assert node_row(app, "node1")[1] == "running"
+
+
+async def test_kill_run_stops_every_node_and_the_store(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        await confirm(pilot, app, "K", "y")
+        await until(pilot, lambda: sorted(t.ops("stop")) == host_names(4), what="stop all")
+        await until(pilot, lambda: t.ops("store_stop") == ["node1"])
+        await until(pilot, lambda: ctl.state.run_state() == "stopped")
+        assert app.exit_code == 1
+
+
+async def test_restart_node_and_run_send_restart(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        app.nodes.focus()
+        app.nodes.move_to("n:node3")
+        await confirm(pilot, app, "r", "y")
+        await until(pilot, lambda: t.ops("restart") == ["node3"], what="restart node3")
+        args = [r.args for r in t.requests if r.op == "restart"][0]
+        assert args["node"] == "node3" and args["spec"]["node"] == "node3"
+        await confirm(pilot, app, "R", "n")
+        assert t.ops("restart") == ["node3"]
+        await confirm(pilot, app, "R", "y")
+        await until(pilot, lambda: len(t.ops("restart")) == 5, what="restart all")
+        assert sorted(t.ops("restart")[1:]) == host_names(4)
+        assert t.ops("stop") == []
+
+
+# -- the rest of the screen ----------------------------------------------------------------------
+async def test_gpu_panel_shows_gpus_ranks_and_no_gpu_reason(tmp_path):
+    app, ctl, t = build(tmp_path, gpus={"node4": no_gpu_snapshot()})
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        await until(pilot, lambda: any("no GPUs" in line for line in app.gpus.lines()))
+        lines = app.gpus.lines()
+        assert any(line.startswith("node4  no GPUs (pynvml: NVML Shared Library Not Found")
+                   for line in lines)
+        node1 = lines[lines.index(next(x for x in lines if x.startswith("node1"))) + 1]
+        assert "87%" in node1 and "41.0/80.0G" in node1 and "61°C" in node1
+        assert "402/700W" in node1 and node1.endswith("r0")
+
+
+async def test_header_loss_chart_and_events(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        await until(pilot, lambda: "ETA" in app.header.info().plain)
+        header = app.header.info().plain
+        assert "run %s" % RUN_ID in header
+        assert "step 24/40" in header and "2.00 steps/s" in header and "ETA 0:00:08" in header
+        assert len(app.chart.series()) == 1 and len(app.chart.series()[0]) == 24
+        await pilot.press("l")
+        assert app.chart.all_ranks and len(app.chart.series()) == 8
+        assert "all ranks" in app.chart.render().plain
+        await until(pilot, lambda: any("checkpoint" in s for s in app.events.shown))
+        ckpt = next(s for s in app.events.shown if "checkpoint" in s)
+        assert "step 20" in ckpt and "step_20.pt" in ckpt and "700.0 MiB" in ckpt
+        stamps = [s[:8] for s in app.query_one(EventsLog).shown]
+        assert stamps == sorted(stamps)
+
+
+async def test_eta_unknown_without_total_steps(tmp_path):
+    app, ctl, t = build(tmp_path, steps=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        header = app.header.info().plain
+        assert "step 24/?" in header and "ETA ?" in header
+
+
+async def test_help_lists_every_key(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        keys = app.screen.keys()
+        for binding in app.BINDINGS:
+            assert (binding.key_display or binding.key) in keys
+        assert "ctrl+p" in keys
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, HelpScreen))
+
+
+async def test_palette_has_rankdeck_commands(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for title in ("Kill run", "Restart run", "Kill node node2", "Restart node node4",
+                      "Show rank 7", "Show node node3 merged", "Toggle wrap", "Keys"):
+            assert title in titles
+        show = next(c for c in app.get_system_commands(app.screen) if c.title == "Show rank 6")
+        show.callback()
+        assert app.logs.active_pane.source == (RANK, 6)
+
+
+async def test_quit_detaches_and_tells_how_to_attach(tmp_path, capsys):
+    script = standard_script(host_names(4), t0=time.time())
+    t = script.transport()
+    ctl, launch = controller(str(tmp_path), t)
+
+    async def pilot_script(pilot):
+        app = pilot.app
+        await running(pilot, app)
+        await pilot.press("q")
+
+    code = await run_app(ctl, launch, headless=True, size=SIZE, auto_pilot=pilot_script)
+    assert code == 0
+    assert "rankdeck attach %s" % RUN_ID in capsys.readouterr().err
+    assert t.ops("stop") == [] and t.ops("restart") == []
+    assert all(link.stream is None for link in ctl.links.values())  # closed, run untouched
+
+
+async def test_run_app_exit_code_when_the_run_ended(tmp_path):
+    script = standard_script(host_names(2), t0=time.time())
+    for node in host_names(2):
+        script.recs[node].append([event("ended", T0, state="exited", exit_code=0)])
+    t = script.transport()
+    ctl, launch = controller(str(tmp_path), t, hosts=2)
+    ctl_app = RankdeckApp(ctl, launch, exit_on_done=True)
+    async with ctl_app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: ctl.state.run_state() == "succeeded")
+        await until(pilot, lambda: not ctl_app.is_running, timeout=5)
+    assert ctl_app.exit_code == 0 and ctl_app.return_value == 0
+    assert t.ops("store_stop") == ["node1"]

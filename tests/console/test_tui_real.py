@@ -1,0 +1,135 @@
+"""The TUI on real runs: a Pilot test on 4 local nodes with real torchrun, and `rankdeck demo`
+in a real terminal (tmux at 160x48) read back with capture-pane."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from console.history import History
+from console.run import LaunchSpec, RunController
+from console.transport.local import LocalTransport
+from console.tui.app import RankdeckApp
+from console.tui.confirm import ConfirmScreen
+from console.tui.feed import RANK
+
+from tests.spine.helpers import REPO, TINY, TRAINER, local_inventory, processes_of
+
+pytestmark = pytest.mark.e2e
+SIZE = (160, 48)
+TIMEOUT = 300
+
+
+async def until(pilot, condition, timeout: float = TIMEOUT, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await pilot.pause(0.2)
+    raise AssertionError("timed out waiting for %s" % (what or condition))
+
+
+async def test_restart_a_node_from_the_tui_and_its_pane_goes_on(tmp_path):
+    ctl = RunController(local_inventory(tmp_path / "work"), LocalTransport(), History())
+    spec = LaunchSpec(script=TRAINER, max_restarts=2, grace=3,
+                      args=TINY + ["--steps", "100000", "--ckpt-every", "5"])
+    seen = []
+    ctl.state.change_listeners.append(lambda node: seen.append((node, ctl.state.nodes[node]
+                                                                .state)))
+    app = RankdeckApp(ctl, lambda: ctl.launch(spec, preflight=False), owns_controller=False)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            ranks = ctl.state.ranks
+            await until(pilot, lambda: len(ranks) == 4 and all(
+                (r.step or 0) >= 7 for r in ranks.values()), what="all ranks past step 7")
+            rank = ranks[1]
+            app.logs.show((RANK, 1))
+            pane = [p for p in app.logs.panes if p.source == (RANK, 1)][0]
+            await until(pilot, lambda: any("step=7 " in l for l in pane.view.lines_text()),
+                        what="rank 1's steps in its pane")
+            node = rank.node
+            app.nodes.focus()
+            app.nodes.move_to("n:" + node)
+            await pilot.press("r")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+            await pilot.press("y")
+            await until(pilot, lambda: (node, "restarting") in seen, what="node restarting")
+            await until(pilot, lambda: ctl.state.nodes[node].restarts == 1 and
+                        app.nodes.row_values("n:" + node)[1] == "running",
+                        what="node running again in the table")
+            await until(pilot, lambda: any(l.startswith("resumed step=")
+                                           for l in pane.view.lines_text()),
+                        what="the pane shows the resume")
+            lines = pane.view.lines_text()
+            resumed = [i for i, l in enumerate(lines) if l.startswith("resumed step=")][-1]
+            at = int(re.search(r"resumed step=(\d+)", lines[resumed]).group(1))
+            await until(pilot, lambda: any(l.startswith("step=%d " % (at + 2))
+                                           for l in pane.view.lines_text()),
+                        what="rank 1 stepping after the resume")
+    finally:
+        await ctl.stop()
+        await ctl.close()
+    assert processes_of(ctl.run_id) == []
+
+
+def tmux(*args, **kw):
+    """tmux on a server of this test's own, so no other session's sizes or options apply."""
+    return subprocess.run(["tmux", "-f", "/dev/null", "-L", "rdk-test-%d" % os.getpid()]
+                          + list(args), **kw)
+
+
+def capture(session: str) -> str:
+    return tmux("capture-pane", "-t", session, "-p", capture_output=True, text=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
+def test_demo_in_a_real_terminal(tmp_path):
+    session = "rdk-test-%d" % os.getpid()
+    state = tmp_path / "state"
+    cmd = ("cd %s && XDG_STATE_HOME=%s %s -m console demo --steps 100000 -- %s"
+           % (REPO, state, sys.executable, " ".join(TINY)))
+    # COLUMNS/LINES from pytest's environment would override the terminal's real size
+    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48",
+         "env", "-u", "COLUMNS", "-u", "LINES", "PYTHONPATH=%s" % REPO, "TERM=xterm-256color",
+         "sh", "-c", cmd, check=True)
+    tmux("set-option", "-t", session, "window-size", "manual")
+    tmux("resize-window", "-t", session, "-x", "160", "-y", "48")
+    screen = ""
+    try:
+        deadline = time.time() + TIMEOUT
+        while time.time() < deadline:
+            screen = capture(session)
+            side_by_side = any(len(re.findall(r"step=\d+ loss=", row)) >= 2
+                               for row in screen.splitlines())
+            if all(n in screen for n in ("node0", "node1", "node2", "node3")) and \
+                    re.search(r"loss\s+\d+\.\d{3}", screen) and side_by_side:
+                break
+            time.sleep(1)
+        (tmp_path / "screen.txt").write_text(screen)
+        for n in ("node0", "node1", "node2", "node3"):
+            assert n in screen, screen
+        # two rank panes side by side: step lines twice on one screen row
+        assert any(len(re.findall(r"step=\d+ loss=", row)) >= 2 for row in screen.splitlines()
+                   ), screen
+        assert re.search(r"loss\s+\d+\.\d{3}", screen), screen
+        tmux("send-keys", "-t", session, "q")
+        time.sleep(2)
+    finally:
+        tmux("kill-server", capture_output=True)
+        runs_dir = state / "rankdeck" / "runs"
+        run_ids = [r[:-5] for r in os.listdir(runs_dir) if r.endswith(".json")] \
+            if runs_dir.exists() else []
+        for run_id in run_ids:
+            subprocess.run([sys.executable, "-m", "console", "stop", run_id], cwd=REPO,
+                           env=dict(os.environ, PYTHONPATH=REPO, XDG_STATE_HOME=str(state)),
+                           capture_output=True, timeout=180)
+            left = processes_of(run_id)
+            for pid, _cmd in left:
+                os.kill(pid, 9)
+            assert left == [], "the demo run was not stopped: %s" % left

@@ -1,0 +1,99 @@
+"""SVG snapshots of the rankdeck TUI (pytest-textual-snapshot; Textual pinned in pyproject).
+
+Deterministic: the scripted run has fixed timestamps, the header's clock is frozen, RunState's
+and RunController's ``time.time`` are frozen (events and launch time), and the time zone is
+UTC. Review a changed SVG before accepting it with ``--snapshot-update``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import console.preflight
+import console.run
+import console.state
+from console.tui.app import RankdeckApp
+from tests.console.scripted import T0, controller, host_names, no_gpu_snapshot, standard_script
+
+SIZE = (160, 48)
+NOW = T0 + 40  # the moment every event of the script has happened
+CLOCK = NOW + 754  # what the header shows as elapsed: 0:12:34
+
+
+class FrozenTime:
+    """The ``time`` module with ``time()`` stopped at one instant."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+@pytest.fixture(autouse=True)
+def frozen(monkeypatch, tmp_path):
+    for module in (console.state, console.run, console.preflight):
+        monkeypatch.setattr(module, "time", FrozenTime(NOW))
+    monkeypatch.setenv("TZ", "UTC")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    time.tzset()
+    yield
+    time.tzset()
+
+
+def make_app(tmp_path, script) -> RankdeckApp:
+    transport = script.transport(gpus={"node4": no_gpu_snapshot()})
+    ctl, launch = controller(str(tmp_path), transport)
+    return RankdeckApp(ctl, launch, clock=lambda: CLOCK)
+
+
+async def settled(pilot) -> None:
+    """Launched, every line flushed and the state views refreshed."""
+    app = pilot.app
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if not app.launching and (app.nodes.row_values("r:7") or ("", ""))[1] in (
+                "running", "failed", "exited") and app.logs.panes[0].view.lines_text():
+            break
+        await pilot.pause(0.05)
+    await pilot.pause(1.2)  # the feed's state refresh runs twice a second
+
+
+def test_main_screen(snap_compare, tmp_path):
+    app = make_app(tmp_path, standard_script(host_names(4)))
+    assert snap_compare(app, terminal_size=SIZE, run_before=settled)
+
+
+def test_help_screen(snap_compare, tmp_path):
+    app = make_app(tmp_path, standard_script(host_names(4)))
+
+    async def open_help(pilot):
+        await settled(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=open_help)
+
+
+def test_crashed_node(snap_compare, tmp_path):
+    script = standard_script(host_names(4))
+    script.crash("node2", 1, 1, "CUDA error: an illegal memory access was encountered",
+                 T0 + 30)
+
+    async def show_crash(pilot):
+        await settled(pilot)
+        app = pilot.app
+        deadline = time.monotonic() + 30
+        while (app.nodes.row_values("n:node2") or ("", ""))[1] != "failed (1)" and \
+                time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        await pilot.press("2", "g", "3", "enter")  # the failed rank's log in pane 2
+        await pilot.pause(0.3)
+
+    app = make_app(tmp_path, script)
+    assert snap_compare(app, terminal_size=SIZE, run_before=show_crash)
