@@ -76,7 +76,8 @@ def files_under(folder):
             yield os.path.join(root, name)
 
 
-async def test_training_over_ssh_every_line_once_and_secrets_kept(user_ssh, tmp_path, secret):
+def ssh_controller(user_ssh, tmp_path):
+    """A controller over the 4 SSH hosts, a workdir, and every chunk it receives per file."""
     work = tmp_path / "work"
     work.mkdir()
     inv = load_inventory(write_inventory(tmp_path / "hosts.yaml", user_ssh, work))
@@ -87,10 +88,15 @@ async def test_training_over_ssh_every_line_once_and_secrets_kept(user_ssh, tmp_
     got = defaultdict(list)
     ctl.state.line_listeners.append(
         lambda b: got[(b.node, b.path)].append((b.offset, text_to_bytes(b.text))))
+    return ctl, work, got
+
+
+async def test_training_over_ssh_every_line_once_and_secrets_kept(user_ssh, tmp_path, secret):
+    ctl, work, got = ssh_controller(user_ssh, tmp_path)
     try:
         await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0,
                                     args=TINY + ["--steps", "30", "--ckpt-every", "10"]),
-                         inventory_path=inv.path)
+                         inventory_path=str(tmp_path / "hosts.yaml"))
         assert all(c.ok for c in ctl.preflight_checks)
         await wait_for(lambda: len(ctl.state.ranks) == 4 and all(
             (r.step or 0) >= 2 for r in ctl.state.ranks.values()), TIMEOUT, "first steps")
@@ -229,16 +235,7 @@ def test_preflight_catches_torch_mismatch_and_unreachable_rendezvous(user_ssh, t
 
 
 async def test_cut_link_is_reported_then_streams_resume_exactly_once(user_ssh, tmp_path, secret):
-    work = tmp_path / "work"
-    work.mkdir()
-    inv = load_inventory(write_inventory(tmp_path / "hosts.yaml", user_ssh, work))
-    transport = SshTransport(ssh_config=user_ssh.ssh_config, known_hosts=user_ssh.known_hosts,
-                             client_keys=[user_ssh.client_key],
-                             remote_cache=user_ssh.remote_cache)
-    ctl = RunController(inv, transport, History())
-    got = defaultdict(list)
-    ctl.state.line_listeners.append(
-        lambda b: got[(b.node, b.path)].append((b.offset, text_to_bytes(b.text))))
+    ctl, work, got = ssh_controller(user_ssh, tmp_path)
     st = ctl.state
     try:
         await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=3,
