@@ -322,14 +322,14 @@ class RankdeckApp(App[int]):
 
 
 def tune_gc() -> None:
-    """Fewer, cheaper garbage collections for a console that runs for hours.
+    """Fewer, shorter garbage collections while thousands of lines a second stream in.
 
-    Rendering allocates many small objects that live a while in caches (strips, segments);
-    with CPython's default thresholds they reach the oldest generation and, in bench/tui.py,
-    full collections ran 1.5 times a second for up to 0.3 s each: most of the CPU and of
-    the latency spikes. What exists once the screen is up (modules, widgets) is frozen out of
-    the collector; young collections run less often, full ones rarely (cyclic garbage is
-    still collected, later). Process-wide, so only ``run_app`` asks for it.
+    Textual leaves each rendered Strip in a reference cycle (it caches itself when divided),
+    and with CPython's default young generation (700 objects) those strips outlived it and
+    reached the oldest one: in bench/tui.py full collections then ran 1.5 times a second for
+    up to 0.3 s each. With 10,000 (``RANKDECK_GC`` overrides) most die young, and what exists
+    once the screen is up (modules, widgets) is frozen out of the collector. Process-wide, so
+    only ``run_app`` asks for it, and puts the defaults back afterwards.
     """
     gc.freeze()
     gc.set_threshold(GC_THRESHOLDS[0], GC_THRESHOLDS[1], GC_THRESHOLDS[2])
@@ -348,7 +348,14 @@ async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = N
     ``App.run_async`` (``headless=True, size=..., auto_pilot=...`` for tests).
     """
     app = RankdeckApp(ctl, launch, gc_tuning=True)
-    await app.run_async(**run_kwargs)
-    if app.detached:
+    thresholds = gc.get_threshold()
+    try:
+        await app.run_async(**run_kwargs)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+    if app.launch_error is not None:  # the screen that showed it is gone: say it again
+        print("rankdeck: launch failed: %s" % app.launch_error, file=sys.stderr)
+    elif app.detached:
         print(detach_hint(ctl.run_id), file=sys.stderr)
     return app.exit_code

@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 
 from ..state import RunState
-from .feed import ALL, NODE, RANK
+from .feed import NODE, RANK
 from .logpane import LogPane
 from .messages import WatchChanged
 
@@ -169,6 +169,3 @@ class LogPanes(Horizontal):
     def _announce(self) -> None:
         self.post_message(WatchChanged(self.sources))
         self.refresh_titles()
-
-
-__all__ = ["LogPanes", "MAX_PANES", "ALL", "NODE", "RANK"]

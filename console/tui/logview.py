@@ -13,7 +13,7 @@ import itertools
 import re
 from collections import deque
 
-from rich.cells import cell_len
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -36,6 +36,26 @@ _serial = itertools.count()
 
 def width_of(s: str) -> int:
     return len(s) if s.isascii() else cell_len(s)
+
+
+def fit(segments: list[Segment], length: int, width: int, pad: Style) -> list[Segment]:
+    """Segments cut or padded to exactly ``width`` cells (no intermediate Strips)."""
+    if length == width:
+        return segments
+    if length < width:
+        return segments + [Segment(" " * (width - length), pad)]
+    out, used = [], 0
+    for segment in segments:
+        cells = width_of(segment.text)
+        if used + cells <= width:
+            out.append(segment)
+            used += cells
+            if used == width:
+                break
+        else:
+            out.append(Segment(set_cell_size(segment.text, width - used), segment.style))
+            break
+    return out
 
 
 class LogLine:
@@ -88,7 +108,6 @@ class LogView(ScrollView, can_focus=True):
         # Rendered rows of recently shown lines (see _rows_of).
         self._cache: LRUCache = LRUCache(CACHED_ROWS)
         self._styles: dict | None = None
-        self.matches = 0
 
     # -- options (set by the pane; each rebuilds from the kept entries) -----------------
     def configure(self, *, wrap=None, timestamps=None, collapse=None, pattern=...,
@@ -127,6 +146,11 @@ class LogView(ScrollView, can_focus=True):
         self._after_change(dropped)
 
     @property
+    def matches(self) -> int:
+        """Lines shown that match the filter (0 without one)."""
+        return len(self._lines) if self.pattern is not None else 0
+
+    @property
     def line_count(self) -> int:
         return len(self._rows) if self.wrap else len(self._lines)
 
@@ -141,7 +165,6 @@ class LogView(ScrollView, can_focus=True):
     def _rebuild(self) -> None:
         self._lines, self._rows, self._recent = [], [], {}
         self._width = 0
-        self.matches = 0
         self._cache.clear()
         self._wrap_width = max(1, self.scrollable_content_region.width) if self.is_mounted \
             else 80
@@ -157,10 +180,8 @@ class LogView(ScrollView, can_focus=True):
         new: list[LogLine] = []
         regrow = False
         for ts, node, rank, text in entries:
-            if pattern is not None:
-                if pattern.search(text) is None:
-                    continue
-                self.matches += 1
+            if pattern is not None and pattern.search(text) is None:
+                continue
             if collapse and rank is not None and rank >= 0:
                 prev = recent.get(text)
                 if prev is not None and prev.rank != rank and (
@@ -179,7 +200,12 @@ class LogView(ScrollView, can_focus=True):
                     del recent[next(iter(recent))]
             new.append(line)
         lines.extend(new)
-        if not self.wrap:
+        if self.wrap:
+            if regrow:  # a collapsed line got longer: its row count may have changed
+                self._rebuild_rows()
+            else:
+                self._append_rows(new)
+        else:
             for line in new:
                 w = self._line_width(line)
                 if w > self._width:
@@ -193,11 +219,6 @@ class LogView(ScrollView, can_focus=True):
             del lines[:cut]
             if self.wrap:
                 del self._rows[:dropped]
-        if self.wrap:
-            if regrow:
-                self._rebuild_rows()
-            else:
-                self._append_rows(new)
         return dropped
 
     def _append_rows(self, lines) -> None:
@@ -291,16 +312,15 @@ class LogView(ScrollView, can_focus=True):
             return cached
         length = self._line_width(line)
         base = self._style("base")
-        strip = Strip(self._segments(line), length)
-        if not self.wrap:
-            parts = [strip.crop_extend(0, width, base)]
-        elif length <= self._wrap_width:
-            parts = [strip.extend_cell_length(width, base)]
+        segments = self._segments(line)
+        if not self.wrap or length <= self._wrap_width:
+            parts = [fit(segments, length, width, base)]
         else:
             step = self._wrap_width
-            parts = [part.extend_cell_length(width, base) for part in
-                     strip.divide(list(range(step, length, step)) + [length])]
-        rows = [(list(part), part.cell_length) for part in parts]
+            cuts = list(range(step, length, step)) + [length]
+            parts = [fit(list(part), part.cell_length, width, base)
+                     for part in Strip(segments, length).divide(cuts)]
+        rows = [(part, width) for part in parts]
         self._cache[key] = rows
         return rows
 

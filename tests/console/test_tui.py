@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from rich.cells import cell_len
 
 from console.sanitize import clean
 from console.tui.app import RankdeckApp, run_app
@@ -260,7 +261,7 @@ async def test_untrusted_log_text_is_plain_and_keeps_the_layout(tmp_path):
             width = view.scrollable_content_region.width
             for y in range(view.size.height):
                 strip = view.render_line(y)
-                assert strip.cell_length == width
+                assert sum(cell_len(seg.text) for seg in strip) == width
                 text = "".join(seg.text for seg in strip)
                 assert "\x1b" not in text and "\n" not in text
         # nothing was styled by markup in the text: only our own styles apply
@@ -423,3 +424,44 @@ async def test_run_app_exit_code_when_the_run_ended(tmp_path):
         await until(pilot, lambda: not ctl_app.is_running, timeout=5)
     assert ctl_app.exit_code == 0 and ctl_app.return_value == 0
     assert t.ops("store_stop") == ["node1"]
+
+
+async def test_run_app_reports_a_failed_launch_after_the_screen_is_gone(tmp_path, capsys):
+    script = standard_script(host_names(4), t0=time.time())
+    t = script.transport(unreachable={"node2": ("dns", "node2: name does not resolve")})
+    ctl, launch = controller(str(tmp_path), t)
+
+    async def pilot_script(pilot):
+        await until(pilot, lambda: not pilot.app.launching, what="launch to fail")
+        await pilot.press("q")
+
+    code = await run_app(ctl, launch, headless=True, size=SIZE, auto_pilot=pilot_script)
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "launch failed" in err and "node2" in err and "rankdeck attach" not in err
+
+
+async def test_log_view_keeps_at_most_max_lines_wrapped_or_not():
+    from textual.app import App
+
+    from console.tui.logview import LogView
+
+    class One(App):
+        def compose(self):
+            yield LogView(max_lines=50, multi_rank=True)
+
+    app = One()
+    async with app.run_test(size=(40, 10)) as pilot:
+        view = app.query_one(LogView)
+        for wrap in (False, True):
+            view.configure(wrap=wrap, collapse=True)
+            view.set_entries([])
+            for batch in range(5):
+                view.add_entries([(None, "n1", r, "line %d of batch %d %s" % (i, batch, "x" * i))
+                                  for i in range(30) for r in (0, 1)])
+                await pilot.pause()
+                assert len(view.lines_text()) == min(50, 30 * (batch + 1))
+                assert view.lines_text()[-1].startswith("ranks 0-1: line 29 of batch %d" % batch)
+                if wrap:
+                    assert len(view._rows) == sum(line.nrows for line in view._lines)
+                    assert view.line_count > len(view.lines_text())
