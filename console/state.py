@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -17,7 +18,7 @@ from agent.protocol import text_to_bytes
 
 LINES_PER_RANK = 5000
 LINES_PER_NODE = 2000
-POINTS_PER_RANK = 20000
+POINTS_PER_RANK = 4096
 EVENTS = 2000
 MAX_PARTIAL = 64 * 1024
 STALL_MIN_S = 60.0
@@ -55,6 +56,53 @@ class LineBatch:
     ts: float
 
 
+class Series:
+    """A rank's (step, loss) points in bounded memory for runs of any length.
+
+    When full, every other point is dropped and from then on only every 2nd (4th, ...) new
+    point is kept: the whole run's curve stays, coarser as it grows (64 KiB per rank). The
+    newest point is always part of the series.
+    """
+
+    __slots__ = ("steps", "values", "cap", "stride", "_skip", "last")
+
+    def __init__(self, cap: int = POINTS_PER_RANK):
+        self.steps = array("q")
+        self.values = array("d")
+        self.cap = cap
+        self.stride = 1
+        self._skip = 0
+        self.last: tuple[int, float] | None = None
+
+    def append(self, point: tuple[int, float]) -> None:
+        self.last = (int(point[0]), float(point[1]))
+        self._skip += 1
+        if self._skip < self.stride:
+            return
+        self._skip = 0
+        self.steps.append(int(point[0]))
+        self.values.append(float(point[1]))
+        if len(self.steps) >= self.cap:
+            self.steps, self.values = self.steps[::2], self.values[::2]
+            self.stride *= 2
+
+    def _last_extra(self) -> bool:
+        return self.last is not None and (not self.steps or self.steps[-1] != self.last[0])
+
+    def __len__(self) -> int:
+        return len(self.steps) + self._last_extra()
+
+    def __iter__(self):
+        yield from zip(self.steps, self.values)
+        if self._last_extra():
+            yield self.last
+
+    def __getitem__(self, i: int) -> tuple[int, float]:
+        if i == -1 and self.last is not None:
+            return self.last
+        return self.steps[i], self.values[i]
+
+
 @dataclass
 class RankState:
     rank: int
@@ -68,7 +116,7 @@ class RankState:
     tok_s: float | None = None
     last_progress: float | None = None
     step_times: deque = field(default_factory=lambda: deque(maxlen=64))
-    points: deque = field(default_factory=lambda: deque(maxlen=POINTS_PER_RANK))
+    points: Series = field(default_factory=Series)
     lines: deque = field(default_factory=lambda: deque(maxlen=LINES_PER_RANK))
 
     def stall_threshold(self, minimum: float = STALL_MIN_S) -> float:

@@ -42,3 +42,15 @@ def test_summaries():
         "uninterruptible sleep, GPU MEMORY STILL HELD: 3.0 GiB by [2]")
     assert kill_summary({"sigterm": [1], "left": [], "gpu": {"held": 0, "pids": []}}) == \
         "1 process(es) signalled, none left, GPU memory freed"
+
+
+def test_loss_series_stays_bounded_and_keeps_the_whole_run():
+    from console.state import Series
+
+    s = Series(cap=8)
+    for step in range(1, 1001):
+        s.append((step, 1.0 / step))
+    assert len(s) <= 8
+    steps = [st for st, _v in s]
+    assert steps[0] == 1 and steps == sorted(steps) and steps[-1] == 1000
+    assert s[-1] == (1000, 1.0 / 1000)
