@@ -247,7 +247,11 @@ class LogView(ScrollView, can_focus=True):
     # -- composing and rendering -------------------------------------------------------
     def _who(self, line: LogLine) -> str:
         if line.ranks is not None and len(line.ranks) > 1:
-            return "ranks %s: " % rank_ranges(line.ranks)
+            real = [r for r in line.ranks if r is not None and r >= 0]
+            parts = [rank_ranges(real)] if real else []
+            if len(real) < len(line.ranks):  # torchrun's own output (rank -1) said it too
+                parts.append("torchrun")
+            return "ranks %s: " % "+".join(parts)
         if not self.multi_rank:
             return ""
         node = line.node + " " if self.show_node else ""
