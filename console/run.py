@@ -176,8 +176,8 @@ class RunController:
         }
         self.record["spec"]["env"] = {k: "****" for k in spec.env}
         self.history.save(self.record)
-        for h in self.inventory.hosts:
-            self.state.set_node(h.name, "starting") if h.name not in failed else None
+        for h in hosts:
+            self.state.set_node(h.name, "starting")
         try:
             store = await self.links[rdzv.name].request(
                 "store_start", run_root=self.root_of(rdzv.name), addr=rdzv.addr,
