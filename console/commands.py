@@ -151,13 +151,18 @@ async def cmd_demo(args) -> int:
 
 
 async def open_run(run_id: str, subscribe: bool = True, reconnect: bool = True,
-                   resume: bool = False, stall_after: float = 60.0):
+                   resume: bool = False, stall_after: float = 60.0, node: str | None = None):
     """A controller for a recorded run, connected. ``resume``: log lines from where the last
-    headless console stopped printing (state and metrics are still read from the start)."""
+    headless console stopped printing (state and metrics are still read from the start).
+    ``node``: a node the caller will act on; an unknown one is refused before connecting."""
     history = History()
     record = history.load(run_id)
     ctl = RunController.from_record(record, make_transport(record.get("transport", "ssh")),
                                     history)
+    names = [h.name for h in ctl.inventory.hosts]
+    if node is not None and node not in names:
+        raise UsageError("run %s has no node %r; nodes: %s" % (ctl.run_id, node,
+                                                               ", ".join(names)))
     offsets = history.load_offsets(record["run_id"]) if resume else {}
     ctl.state.stall_min_s = stall_after
     failed = await ctl.connect_all(reconnect=reconnect)
@@ -205,17 +210,11 @@ async def cmd_status(args) -> int:
 
 
 async def cmd_logs(args) -> int:
-    history = History()
-    record = history.load(args.run_id)
-    names = [h["name"] for h in record["hosts"]]
-    if args.node is not None and args.node not in names:
-        raise UsageError("run %s has no node %r; nodes: %s" % (record["run_id"], args.node,
-                                                               ", ".join(names)))
-    ctl = RunController.from_record(record, make_transport(record.get("transport", "ssh")),
-                                    history)
-    printer = HeadlessPrinter(ctl.state, rank=args.rank, node=args.node, events=False)
-    failed = await ctl.connect_all(reconnect=args.follow)
+    ctl, failed = await open_run(args.run_id, subscribe=False, reconnect=args.follow,
+                                 node=args.node)
     report_unreachable(failed)
+    # the printer listens before the subscription, or the first records go unseen
+    HeadlessPrinter(ctl.state, rank=args.rank, node=args.node, events=False)
     await ctl.subscribe_all()
     try:
         await ctl.caught_up()
@@ -226,16 +225,12 @@ async def cmd_logs(args) -> int:
                 pass
     finally:
         await ctl.close()
-    del printer
     return EXIT_UNREACHABLE if failed else EXIT_OK
 
 
 async def control(args, verb: str) -> int:
-    ctl, failed = await open_run(args.run_id, subscribe=False, reconnect=False)
-    if args.node and args.node not in ctl.links:
-        await ctl.close()
-        raise UsageError("run %s has no node %r; nodes: %s" % (ctl.run_id, args.node,
-                                                               ", ".join(ctl.links)))
+    ctl, failed = await open_run(args.run_id, subscribe=False, reconnect=False,
+                                 node=args.node)
     report_unreachable(failed)
     try:
         if verb == "stop":
@@ -274,7 +269,8 @@ async def cmd_restart(args) -> int:
 async def cmd_stacks(args) -> int:
     from .stacks import group, render
 
-    ctl, failed = await open_run(args.run_id, subscribe=False, reconnect=False)
+    ctl, failed = await open_run(args.run_id, subscribe=False, reconnect=False,
+                                 node=args.node)
     report_unreachable(failed)
     names = [args.node] if args.node else [n for n in ctl.links if n not in failed]
     try:

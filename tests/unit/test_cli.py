@@ -66,3 +66,17 @@ def test_unreachable_host_is_exit_3_and_nothing_starts(tmp_path):
     assert "node1: no-python" in out.stderr and "nothing was started" in out.stderr
     assert not (tmp_path / ".rankdeck").exists()
     assert runs_recorded() == []
+
+
+@pytest.mark.parametrize("verb", [["stop"], ["restart"], ["logs"], ["stacks"]])
+def test_unknown_node_of_a_recorded_run_is_exit_2_before_connecting(tmp_path, verb):
+    folder = os.path.join(os.environ["XDG_STATE_HOME"], "rankdeck", "runs")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "20260101-000000-abcd.json"), "w") as f:
+        f.write('{"run_id": "20260101-000000-abcd", "created": 0, "transport": "local", '
+                '"hosts": [{"name": "node0", "addr": "127.0.0.2", "python": "/nonexistent", '
+                '"workdir": "%s"}], "spec": {"script": "t.py"}}' % tmp_path)
+    out = rankdeck(*(verb + ["20260101", "--node", "node9"]))
+    assert out.returncode == 2, out
+    assert "run 20260101-000000-abcd has no node 'node9'; nodes: node0" in out.stderr
+    assert "unreachable" not in out.stderr  # refused before any connection was tried
