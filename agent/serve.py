@@ -18,7 +18,7 @@ from . import procs, protocol
 from .gpu import GpuProbe
 from .journal import JournalReader
 from .store import start_store, stop_store
-from .supervisor import read_json
+from .supervisor import log_tail, read_json
 from .version import HERE, agent_version
 
 AGENT_PARENT = os.path.dirname(HERE)
@@ -192,11 +192,8 @@ class Server(object):
                 threading.Thread(target=proc.wait, daemon=True).start()  # reap if it ends
                 return state
             if proc.poll() is not None:
-                log = os.path.join(ndir, "supervisor.log")
-                tail = open(log, "rb").read()[-2000:].decode("utf-8", "replace") if \
-                    os.path.exists(log) else ""
-                raise RequestError("supervisor exited with code %s: %s"
-                                   % (proc.returncode, tail.strip()), "agent")
+                raise RequestError("supervisor exited with code %s: %s" % (
+                    proc.returncode, log_tail(os.path.join(ndir, "supervisor.log"))), "agent")
             time.sleep(0.02)
         raise RequestError("supervisor did not report within 30 s; see %s/supervisor.log"
                            % ndir, "timeout")

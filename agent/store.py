@@ -12,7 +12,7 @@ import sys
 import time
 
 from . import procs
-from .supervisor import read_json, write_json_atomic
+from .supervisor import log_tail, read_json, write_json_atomic
 
 STORE_SCRIPT = r"""
 import json, os, sys, time
@@ -67,10 +67,8 @@ def start_store(run_root, addr, python, port=0, timeout=120.0):
             # serve process reaps it only if it ends while serve lives.
             return info
         if proc.poll() is not None:
-            with open(os.path.join(run_root, "store.log"), "rb") as f:
-                tail = f.read()[-2000:].decode("utf-8", "replace")
-            raise RuntimeError("rendezvous store failed to start (exit %s): %s"
-                               % (proc.returncode, tail.strip()))
+            raise RuntimeError("rendezvous store failed to start (exit %s): %s" % (
+                proc.returncode, log_tail(os.path.join(run_root, "store.log"))))
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError("rendezvous store did not start within %d s" % timeout)

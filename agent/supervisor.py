@@ -46,6 +46,16 @@ def read_json(path, default=None):
         return default
 
 
+def log_tail(path, size=2000):
+    """The last ``size`` bytes of a log file as text ("" when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
 def find_error_files(log_dir, instance):
     """torchrun's per-worker error.json files of one torchrun start, oldest failure first."""
     found = []
