@@ -12,6 +12,10 @@ Record layout: an ASCII header ``<meta_len> <data_len>\\n``, then ``meta_len`` b
 (an object with ``k``, the record kind), then ``data_len`` raw bytes (log data; empty for
 other kinds). Kinds: ``file`` (a followed file and its rank), ``data`` (bytes of a file from
 source offset ``o``), ``metric``, ``ckpt``, ``event``.
+
+Scrolling back: the writer also keeps ``journal.idx``, the start offset of a record every
+``INDEX_EVERY`` bytes (one short line per MiB), so that :func:`read_back` can read a window
+that ends at any offset without reading the journal from its start.
 """
 
 import json
@@ -19,6 +23,8 @@ import os
 
 MAX_HEADER = 64
 READ_CHUNK = 1 << 20
+INDEX_EVERY = 1 << 20
+BACK_SCAN = 32 << 20  # bytes of journal one read_back may look through
 
 
 class JournalWriter:
@@ -27,32 +33,44 @@ class JournalWriter:
     def __init__(self, path):
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.size = os.fstat(self._fd).st_size  # a restarted supervisor appends
+        self._index_fd = os.open(path + ".idx", os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        marks = read_index(path, self.size + 1)
+        self._indexed = marks[-1] if marks else 0
 
     def append(self, meta, data=b""):
-        body = json.dumps(meta, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-        header = b"%d %d\n" % (len(body), len(data))
-        # One write per record so a reader never sees a header without its body for long.
-        os.write(self._fd, header + body + data)
+        self.append_many([(meta, data)])
 
     def append_many(self, records):
         parts = []
+        size = self.size
         for meta, data in records:
+            if size - self._indexed >= INDEX_EVERY:  # this record starts a new index window
+                os.write(self._index_fd, b"%d\n" % size)
+                self._indexed = size
             body = json.dumps(meta, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-            parts.append(b"%d %d\n" % (len(body), len(data)))
+            header = b"%d %d\n" % (len(body), len(data))
+            parts.append(header)
             parts.append(body)
             parts.append(data)
+            size += len(header) + len(body) + len(data)
         if parts:
+            # One write for all so a reader never sees a header without its body for long.
             os.write(self._fd, b"".join(parts))
+            self.size = size
 
     def close(self):
         os.close(self._fd)
+        os.close(self._index_fd)
 
 
 def parse(buf, base_offset=0):
     """Split a buffer into whole records.
 
     Returns ``(records, consumed)``: a list of ``(meta, data, end_offset)`` and how many bytes of
-    ``buf`` they used; an incomplete record at the end is left for the next read.
+    ``buf`` they used; an incomplete record at the end is left for the next read. Each meta
+    gets ``j``, the record's start offset in the journal (added on reading, not stored): the
+    console's handle for asking for what came before a line, or since a file appeared.
     """
     records = []
     pos = 0
@@ -68,6 +86,7 @@ def parse(buf, base_offset=0):
         if end > size:
             break
         meta = json.loads(buf[nl + 1 : nl + 1 + meta_len])
+        meta["j"] = base_offset + pos
         data = bytes(buf[nl + 1 + meta_len : end])
         records.append((meta, data, base_offset + end))
         pos = end
@@ -105,3 +124,73 @@ class JournalReader:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def read_index(path, before):
+    """The index marks (record start offsets) below ``before``, ascending; 0 is implied."""
+    try:
+        with open(path + ".idx", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    marks = []
+    for line in raw.split(b"\n"):
+        if line.isdigit():
+            mark = int(line)
+            if mark >= before:
+                break
+            marks.append(mark)
+    return marks
+
+
+def read_back(path, before, fids, want=256 * 1024, since=0, scan=BACK_SCAN):
+    """The newest ``data`` records of files ``fids`` that start before offset ``before``.
+
+    Reads index windows backwards from ``before`` until about ``want`` bytes of their data are
+    found, ``scan`` bytes were looked through, or offset ``since`` (where the oldest of the
+    files was announced; nothing of theirs is older). Returns ``(records, start)``: ``(meta,
+    data)`` in journal order, and the offset the reading went back to (0: nothing older is
+    left; else the next call's ``before``).
+    """
+    fids = set(fids)
+    starts = [0] + read_index(path, before)
+    pages = []
+    got = scanned = 0
+    end = before
+    while end > 0 and starts and got < want and scanned < scan:
+        start = starts.pop()
+        page = []
+        for meta, data in _records_between(path, start, end):
+            if meta.get("k") == "data" and data and meta.get("f") in fids:
+                page.append((meta, data))
+                got += len(data)
+        pages.append(page)
+        scanned += end - start
+        end = 0 if start <= since else start
+    records = [rec for page in reversed(pages) for rec in page]
+    drop = 0
+    while drop < len(records) and got - len(records[drop][1]) >= want:  # a window held more: the newest ``want`` do
+        got -= len(records[drop][1])
+        drop += 1
+    if drop:
+        records = records[drop:]
+        end = records[0][0]["j"]
+    return records, end
+
+
+def _records_between(path, start, end):
+    """``(meta, data)`` of the records that start in ``[start, end)``; ``start`` is a record's."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        buf = f.read(max(0, end - start))
+        records, used = parse(buf, start)
+        if start + used < end:  # the last record that starts before ``end`` runs past it
+            rest = buf[used:]
+            while True:
+                more = f.read(READ_CHUNK)
+                rest += more
+                last, _n = parse(rest, start + used)
+                if last or not more:
+                    break
+            records.extend(last[:1])
+    return [(meta, data) for meta, data, _end in records]

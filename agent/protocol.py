@@ -40,7 +40,7 @@ OPS = (
     "restart",
     "runs",
     "state",
-    "read_journal",
+    "scrollback",
     "stacks",
     "probe_tcp",
     "listen",

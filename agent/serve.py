@@ -16,7 +16,7 @@ import time
 
 from . import procs, protocol
 from .gpu import GpuProbe
-from .journal import JournalReader
+from .journal import JournalReader, read_back
 from .store import start_store, stop_store
 from .supervisor import log_tail, read_json
 from .version import HERE, agent_version
@@ -286,20 +286,13 @@ class Server(object):
             sub.reader.close()
         return {}
 
-    def op_read_journal(self, args):
-        """Records between two journal offsets (older scrollback on demand)."""
-        reader = JournalReader(os.path.join(node_dir(args), "journal"), int(args["start"]))
-        end = int(args["end"])
-        recs = []
-        try:
-            while reader.offset < end:
-                got = reader.read(min(1 << 20, end - reader.offset))
-                if not got:
-                    break
-                recs.extend(self._wire(got))
-        finally:
-            reader.close()
-        return {"recs": recs, "end": reader.offset}
+    def op_scrollback(self, args):
+        """Log data older than a console keeps: the newest records of some files before an offset."""
+        path = os.path.join(node_dir(args), "journal")
+        want = min(int(args.get("bytes", 256 * 1024)), protocol.BATCH_BYTES * 8)
+        records, start = read_back(path, int(args["before"]), args["files"], want,
+                                   int(args.get("since", 0)))
+        return {"recs": self._wire([(m, d, None) for m, d in records]), "start": start}
 
     def op_stacks(self, args):
         from .stacks import dump_stacks

@@ -16,6 +16,7 @@ def test_journal_reader_returns_whole_records_only(tmp_path):
     r = JournalReader(path)
     recs = r.read()
     assert [m["k"] for m, _d, _e in recs] == ["event", "data"]
+    assert [m["j"] for m, _d, _e in recs] == [0, recs[0][2]]  # where each record starts
     assert recs[1][1] == b"line one\nline two\n"
     assert recs[-1][2] == os.path.getsize(path) == r.offset
     # a record whose body is not written yet is not returned, then arrives whole
@@ -27,7 +28,7 @@ def test_journal_reader_returns_whole_records_only(tmp_path):
     with open(path, "ab") as f:
         f.write(record[20:])
     (meta, data, end), = r.read()
-    assert meta == {"k": "data", "f": 1, "o": 18} and data == b"abcd\n"
+    assert meta == {"k": "data", "f": 1, "o": 18, "j": recs[-1][2]} and data == b"abcd\n"
     # a second reader from an offset sees only what follows it
     r2 = JournalReader(path, recs[0][2])
     assert [m["k"] for m, _d, _e in r2.read()] == ["data", "data"]
@@ -104,3 +105,45 @@ def test_a_line_without_end_is_passed_on_in_bounded_pieces(tmp_path):
     with open(path, "ab") as out:
         out.write(b"y\n")
     assert data_of(f.poll()) == b"y\n"
+
+
+def test_read_back_pages_through_a_journal_exactly_once(tmp_path, monkeypatch):
+    """Paging backwards with read_back returns every record of the asked files once, in order,
+    across index windows, a writer reopened mid-way and a record straddling ``before``."""
+    import random
+
+    from agent import journal
+    from agent.journal import read_back, read_index
+
+    monkeypatch.setattr(journal, "INDEX_EVERY", 4096)
+    path = str(tmp_path / "journal")
+    rnd = random.Random(7)
+    w = JournalWriter(path)
+    for i in range(3000):
+        if i == 1500:  # a restarted supervisor appends to the same journal and index
+            w.close()
+            w = JournalWriter(path)
+        fid = rnd.choice((1, 2, 3))
+        w.append({"k": "data", "f": fid, "o": i}, b"rec %d of file %d\n" % (i, fid) * rnd.randint(1, 9))
+        if i % 7 == 0:
+            w.append({"k": "metric", "f": fid, "step": i})
+    w.close()
+    marks = read_index(path, 1 << 40)
+    assert len(marks) > 10 and marks == sorted(marks)
+    everything = JournalReader(path).read(1 << 30)
+    forward = [(m, d) for m, d, _e in everything]
+    starts = {0} | {e for _m, _d, e in everything}  # a record starts where one ends
+    assert all(m["j"] in starts for m, _d in forward)
+    assert set(marks) <= starts
+    want = [(m["j"], d) for m, d in forward if m["k"] == "data" and m["f"] in (1, 3)]
+    # start from inside the last record of file 1 or 3: that record is included
+    before = want[-1][0] + 1
+    got, pages = [], 0
+    while before > 0:
+        recs, before = read_back(path, before, [1, 3], want=2000)
+        assert all(m["f"] in (1, 3) for m, _d in recs)
+        got[:0] = [(m["j"], d) for m, d in recs]
+        pages += 1
+    assert got == want and pages > 5
+    size = os.path.getsize(path)
+    assert read_back(path, before=size, fids=[99], want=1) == ([], 0)  # no such file
