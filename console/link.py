@@ -115,6 +115,8 @@ class NodeLink:
 
     async def subscribe(self) -> dict:
         offset = self.state.nodes[self.name].journal_offset if self.state else 0
+        if self.state and offset == 0:
+            self.state.nodes[self.name].data_from = self.quiet_until
         data = await self.request("subscribe", run_root=self.run_root, node=self.name,
                                   sub=self.name, offset=offset, quiet_until=self.quiet_until)
         self.subscribed = True

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from inventory.model import Host, Inventory
 from .history import History, host_record
 from .link import AgentError, NodeLink
+from .scrollback import PAGE_BYTES
 from .state import RunState
 from .transport.base import HostUnreachable, Transport
 
@@ -99,6 +100,7 @@ class RunController:
         self._tasks: list[asyncio.Task] = []
         self.secrets = inventory.secrets
         self.preflight_checks: list = []
+        self.page_bytes = PAGE_BYTES  # log data per scrollback request
 
     # -- connections -----------------------------------------------------------------------
     def root_of(self, name: str) -> str:
@@ -320,6 +322,18 @@ class RunController:
             lambda link: link.request("stacks", run_root=link.run_root, node=link.name,
                                       python=link.host.python or sys.executable, timeout=60),
             names)
+
+    async def scrollback(self, node: str, files: list[int], before: int,
+                         since: int = 0) -> tuple[list, int]:
+        """Log records of ``files`` on ``node`` from before journal offset ``before`` (and not
+        before ``since``): a page of older lines than the console keeps (console/scrollback.py)."""
+        link = self.links.get(node)
+        if link is None:
+            raise AgentError("%s: not connected" % node, "closed")
+        data = await link.request("scrollback", run_root=link.run_root, node=node, files=files,
+                                  before=before, since=since, bytes=self.page_bytes,
+                                  timeout=30)
+        return data["recs"], int(data["start"])
 
     # -- lifetime --------------------------------------------------------------------------
     async def _housekeeping(self) -> None:

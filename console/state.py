@@ -39,11 +39,17 @@ class FileInfo:
     instance: str | None
     path: str
     partial: str = ""
+    journal: int | None = None  # where it was announced in the node's journal
 
 
 @dataclass
 class LineBatch:
-    """New bytes of one file of one node, cut at line ends (``lines``); ``text`` is the raw data."""
+    """New bytes of one file of one node, cut at line ends (``lines``); ``text`` is the raw data.
+
+    ``journal`` is where the record starts in the node's journal (None from an agent that does
+    not say): with a line's index in ``lines`` it is the line's position, which scrolling back
+    asks the node for what came before (console/scrollback.py).
+    """
 
     node: str
     rank: int | None
@@ -54,6 +60,88 @@ class LineBatch:
     text: str
     lines: list[str]
     ts: float
+    journal: int | None = None
+    fid: int | None = None
+
+
+# A line's position on its node: (journal offset of its record, index among the record's lines).
+AFTER_RECORD = 1 << 62  # as an index: just past every line of that record
+
+
+class Kept:
+    """A stream's newest ``cap`` lines, in chunks as they came: one per journal record.
+
+    A chunk is ``(ts, node, journal, lines, first)``: ``first`` is the index in its record of
+    ``lines[0]`` (above 0 once the front of the chunk was dropped). Lines go from the front
+    only, so what is kept from a node is everything of this stream from some position on, and
+    :meth:`floor` says which. Behaves as a sequence of line texts for simple readers.
+    """
+
+    __slots__ = ("chunks", "count", "cap", "evicted", "per_node")
+
+    def __init__(self, cap: int):
+        self.chunks: deque = deque()
+        self.count = 0
+        self.cap = cap
+        self.evicted: dict[str, tuple] = {}  # node -> newest dropped record's (offset, time)
+        self.per_node: dict[str, int] = {}  # node -> chunks kept from it
+
+    def add(self, ts: float, node: str, journal: int | None, lines: list[str]) -> None:
+        if not lines:
+            return
+        chunks = self.chunks
+        chunks.append((ts, node, journal, lines, 0))
+        self.count += len(lines)
+        self.per_node[node] = self.per_node.get(node, 0) + 1
+        while self.count > self.cap:
+            old_ts, old_node, old_journal, old_lines, first = chunks[0]
+            excess = self.count - self.cap
+            if excess >= len(old_lines):
+                chunks.popleft()
+                self.count -= len(old_lines)
+                self.evicted[old_node] = (old_journal, old_ts)
+                self.per_node[old_node] -= 1
+            else:
+                chunks[0] = (old_ts, old_node, old_journal, old_lines[excess:], first + excess)
+                self.count -= excess
+
+    def floor(self, node: str, start: int = 0) -> tuple:
+        """``(position, edge)``: from which position on this stream's lines from ``node`` are
+        all kept (None: unknown), and the time of the newest line dropped (None: none was).
+
+        ``start``: where the console's data from that node began (0 unless resumed).
+        """
+        if self.per_node.get(node):
+            for ts, chunk_node, journal, _lines, first in self.chunks:
+                if chunk_node == node:
+                    if first > 0:  # the front of this record went: same record, same time
+                        return (None if journal is None else (journal, first)), ts
+                    if node in self.evicted:
+                        return (None if journal is None else (journal, 0)), \
+                            self.evicted[node][1]
+                    return (start, 0), None
+        if node in self.evicted:
+            journal, ts = self.evicted[node]
+            return (None if journal is None else (journal, AFTER_RECORD)), ts
+        return (start, 0), None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        for chunk in self.chunks:
+            yield from chunk[3]
+
+    def __getitem__(self, i: int) -> str:
+        if i != -1:
+            raise IndexError("Kept supports [-1] only; iterate for the rest")
+        return self.chunks[-1][3][-1]
+
+    def newest_first(self):
+        """``(ts, node, journal, index, text)`` from the newest line back."""
+        for ts, node, journal, lines, first in reversed(self.chunks):
+            for k in range(len(lines) - 1, -1, -1):
+                yield ts, node, journal, first + k, lines[k]
 
 
 class Series:
@@ -117,7 +205,7 @@ class RankState:
     last_progress: float | None = None
     step_times: deque = field(default_factory=lambda: deque(maxlen=64))
     points: Series = field(default_factory=Series)
-    lines: deque = field(default_factory=lambda: deque(maxlen=LINES_PER_RANK))
+    lines: Kept = field(default_factory=lambda: Kept(LINES_PER_RANK))
 
     def stall_threshold(self, minimum: float = STALL_MIN_S) -> float:
         """The larger of ``minimum`` and 5x the median step time."""
@@ -143,7 +231,8 @@ class NodeState:
     attempts: dict[str, int] = field(default_factory=dict)  # torchrun instance -> max attempt
     instance: str | None = None  # the newest torchrun start's log folder
     journal_offset: int = 0
-    lines: deque = field(default_factory=lambda: deque(maxlen=LINES_PER_NODE))
+    data_from: int = 0  # journal offset from which its log lines were received (a resumed attach)
+    lines: Kept = field(default_factory=lambda: Kept(LINES_PER_NODE))  # lines of no rank
     gpu: dict | None = None
     kill_report: dict | None = None
 
@@ -177,8 +266,9 @@ class RunState:
     """Everything known about one run; fed by the controller, read by the views."""
 
     def __init__(self, run_id: str, nodes: list[tuple[str, str]], max_restarts: int = 0,
-                 stall_min_s: float = STALL_MIN_S):
+                 stall_min_s: float = STALL_MIN_S, lines_per_rank: int = LINES_PER_RANK):
         self.run_id = run_id
+        self.lines_per_rank = lines_per_rank  # older lines are fetched from the nodes on demand
         self.nodes: dict[str, NodeState] = {
             name: NodeState(name=name, addr=addr, max_restarts=max_restarts)
             for name, addr in nodes
@@ -238,7 +328,7 @@ class RunState:
     def _file(self, ns: NodeState, meta: dict) -> None:
         fi = FileInfo(meta["f"], meta.get("rank"), meta.get("local_rank"),
                       meta.get("stream", "stdout"), meta.get("attempt"), meta.get("instance"),
-                      meta.get("path", ""))
+                      meta.get("path", ""), journal=meta.get("j"))
         ns.files[fi.fid] = fi
         if fi.instance is not None and fi.attempt is not None:
             ns.attempts[fi.instance] = max(ns.attempts.get(fi.instance, 0), fi.attempt)
@@ -255,7 +345,8 @@ class RunState:
         if fi.rank is not None:
             rs = self.ranks.get(fi.rank)
             if rs is None:
-                rs = self.ranks[fi.rank] = RankState(fi.rank, ns.name)
+                rs = self.ranks[fi.rank] = RankState(fi.rank, ns.name,
+                                                     lines=Kept(self.lines_per_rank))
             rs.node = ns.name
             rs.local_rank = fi.local_rank
             if rs.state in ("exited", "failed"):
@@ -275,12 +366,13 @@ class RunState:
         if len(joined) > MAX_PARTIAL:  # a finished line can be huge too: store it in pieces
             lines = [piece for line in lines for piece in _pieces(line)]
         self.total_lines += len(lines)
+        ts, journal = meta.get("ts", 0.0), meta.get("j")
         if fi.rank is not None and fi.rank in self.ranks:
-            self.ranks[fi.rank].lines.extend(lines)
+            self.ranks[fi.rank].lines.add(ts, ns.name, journal, lines)
         else:
-            ns.lines.extend(lines)
+            ns.lines.add(ts, ns.name, journal, lines)
         batch = LineBatch(ns.name, fi.rank, fi.local_rank, fi.stream, fi.path, meta.get("o", 0),
-                          text, lines, meta.get("ts", 0.0))
+                          text, lines, ts, journal, fi.fid)
         for cb in self.line_listeners:
             cb(batch)
 

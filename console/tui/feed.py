@@ -10,14 +10,13 @@ showing a source refills from RunState's own bounded buffers.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections import defaultdict
 
 from ..sanitize import clean
+from ..scrollback import ALL, NODE, RANK  # noqa: F401 (the source kinds, re-exported)
 from ..state import Event, LineBatch, RunState
 from .messages import LogLines, RunChanged, RunEventAdded
 
-RANK, NODE, ALL = "rank", "node", "all"
 PENDING_CAP = 5000  # per source between two flushes; more than a pane would keep anyway
 
 
@@ -74,10 +73,11 @@ class RunFeed:
         if not keys:
             return
         secrets = self.secrets
-        ts, node, rank = batch.ts or None, batch.node, batch.rank
+        ts, node, rank, journal = batch.ts or None, batch.node, batch.rank, batch.journal
         if rank is None and batch.stream == "torchrun":
             rank = -1
-        entries = [(ts, node, rank, clean(line, secrets)) for line in batch.lines]
+        entries = [(ts, node, rank, clean(line, secrets), journal, k)
+                   for k, line in enumerate(batch.lines)]
         for key in keys:
             pending = self._pending[key]
             pending.extend(entries)
@@ -108,56 +108,8 @@ class RunFeed:
         self.target.post_message(RunChanged())
 
 
-def tail(lines, n: int) -> list:
-    """The last ``n`` items of a deque without copying all of it."""
-    if n <= 0:
-        return []
-    out = list(itertools.islice(reversed(lines), n))
-    out.reverse()
-    return out
-
-
 def cleaned(entries: list, secrets=()) -> list:
     """Entries with their text made safe to show (console/sanitize.py)."""
     secrets = tuple(secrets or ())
-    return [(ts, node, rank, clean(text, secrets)) for ts, node, rank, text in entries]
-
-
-def entries_for(state: RunState, source: tuple, limit: int, secrets=()) -> list:
-    """:func:`kept_lines`, cleaned."""
-    return cleaned(kept_lines(state, source, limit), secrets)
-
-
-def kept_lines(state: RunState, source: tuple, limit: int) -> list:
-    """What a pane that starts showing ``source`` refills from: RunState's kept lines (raw).
-
-    Kept lines carry no timestamp. Merged sources interleave their ranks' tails line by line
-    (aligned at the newest), which keeps lines that all ranks print side by side.
-    """
-    kind, value = source
-    if kind == RANK:
-        rs = state.ranks.get(value)
-        if rs is None:
-            return []
-        return [(None, rs.node, rs.rank, line) for line in tail(rs.lines, limit)]
-    nodes = [value] if kind == NODE else list(state.nodes)
-    streams = []
-    for name in nodes:
-        ns = state.nodes.get(name)
-        if ns is None:
-            continue
-        if ns.lines:
-            streams.append((name, -1, ns.lines))
-        streams.extend((name, rs.rank, rs.lines) for rs in state.ranks_of(name) if rs.lines)
-    if not streams:
-        return []
-    each = max(1, limit // len(streams))
-    tails = [(node, rank, tail(lines, each)) for node, rank, lines in streams]
-    longest = max(len(t) for _n, _r, t in tails)
-    out = []
-    for i in range(longest):
-        for node, rank, t in tails:
-            j = i - (longest - len(t))
-            if j >= 0:
-                out.append((None, node, rank, t[j]))
-    return out
+    return [(ts, node, rank, clean(text, secrets), journal, k)
+            for ts, node, rank, text, journal, k in entries]

@@ -12,7 +12,9 @@ from textual.widgets import Static
 
 
 EXTRA_KEYS = [
-    ("Log panes", [("up/down, pgup/pgdn, home", "scroll back (pauses following)"),
+    ("Log panes", [("up/down, pgup/pgdn", "scroll back (pauses following)"),
+                   ("up/pgup/wheel at the top", "fetch older lines from the hosts"),
+                   ("home", "the start of the log (fetches from the hosts)"),
                    ("end", "jump to the newest line and follow again"),
                    ("mouse wheel / click", "scroll / make a pane the active one")]),
     ("Nodes table", [("up/down", "move"),

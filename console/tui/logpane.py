@@ -2,22 +2,25 @@
 
 The source is a rank, a whole node (its ranks and torchrun merged, prefixed) or every rank.
 Switching source refills the view from RunState's kept lines; afterwards the parent hands it
-each flushed batch of that source only.
+each flushed batch of that source only. Scrolling up past the top fetches older lines from
+the nodes' journals (console/scrollback.py), a page at a time.
 """
 
 from __future__ import annotations
 
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from ..scrollback import Fetch, Scrollback, kept_lines
 from ..state import LINES_PER_RANK, RunState
-from .feed import ALL, NODE, RANK, cleaned, kept_lines
+from .feed import ALL, NODE, RANK, cleaned
 from .logview import LogView
+from .messages import OlderWanted
 from .summary import state_style
 
-MERGED_LINES = 2 * LINES_PER_RANK
 FIRST_PAINT = 300  # lines shown at once when a pane switches source; the rest follow
 
 
@@ -43,17 +46,25 @@ class LogPane(Vertical):
     }
     """
 
-    def __init__(self, number: int, source: tuple, **kwargs):
+    def __init__(self, number: int, source: tuple, fetch: Fetch | None = None, **kwargs):
         super().__init__(**kwargs)
         self.number = number
         self.source = source
         self.last_rank = source[1] if source[0] == RANK else 0
+        self.fetch = fetch  # RunController.scrollback (None: no scrolling back)
+        self.state: RunState | None = None
+        self.secrets = ()
+        self.older_status: str | None = None  # shown in the title: fetching, start of log...
+        self._scrollback: Scrollback | None = None
+        self._scrollback_version = -1
         self._generation = 0
+        self._filling = False  # the kept backlog is not in the view yet
+        self._fetching = False
 
     def compose(self) -> ComposeResult:
         yield Static(classes="logpane--title")
         multi = self.source[0] != RANK
-        yield LogView(max_lines=MERGED_LINES if multi else LINES_PER_RANK, multi_rank=multi)
+        yield LogView(max_lines=(2 if multi else 1) * LINES_PER_RANK, multi_rank=multi)
 
     @property
     def view(self) -> LogView:
@@ -66,18 +77,22 @@ class LogPane(Vertical):
         put in front after the next refresh, so switching panes answers within a frame.
         """
         self.source = source
+        self.state, self.secrets = state, tuple(secrets or ())
         self._generation += 1
+        self._scrollback, self.older_status = None, None
         if source[0] == RANK:
             self.last_rank = source[1]
         view = self.view
         multi = source[0] != RANK
-        view.max_lines = MERGED_LINES if multi else LINES_PER_RANK
+        # as many as RunState keeps of a rank; twice that for a merge of several
+        view.max_lines = (2 if multi else 1) * state.lines_per_rank
         view.multi_rank = multi
         view.show_node = source[0] == ALL
         view.follow = True
-        raw = kept_lines(state, source, view.max_lines)
+        raw, floors = kept_lines(state, source, view.max_lines)
         older, newest = raw[:-FIRST_PAINT], raw[-FIRST_PAINT:]
-        view.set_entries(cleaned(newest, secrets))
+        view.set_entries(cleaned(newest, secrets), floors)
+        self._filling = bool(older)
         if older:
             self.call_after_refresh(self._backfill, self._generation, older, secrets)
         self.update_title(state)
@@ -85,6 +100,61 @@ class LogPane(Vertical):
     def _backfill(self, generation: int, older: list, secrets) -> None:
         if generation == self._generation:  # still showing the same source
             self.view.prepend_entries(cleaned(older, secrets))
+            self._filling = False
+
+    # -- older lines from the nodes ------------------------------------------------------
+    def on_older_wanted(self, message: OlderWanted) -> None:
+        message.stop()
+        if self.fetch is None or self.state is None or self._filling or self._fetching:
+            return
+        self._fetching = True
+        self.fetch_older(self._generation, message.to_start)
+
+    @work(group="scrollback")
+    async def fetch_older(self, generation: int, to_start: bool = False) -> None:
+        """One page of older lines in front of the view (a worker: the screen stays live)."""
+        try:
+            await self._fetch_older(generation, to_start)
+        finally:
+            self._fetching = False
+
+    async def _fetch_older(self, generation: int, to_start: bool) -> None:
+        view, state = self.view, self.state
+        if self._scrollback is None or self._scrollback_version != view.floor_version:
+            self._scrollback = Scrollback(state, self.source, view.floors)
+            self._scrollback_version = view.floor_version
+        scroll = self._scrollback
+        if scroll.exhausted:
+            self._set_older_status(self._start_text(scroll))
+            return
+        if len(view._entries) >= view.limit:
+            self._set_older_status("scrollback full: End follows again")
+            return
+        self._set_older_status("fetching older lines...")
+        try:
+            entries = await scroll.older(self.fetch)
+        except Exception as exc:  # unreachable node, agent error: say so, keep the view
+            if generation == self._generation:
+                self._set_older_status("older lines: %s" % exc)
+            return
+        if generation != self._generation or scroll is not self._scrollback:
+            return  # the pane switched source meanwhile
+        version = view.floor_version
+        view.prepend_older(cleaned(entries, self.secrets), scroll.floors, to_start)
+        if view.floor_version == version:
+            self._scrollback_version = view.floor_version
+        self._set_older_status(self._start_text(scroll) if scroll.exhausted else None)
+
+    def _start_text(self, scroll: Scrollback) -> str:
+        if scroll.unknown:
+            return "no older lines from %s (its agent gives no positions)" % ", ".join(
+                scroll.unknown)
+        return "start of log"
+
+    def _set_older_status(self, text: str | None) -> None:
+        self.older_status = text
+        if self.state is not None and self.is_attached:
+            self.update_title(self.state)
 
     def update_title(self, state: RunState) -> None:
         """Number, following/paused, source, its state and step, filter matches."""
@@ -113,6 +183,8 @@ class LogPane(Vertical):
                                                 "" if view.matches == 1 else "es"), "bold")
         if view.collapse and kind != RANK:
             title.append("  collapsed", "dim")
+        if self.older_status and not view.follow:
+            title.append("  ↑ " + self.older_status, "italic")
         # One line, fixed size: no layout pass (a layout of the whole screen is costly).
         self.query_one(".logpane--title", Static).update(title, layout=False)
 

@@ -26,9 +26,11 @@ class LogPanes(Horizontal):
     LogPanes { height: 1fr; }
     """
 
-    def __init__(self, state: RunState, secrets=(), sources=None, **kwargs):
+    def __init__(self, state: RunState, secrets=(), sources=None, fetch=None, **kwargs):
+        """``fetch``: RunController.scrollback, for older lines than memory holds."""
         super().__init__(**kwargs)
         self.state = state
+        self.fetch = fetch
         self.secrets = tuple(secrets or ())
         first_node = next(iter(state.nodes), None)
         self._initial = list(sources or [(RANK, 0)] + ([(NODE, first_node)] if first_node
@@ -41,7 +43,7 @@ class LogPanes(Horizontal):
 
     def compose(self) -> ComposeResult:
         for i, source in enumerate(self._initial):
-            yield LogPane(i + 1, source)
+            yield LogPane(i + 1, source, self.fetch)
 
     def on_mount(self) -> None:
         for pane in self.panes:
@@ -106,7 +108,7 @@ class LogPanes(Horizontal):
         ranks = sorted(self.state.ranks) or [0]
         shown = {p.source[1] for p in panes if p.source[0] == RANK}
         rank = next((r for r in ranks if r not in shown), ranks[-1])
-        pane = LogPane(len(panes) + 1, (RANK, rank))
+        pane = LogPane(len(panes) + 1, (RANK, rank), self.fetch)
         self.mount(pane)
         self.call_after_refresh(self._adopt, pane)
 

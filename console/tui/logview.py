@@ -4,7 +4,12 @@ Lines are plain text (cleaned by console/sanitize.py) and are never parsed as ma
 becomes segments of its literal text with only our own styles (timestamp, who, matches).
 Rendering is per visible row through ``render_line`` with an LRU cache of strips, so appending
 thousands of lines costs list appends, not layout. Entries arrive in batches (``add_entries``)
-and the view keeps at most ``max_lines`` of them; changing an option rebuilds from those.
+and the view keeps at most ``max_lines`` of them while it follows, ``SCROLLBACK`` more while
+paused; changing an option rebuilds from those.
+
+Scrolling back: ``floors`` says, per node, from which position on (console/scrollback.py) the
+view holds every line of its source. Scrolling up at the top posts :class:`OlderWanted`; the
+pane fetches what lies before the floors and puts it in front (``prepend_older``).
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from textual.reactive import var
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from .messages import FollowChanged
+from .messages import FollowChanged, OlderWanted
 from .scrolling import set_virtual_size
 from .summary import clock_text, rank_ranges
 
 CACHED_ROWS = 1024
+SCROLLBACK = 50_000  # lines a paused view may hold beyond max_lines (fetched older ones)
 RECENT = 1024  # how far back an identical line from another rank is collapsed into
 NODE_STYLES = ("cyan", "yellow", "magenta", "green", "blue", "bright_red", "bright_cyan",
                "bright_yellow", "bright_magenta", "bright_green", "bright_blue", "red")
@@ -99,7 +105,9 @@ class LogView(ScrollView, can_focus=True):
         self.timestamps = False
         self.collapse = False
         self.pattern: re.Pattern | None = None
-        self._entries: deque = deque(maxlen=max_lines)
+        self._entries: deque = deque()
+        self.floors: dict = {}  # node -> position from which every line is here (None: unknown)
+        self.floor_version = 0  # bumped whenever floors move for another reason than a fetch
         self._lines: list[LogLine] = []
         self._rows: list[tuple[LogLine, int]] = []
         self._recent: dict[str, LogLine] = {}
@@ -126,24 +134,73 @@ class LogView(ScrollView, can_focus=True):
             self.show_node = show_node
         self._rebuild()
 
-    def set_entries(self, entries) -> None:
+    @property
+    def limit(self) -> int:
+        """Entries kept: ``max_lines`` while following, up to ``SCROLLBACK`` more while paused."""
+        return self.max_lines if self.follow else self.max_lines + SCROLLBACK
+
+    def set_entries(self, entries, floors: dict | None = None) -> None:
         """Replace everything shown (a pane switched source and refills from RunState)."""
-        self._entries = deque(entries, maxlen=self.max_lines)
+        self._entries = deque(entries)
+        self.floors = dict(floors or {})
+        self.floor_version += 1
+        self._trim_entries()
         self._rebuild()
 
     def prepend_entries(self, entries: list) -> None:
-        """Older entries in front of what is shown (a refill's backlog)."""
+        """Older kept entries in front of what is shown (a refill's backlog; floors include them)."""
         if entries:
-            self._entries = deque(list(entries) + list(self._entries), maxlen=self.max_lines)
+            self._entries.extendleft(reversed(entries))
+            self._trim_entries()
             self._rebuild()
 
+    def prepend_older(self, entries: list, floors: dict, to_start: bool = False) -> int:
+        """Entries fetched from before the floors, in front; the lines on screen stay put
+        (``to_start``: the view goes to the first line instead).
+
+        ``floors``: the fetcher's, below what it handed out. Past the paused limit only the
+        newest entries that fit are taken (the floors then stop above the rest). Returns how
+        many were added.
+        """
+        room = max(0, self.limit - len(self._entries))
+        floors = dict(floors)
+        if room < len(entries):
+            cut, entries = entries[:len(entries) - room], entries[len(entries) - room:]
+            for _ts, node, _rank, _text, journal, k in cut:
+                floors[node] = None if journal is None else (journal, k + 1)
+            self.floor_version += 1  # the fetcher's floors are not the view's any more
+        self.floors.update(floors)
+        if not entries:
+            return 0
+        before = self.line_count
+        self._entries.extendleft(reversed(entries))
+        y = self.scroll_y
+        self._rebuild()
+        y = 0 if to_start else y + self.line_count - before
+        # After the next refresh, like the key's own scroll that may still be pending.
+        self.scroll_to(y=y, animate=False)
+        return len(entries)
+
     def add_entries(self, entries: list) -> None:
-        """Append a batch of ``(ts, node, rank, text)`` entries."""
+        """Append a batch of ``(ts, node, rank, text, journal, index)`` entries."""
         if not entries:
             return
         self._entries.extend(entries)
+        self._trim_entries()
         dropped = self._ingest(entries)
         self._after_change(dropped)
+
+    def _trim_entries(self) -> None:
+        """Drop the oldest entries beyond ``limit``; the floors move past them."""
+        entries, floors = self._entries, self.floors
+        excess = len(entries) - self.limit
+        if excess <= 0:
+            return
+        for _ in range(excess):
+            _ts, node, _rank, _text, journal, k = entries.popleft()
+            if node not in floors or floors[node] is not None:  # None: unknown for good
+                floors[node] = None if journal is None else (journal, k + 1)
+        self.floor_version += 1
 
     @property
     def matches(self) -> int:
@@ -179,7 +236,7 @@ class LogView(ScrollView, can_focus=True):
         lines = self._lines
         new: list[LogLine] = []
         regrow = False
-        for ts, node, rank, text in entries:
+        for ts, node, rank, text, _journal, _k in entries:
             if pattern is not None and pattern.search(text) is None:
                 continue
             if collapse and rank is not None and rank >= 0:
@@ -213,8 +270,8 @@ class LogView(ScrollView, can_focus=True):
         dropped = 0
         # Trim at once (not in chunks): a constant height once full keeps the scrollbar
         # still, and a still scrollbar is not repainted ten times a second.
-        if len(lines) > self.max_lines:
-            cut = len(lines) - self.max_lines
+        if len(lines) > self.limit:
+            cut = len(lines) - self.limit
             dropped = sum(line.nrows for line in lines[:cut]) if self.wrap else cut
             del lines[:cut]
             if self.wrap:
@@ -358,24 +415,33 @@ class LogView(ScrollView, can_focus=True):
 
     # -- follow / pause ------------------------------------------------------------------
     def watch_follow(self, follow: bool) -> None:
+        if follow and len(self._entries) > self.max_lines:  # back to the live limit
+            self._trim_entries()
+            self._rebuild()
         if follow and self.is_mounted:
             self.scroll_end(animate=False, immediate=True, x_axis=False)
         self.post_message(FollowChanged(follow))
 
-    def _on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+    def _up(self, home: bool = False) -> None:
+        """Scrolling up: pause; already at the top (or going ``home``), ask for older lines."""
         self.follow = False
+        if home or self.scroll_y <= 0:
+            self.post_message(OlderWanted(to_start=home))
+
+    def _on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        self._up()
         super()._on_mouse_scroll_up(event)
 
     def action_scroll_up(self) -> None:
-        self.follow = False
+        self._up()
         super().action_scroll_up()
 
     def action_page_up(self) -> None:
-        self.follow = False
+        self._up()
         super().action_page_up()
 
     def action_scroll_home(self) -> None:
-        self.follow = False
+        self._up(home=True)  # the start of the log: older lines than memory holds too
         super().action_scroll_home()
 
     def action_scroll_end(self) -> None:

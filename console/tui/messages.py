@@ -72,3 +72,12 @@ class FollowChanged(Message):
     """A log view started or stopped following its newest line."""
 
     follow: bool
+
+
+@dataclass
+class OlderWanted(Message):
+    """The user scrolled up at the top of a log view: fetch older lines from the nodes.
+
+    ``to_start``: show the oldest fetched line (Home) rather than keep the lines in place."""
+
+    to_start: bool = False

@@ -2,7 +2,7 @@
 
 ``ScriptedTransport.open(host)`` returns an AgentStream that speaks agent/protocol.py: it
 sends a hello, answers requests (store_start, start, subscribe, stop, restart, state,
-read_journal...) and, once subscribed, pushes the node's scripted journal, supervisor state
+scrollback...) and, once subscribed, pushes the node's scripted journal, supervisor state
 and GPU snapshot. Every request is recorded in ``transport.requests`` so tests can assert
 that a kill sent ``stop`` to the right node. Tests (and bench/tui.py) push more records live
 with ``transport.node(name).append(recs)``.
@@ -86,8 +86,17 @@ class ScriptedNode:
     launches: int = 0
 
     def append(self, recs: list) -> None:
-        """Add records to the journal; pushed at once when a console is subscribed."""
-        self.end += sum(100 + len(r[1]) if len(r) > 1 else 100 for r in recs)
+        """Add records to the journal; pushed at once when a console is subscribed.
+
+        A record takes 100 bytes plus its data in this journal; each record's meta gets its start
+        offset ``j``, as the real agent's reader adds it (agent/journal.py).
+        """
+        placed = []
+        for rec in recs:
+            rec = [dict(rec[0], j=self.end)] + list(rec[1:])
+            placed.append(rec)
+            self.end += 100 + (len(rec[1]) if len(rec) > 1 else 0)
+        recs = placed
         self.journal.append((self.end, recs))
         if self.subscribed and self.stream is not None:
             self.stream.send({"t": "journal", "sub": self.name, "end": self.end, "recs": recs})
@@ -101,6 +110,21 @@ class ScriptedNode:
         self.gpu = snap
         if self.subscribed and self.stream is not None:
             self.stream.send({"t": "gpu", "snap": snap})
+
+    def scrollback(self, files: set, before: int, want: int) -> dict:
+        """The ``scrollback`` op: data records of ``files`` starting before ``before``, newest
+        first until ``want`` bytes; ``start`` is the oldest one's offset (0 at the start)."""
+        older = [rec for _end, recs in self.journal for rec in recs
+                 if rec[0].get("k") == "data" and rec[0]["j"] < before]
+        out, got, start = [], 0, 0
+        for rec in reversed(older):
+            if got >= want:
+                start = out[0][0]["j"]
+                break
+            if rec[0].get("f") in files:
+                out.insert(0, rec)
+                got += len(rec[1])
+        return {"recs": out, "start": start}
 
     def replay(self, offset: int) -> None:
         for end, recs in self.journal:
@@ -203,14 +227,9 @@ class ScriptedTransport(Transport):
             data = {"state": "running", "launches": node.launches, "restarts": 1}
         elif req.op == "state":
             data = dict(node.state, journal_size=node.end)
-        elif req.op == "read_journal":
-            start, end = int(req.args["start"]), int(req.args["end"])
-            recs, prev = [], 0
-            for e, rs in node.journal:
-                if prev >= start and e <= end:
-                    recs.extend(rs)
-                prev = e
-            data = {"recs": recs, "end": min(end, node.end)}
+        elif req.op == "scrollback":
+            data = node.scrollback(set(req.args["files"]), int(req.args["before"]),
+                                   int(req.args.get("bytes", 256 * 1024)))  # since: a hint
         stream.send({"t": "res", "id": req_id, "ok": True, "data": data})
 
 

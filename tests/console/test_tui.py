@@ -203,6 +203,7 @@ async def test_collapse_identical_lines_from_many_ranks(tmp_path):
         assert app.logs.panes[1].source == (NODE, "node1")
         assert "ranks 0-1: using device cuda:0, world size 8" in node1.lines_text()
         await pilot.press("g", *"all", "enter")
+        await pilot.pause()  # the older kept lines come in after the first paint
         merged = app.logs.panes[0].view
         assert app.logs.panes[0].source == (ALL, None)
         assert "ranks 0-7: using device cuda:0, world size 8" in merged.lines_text()
@@ -211,6 +212,47 @@ async def test_collapse_identical_lines_from_many_ranks(tmp_path):
         assert "r0: using device cuda:0, world size 8" in lines
         assert "r1: using device cuda:0, world size 8" in lines
         assert not any(line.startswith("ranks ") for line in lines)
+
+
+async def test_scrolling_up_past_memory_fetches_older_lines_from_the_node(tmp_path):
+    t0 = time.time()
+    hosts = host_names(4)
+    script = standard_script(hosts, t0=t0)
+    script.lines("node1", 0, ["early line %d" % i for i in range(400)], t0 + 30)
+    script.steps(41, 45)
+    app, ctl, t = build(tmp_path, script)
+    ctl.state.lines_per_rank = 30  # memory keeps 30 lines a rank: the rest is on the node
+    every = "".join(rec[1] for _end, recs in t.node("node1").journal for rec in recs
+                    if rec[0].get("k") == "data" and rec[0]["f"] == 0).split("\n")[:-1]
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        pane = app.logs.panes[0]
+        assert pane.source == (RANK, 0)
+        await until(pilot, lambda: pane.view.lines_text() == every[-30:], what="rank 0's tail")
+        await pilot.press("1")
+        for _ in range(10):  # up to the top: pauses, and asks for nothing yet
+            await pilot.press("up")
+            await pilot.pause()
+            if pane.view.scroll_y == 0:
+                break
+        assert pane.view.scroll_y == 0 and not pane.view.follow
+        assert not [r for r in t.requests if r.op == "scrollback"]
+        await pilot.press("up")  # up at the top: asks the node for what came before
+        title = pane.query_one(".logpane--title")
+        await until(pilot, lambda: "start of log" in str(title.render()), what="older lines")
+        assert pane.view.lines_text() == every  # every line once, in order
+        await pilot.pause()
+        # the lines on screen did not jump: the old top line is still the top row
+        assert "".join(seg.text for seg in pane.view.render_line(0)).startswith(every[-30])
+        await pilot.press("home")
+        await until(pilot, lambda: "".join(seg.text for seg in pane.view.render_line(0))
+                    .startswith(every[0] + " "), what="home shows the first line")
+        asked = [r for r in t.requests if r.op == "scrollback"]
+        assert asked and all(r.node == "node1" and r.args["files"] == [0] for r in asked)
+        assert not pane.view.follow
+        await pilot.press("end")  # following again: back to what memory holds
+        await pilot.pause()
+        assert pane.view.follow and pane.view.lines_text() == every[-30:]
 
 
 async def test_follow_pause_wrap_and_timestamps(tmp_path):
@@ -457,8 +499,8 @@ async def test_log_view_keeps_at_most_max_lines_wrapped_or_not():
             view.configure(wrap=wrap, collapse=True)
             view.set_entries([])
             for batch in range(5):
-                view.add_entries([(None, "n1", r, "line %d of batch %d %s" % (i, batch, "x" * i))
-                                  for i in range(30) for r in (0, 1)])
+                view.add_entries([(None, "n1", r, "line %d of batch %d %s" % (i, batch, "x" * i),
+                                   None, i) for i in range(30) for r in (0, 1)])
                 await pilot.pause()
                 assert len(view.lines_text()) == min(50, 30 * (batch + 1))
                 assert view.lines_text()[-1].startswith("ranks 0-1: line 29 of batch %d" % batch)

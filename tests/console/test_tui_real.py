@@ -19,7 +19,10 @@ from console.tui.app import RankdeckApp
 from console.tui.confirm import ConfirmScreen
 from console.tui.feed import RANK
 
-from tests.spine.helpers import REPO, TINY, TRAINER, local_inventory, processes_of
+from agent.journal import JournalReader
+from console.sanitize import clean
+
+from tests.spine.helpers import REPO, TINY, TRAINER, local_inventory, node_dir, processes_of
 
 pytestmark = pytest.mark.e2e
 SIZE = (160, 48)
@@ -35,8 +38,25 @@ async def until(pilot, condition, timeout: float = TIMEOUT, what: str = "") -> N
     raise AssertionError("timed out waiting for %s" % (what or condition))
 
 
+def journal_lines(workdir, run_id, node, rank) -> list[str]:
+    """Every complete line of ``rank`` in a node's journal, in order (as the host wrote them)."""
+    ranks, partial, out = {}, {}, []
+    path = os.path.join(node_dir(workdir, run_id, node), "journal")
+    for meta, data, _end in JournalReader(path).read(1 << 30):
+        if meta["k"] == "file":
+            ranks[meta["f"]] = meta.get("rank")
+        elif meta["k"] == "data" and ranks.get(meta["f"]) == rank:
+            parts = (partial.pop(meta["f"], "") + data.decode("utf-8", "replace")).split("\n")
+            partial[meta["f"]] = parts.pop()
+            out.extend(clean(line) for line in parts)
+    return out
+
+
 async def test_restart_a_node_from_the_tui_and_its_pane_goes_on(tmp_path):
+    """...and scrolling up past what memory keeps brings every older line from the hosts."""
     ctl = RunController(local_inventory(tmp_path / "work"), LocalTransport(), History())
+    ctl.state.lines_per_rank = 12  # little memory, small pages: scrolling back must page
+    ctl.page_bytes = 600
     spec = LaunchSpec(script=TRAINER, max_restarts=2, grace=3,
                       args=TINY + ["--steps", "100000", "--ckpt-every", "5"])
     seen = []
@@ -72,10 +92,31 @@ async def test_restart_a_node_from_the_tui_and_its_pane_goes_on(tmp_path):
             await until(pilot, lambda: any(l.startswith("step=%d " % (at + 2))
                                            for l in pane.view.lines_text()),
                         what="rank 1 stepping after the resume")
+
+            # Home: the start of rank 1's log, read back from the hosts' journals page by page
+            pane.view.focus()
+            title = pane.query_one(".logpane--title")
+            pages = 0
+            while "start of log" not in str(title.render()):
+                had = len(pane.view._entries)
+                await pilot.press("home")
+                await until(pilot, lambda: len(pane.view._entries) > had or
+                            "start of log" in str(title.render()), what="a page of older lines")
+                assert "older lines:" not in str(title.render()), str(title.render())
+                pages += 1
+                assert pages < 100
+            assert pages >= 2 and pane._scrollback.fetches >= 2  # several pages, really fetched
+            shown = list(pane.view._entries)
     finally:
         await ctl.stop()
         await ctl.close()
     assert processes_of(ctl.run_id) == []
+    # the very start of the log is there: the trainer's first line of rank 1
+    assert any(e[3].startswith("rank=1 local_rank=0 world_size=4") for e in shown[:10]), shown[:10]
+    for node in ctl.state.nodes:  # every line of rank 1 each host has, once and in order
+        here = [e[3] for e in shown if e[1] == node]
+        assert here == journal_lines(tmp_path / "work", ctl.run_id, node, 1)[:len(here)], node
+    assert len(shown) > 12
 
 
 def tmux(*args, **kw):

@@ -239,10 +239,10 @@ async def test_hostile_rank_output_console_stays_up_bounded_and_exact(tmp_path):
 
     # memory stays bounded
     for rs in ctl.state.ranks.values():
-        assert len(rs.lines) <= rs.lines.maxlen
+        assert len(rs.lines) <= rs.lines.cap
         assert all(len(line) <= MAX_PARTIAL + SLACK for line in rs.lines), rs.rank
     for ns in ctl.state.nodes.values():
-        assert len(ns.lines) <= ns.lines.maxlen
+        assert len(ns.lines) <= ns.lines.cap
         assert all(len(fi.partial) <= MAX_PARTIAL for fi in ns.files.values())
     assert got.longest_line[0] <= MAX_PARTIAL + SLACK, (
         "RunState stored a line of %d chars (node %s rank %s): the 50 MB line must arrive "

@@ -1,0 +1,263 @@
+"""Log lines of a source: the newest from memory, older ones page by page from the nodes.
+
+A source is a rank, a whole node merged or every rank merged (``("rank", 5)``, ``("node",
+"node1")``, ``("all", None)``). An entry is ``(ts, node, rank, text, journal, index)``: the
+last two are the line's *position* on its node - where its record starts in the node's journal
+and which of the record's lines it is. Positions are what makes scrolling back exact: a view
+keeps, per node, a *floor* - the position from which it holds every line of its source from
+that node - and asks the node's agent (``scrollback``) for what lies before it.
+
+No asyncio or Textual here: :class:`Scrollback` is handed a ``fetch`` coroutine.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Awaitable, Callable
+
+from .state import MAX_PARTIAL, Kept, RunState, _pieces
+
+RANK, NODE, ALL = "rank", "node", "all"
+PAGE_BYTES = 256 * 1024  # log data asked of a node per page (a few thousand lines)
+MAX_FETCHES = 16  # pages fetched by one Scrollback.older() call before it gives what it has
+
+# fetch(node, fids, before, since) -> (records, start): RunController.scrollback
+Fetch = Callable[[str, list, int, int], Awaitable[tuple[list, int]]]
+
+
+def nodes_of(state: RunState, source: tuple) -> list[str]:
+    """The nodes a source's lines can come from."""
+    kind, value = source
+    if kind == NODE:
+        return [value] if value in state.nodes else []
+    if kind == ALL:
+        return list(state.nodes)
+    return [name for name, ns in state.nodes.items()
+            if any(fi.rank == value for fi in ns.files.values())]
+
+
+def fids_of(state: RunState, source: tuple, node: str) -> tuple[list[int], int]:
+    """The node's file ids whose lines a source shows, and where the first was announced."""
+    files = state.nodes[node].files
+    if source[0] == RANK:
+        fids = sorted(fid for fid, fi in files.items() if fi.rank == source[1])
+    else:
+        fids = sorted(files)
+    announced = [files[fid].journal for fid in fids]
+    return fids, (0 if None in announced or not announced else min(announced))
+
+
+def streams_of(state: RunState, source: tuple) -> list[tuple[int | None, Kept]]:
+    """``(rank, kept lines)`` of a source (rank -1: torchrun's own output, None: unknown)."""
+    kind, value = source
+    if kind == RANK:
+        rs = state.ranks.get(value)
+        return [(value, rs.lines)] if rs is not None else []
+    nodes = nodes_of(state, source)
+    streams = [(-1, state.nodes[name].lines) for name in nodes]
+    if kind == ALL:
+        return streams + [(rs.rank, rs.lines) for rs in state.ranks.values()]
+    ranks_here = {fi.rank for fi in state.nodes[value].files.values()} if nodes else set()
+    return streams + [(rs.rank, rs.lines) for rs in state.ranks.values()
+                      if rs.rank in ranks_here]
+
+
+def after(position: tuple) -> tuple:
+    return (position[0], position[1] + 1)
+
+
+def kept_lines(state: RunState, source: tuple, limit: int) -> tuple[list, dict]:
+    """What a view that starts showing ``source`` is filled with: ``(entries, floors)``.
+
+    The newest ``limit`` lines RunState keeps, oldest first and raw (not yet cleaned), merged
+    across ranks and nodes by time (within a node by journal position), and for each node the
+    floor from which the entries hold all of its lines (None: no positions, no scrolling back).
+    """
+    nodes = nodes_of(state, source)
+    streams = streams_of(state, source)
+    # Per node, the position from which every stream of the source still has all its lines;
+    # and the time of the newest line memory dropped: nothing older than it may be shown, or
+    # a page read back later would hold lines newer than some shown (time order across nodes).
+    cut: dict[str, tuple | None] = {}
+    wall = float("-inf")
+    for name in nodes:
+        start = state.nodes[name].data_from if name in state.nodes else 0
+        floors = []
+        for _r, kept in streams:
+            position, edge = kept.floor(name, start)
+            floors.append(position)
+            if edge is not None and edge > wall:
+                wall = edge
+        cut[name] = None if None in floors else max(floors, default=(start, 0))
+    wanted = set(nodes)
+    for name, ns in state.nodes.items():  # nothing of this source there yet: all is to come
+        if name not in wanted:
+            cut[name] = (ns.journal_offset, 0)
+
+    def newest_first(rank, kept):
+        for ts, node, journal, k, text in kept.newest_first():
+            if node not in wanted:
+                continue
+            floor = cut[node]
+            if floor is not None and journal is not None and (journal, k) < floor:
+                continue  # older than another stream of this node keeps: would leave a gap
+            yield (ts or 0.0, -1 if journal is None else journal, k, node, rank, text)
+
+    heap = []
+    gens = [newest_first(rank, kept) for rank, kept in streams]
+    for i, gen in enumerate(gens):
+        first = next(gen, None)
+        if first is not None:
+            heap.append((_desc(first), i, first))
+    heapq.heapify(heap)
+    taken = []
+    while heap and len(taken) < limit and heap[0][2][0] >= wall:
+        _key, i, item = heapq.heappop(heap)
+        taken.append(item)
+        nxt = next(gens[i], None)
+        if nxt is not None:
+            heapq.heappush(heap, (_desc(nxt), i, nxt))
+    floors = dict(cut)
+    for _key, _i, (ts, journal, k, node, _rank, _text) in heap:  # newest lines left out
+        if floors.get(node) is not None and journal >= 0:
+            floors[node] = max(floors[node], after((journal, k)))
+    taken.reverse()
+    entries = [(ts or None, node, rank, text, None if journal < 0 else journal, k)
+               for ts, journal, k, node, rank, text in taken]
+    return entries, floors
+
+
+def _desc(item: tuple) -> tuple:
+    ts, journal, k = item[0], item[1], item[2]
+    return (-ts, -journal, -k)
+
+
+class Scrollback:
+    """Fetches a source's lines older than a view's floors, as pages of entries to put in front.
+
+    Per node: ``before`` is the position the next page ends at (at first the view's floor),
+    ``pending`` what was read back but not handed out yet. With several nodes the pages are
+    merged backwards by time: a line is handed out only once every node that may still hold
+    something newer has been read back past it; within a node, strictly in position order, so
+    that :attr:`floors` (the oldest position handed out per node) stays a floor of the view.
+    """
+
+    def __init__(self, state: RunState, source: tuple, floors: dict[str, tuple | None]):
+        self.state = state
+        self.source = source
+        known = {n: f for n, f in floors.items() if f is not None and n in state.nodes}
+        self.floors = dict(known)
+        self.before = dict(known)
+        self.unknown = sorted(n for n, f in floors.items() if f is None)  # agents without positions
+        self.files = {n: fids_of(state, source, n) for n in known}
+        self.done = {n for n, f in known.items() if f <= (self.files[n][1], 0)}
+        self.fresh = set(known) - self.done  # before[n] is still the view's own floor
+        self.low: dict[str, float] = {}  # node -> time of the oldest line read back from it
+        self.pending: dict[str, list] = {n: [] for n in known}
+        self.fetches = 0
+
+    @property
+    def exhausted(self) -> bool:
+        """Nothing older is left on any node (that says where its lines are)."""
+        return len(self.done) == len(self.floors) and not any(self.pending.values())
+
+    async def older(self, fetch: Fetch) -> list:
+        """The next entries older than everything handed out so far, oldest first.
+
+        ``fetch(node, fids, before, since)`` returns the agent's ``(records, start)``. Returns [] only
+        when :attr:`exhausted`, or after ``MAX_FETCHES`` pages turned up nothing of this source.
+        If fetch raises, nothing handed out or pending is lost: call again.
+        """
+        for _ in range(MAX_FETCHES):
+            waiting = [n for n in self.floors if n not in self.done]
+            if not waiting:
+                break
+            unread = [n for n in waiting if n not in self.low]
+            for node in unread or [max(waiting, key=lambda n: self.low[n])]:
+                await self._read(node, fetch)
+            out = self._hand_out()
+            if out:
+                return out
+        return self._hand_out()
+
+    def _hand_out(self) -> list:
+        waiting = [self.low.get(n, float("inf")) for n in self.floors if n not in self.done]
+        mark = max(waiting, default=float("-inf"))  # nothing unread is newer than this
+        out = []
+        pending = self.pending
+        while True:
+            tails = [n for n, lines in pending.items() if lines]
+            if not tails:
+                break
+            node = max(tails, key=lambda n: pending[n][-1][0])
+            if pending[node][-1][0] < mark:
+                break
+            out.append(pending[node].pop())
+        out.reverse()
+        for entry in out:
+            position = (entry[4], entry[5])
+            if position < self.floors[entry[1]]:
+                self.floors[entry[1]] = position
+        return out
+
+    async def _read(self, node: str, fetch: Fetch) -> None:
+        journal, index = self.before[node]
+        fids, since = self.files[node]
+        records, start = await fetch(node, fids, journal + 1 if index > 0 else journal, since)
+        self.fetches += 1
+        entries = page_entries(self.state, node, records, (journal, index),
+                               keep_partial=node not in self.fresh)
+        self.fresh.discard(node)
+        self.pending[node][:0] = entries
+        if entries:
+            self.low[node] = min(self.low.get(node, float("inf")), min(e[0] for e in entries))
+        self.before[node] = (start, 0)
+        if start <= 0:
+            self.done.add(node)
+
+
+def page_entries(state: RunState, node: str, records: list, before: tuple,
+                 keep_partial: bool) -> list:
+    """A page of ``scrollback`` records as entries before position ``before``, oldest first.
+
+    Lines are cut as RunState cuts live data (a line spread over records is joined; pieces of
+    at most MAX_PARTIAL). The piece after a file's last newline is the start of a line the view
+    already holds when the page ends at the view's own floor (dropped), else a line of its own.
+    """
+    files = state.nodes[node].files
+    partial: dict[int, tuple] = {}  # fid -> (text, ts, journal, index)
+    out = []
+    for rec in records:
+        meta = rec[0]
+        text = rec[1] if len(rec) > 1 else ""
+        fid, journal, ts = meta.get("f"), meta.get("j"), meta.get("ts") or 0.0
+        if journal is None or journal >= before[0] + (1 if before[1] > 0 else 0):
+            continue
+        rank = rank_of(files.get(fid))
+        head = partial.pop(fid, None)
+        joined = head[0] + text if head else text
+        lines = joined.split("\n")
+        rest = lines.pop()
+        if len(rest) > MAX_PARTIAL:
+            lines.append(rest)
+            rest = ""
+        if len(joined) > MAX_PARTIAL:
+            lines = [piece for line in lines for piece in _pieces(line)]
+        limit = before[1] if journal == before[0] else len(lines)
+        out.extend((ts, node, rank, line, journal, k) for k, line in enumerate(lines[:limit]))
+        if rest:
+            partial[fid] = (rest, ts, journal, len(lines))
+    if keep_partial:
+        out.extend((ts, node, rank_of(files.get(fid)), text, journal, k)
+                   for fid, (text, ts, journal, k) in partial.items())
+        out.sort(key=lambda e: (e[4], e[5]))
+    return out
+
+
+def rank_of(fi) -> int | None:
+    """The rank an entry of this file shows: -1 for torchrun's own output, None if unknown."""
+    if fi is None:
+        return None
+    if fi.rank is None and fi.stream == "torchrun":
+        return -1
+    return fi.rank
