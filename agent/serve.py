@@ -58,7 +58,7 @@ def node_state(ndir):
 class Subscription(object):
     def __init__(self, sub_id, ndir, offset, quiet_until=0):
         self.sub_id = sub_id
-        self.quiet_until = quiet_until  # data records ending before this are not sent
+        self.quiet_until = quiet_until  # data records starting before this are not sent
         self.ndir = ndir
         self.reader = JournalReader(os.path.join(ndir, "journal"), offset)
         self.last_state = None
@@ -329,9 +329,10 @@ class Server(object):
                     drained = True
                     break
                 budget -= sum(len(d) for _m, d, _e in records) + 64 * len(records)
-                if sub.quiet_until and records[0][2] <= sub.quiet_until:
-                    # a console resuming its output: state records yes, old lines no
-                    records = [r for r in records if r[2] > sub.quiet_until or
+                if sub.quiet_until and records[0][0]["j"] < sub.quiet_until:
+                    # a console resuming its output or wanting recent lines only: state
+                    # records yes, lines of records that start before quiet_until no
+                    records = [r for r in records if r[0]["j"] >= sub.quiet_until or
                                r[0].get("k") != "data"]
                     if not records:
                         continue

@@ -10,7 +10,7 @@ import time
 
 from inventory.loader import load_inventory
 from inventory.model import Inventory
-from .cli import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, UsageError, parse_env,
+from .cli import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError, parse_env,
                   print_json)
 from .headless import HeadlessPrinter, summary_table
 from .history import History, state_dir
@@ -187,6 +187,8 @@ async def cmd_attach(args) -> int:
     if len(failed) == len(ctl.links):
         await ctl.close()
         return EXIT_UNREACHABLE
+    if not resume:  # the TUI starts from the recent lines; scrolling back fetches the rest
+        await ctl.recent_lines_only()
     # subscribe only once the view is listening, or the first records go unseen
     return await follow(ctl, args, ctl.subscribe_all, resumed=resume)
 

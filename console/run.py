@@ -20,6 +20,8 @@ from inventory.model import Host, Inventory
 from .history import History, host_record
 from .link import AgentError, NodeLink
 from .scrollback import PAGE_BYTES
+
+ATTACH_BACKLOG = 4 << 20  # journal bytes per node a TUI attach reads log lines from
 from .state import RunState
 from .transport.base import HostUnreachable, Transport
 
@@ -227,6 +229,17 @@ class RunController:
             await self.close()
             raise LaunchError("preflight found problems; nothing was started (rankdeck launch "
                               "--skip-preflight starts anyway):\n%s" % table(checks), 1)
+
+    async def recent_lines_only(self, keep: int = ATTACH_BACKLOG) -> None:
+        """Before subscribing: take only the last ``keep`` bytes of each node's journal as log
+        lines (metrics, checkpoints and events still come from the start). What a TUI needs to
+        attach to a run of many hours at once; older lines are fetched on scrolling back."""
+        async def one(link: NodeLink):
+            st = await link.request("state", run_root=link.run_root, node=link.name)
+            link.quiet_until = max(link.quiet_until, int(st.get("journal_size") or 0) - keep)
+            self.state.nodes[link.name].data_from = link.quiet_until
+
+        await self.gather_nodes(one, [n for n, l in self.links.items() if l.stream is not None])
 
     async def subscribe_all(self) -> None:
         await self.gather_nodes(lambda link: link.subscribe(),

@@ -126,9 +126,12 @@ class ScriptedNode:
                 got += len(rec[1])
         return {"recs": out, "start": start}
 
-    def replay(self, offset: int) -> None:
+    def replay(self, offset: int, quiet_until: int = 0) -> None:
+        """Send the journal from ``offset``; log data of records starting before ``quiet_until``
+        is left out (as the agent does for a console that asked for recent lines only)."""
         for end, recs in self.journal:
             if end > offset:
+                recs = [r for r in recs if r[0].get("k") != "data" or r[0]["j"] >= quiet_until]
                 self.stream.send({"t": "journal", "sub": self.name, "end": end, "recs": recs})
         self.stream.send({"t": "state", "sub": self.name, "state": self.state})
         if self.gpu is not None:
@@ -212,7 +215,7 @@ class ScriptedTransport(Transport):
             stream.send({"t": "res", "id": req_id, "ok": True,
                          "data": {"sub": node.name, "offset": offset}})
             node.stream, node.subscribed = stream, True
-            node.replay(offset)
+            node.replay(offset, int(req.args.get("quiet_until", 0)))
             return
         elif req.op == "stop":
             node.append([[event("stopping", T0 + 500)],
@@ -284,7 +287,7 @@ class RunScript:
             for lr in range(self.nproc):
                 self.recs[node].append([{
                     "k": "file", "f": lr, "rank": self.rank(node, lr), "local_rank": lr,
-                    "stream": "stdout", "attempt": 0, "instance": "i0",
+                    "pid": 1000 + lr, "stream": "stdout", "attempt": 0, "instance": "i0",
                     "path": "/runs/%s/%s/torchrun/i0/attempt_0/%d/stdout.log" % (
                         RUN_ID, node, lr)}])
         return self

@@ -14,8 +14,8 @@ from console.tui.events import EventsLog
 from console.tui.feed import ALL, NODE, RANK
 from console.tui.help import HelpScreen
 
-from tests.console.scripted import (RUN_ID, T0, RunScript, controller, event, host_names,
-                                   no_gpu_snapshot, standard_script)
+from tests.console.scripted import (RUN_ID, T0, RunScript, controller, event, gpu_snapshot,
+                                   host_names, no_gpu_snapshot, standard_script)
 
 SIZE = (160, 48)
 
@@ -255,6 +255,42 @@ async def test_scrolling_up_past_memory_fetches_older_lines_from_the_node(tmp_pa
         assert pane.view.follow and pane.view.lines_text() == every[-30:]
 
 
+async def test_attach_takes_recent_lines_and_scrolls_back_for_the_rest(tmp_path):
+    """Attaching to a long run reads only the newest lines (metrics and events all); the
+    older lines come from the node when scrolled to."""
+    t0 = time.time()
+    hosts = host_names(4)
+    script = standard_script(hosts, t0=t0)
+    for chunk in range(40):
+        script.lines("node1", 0, ["old line %d" % (100 * chunk + i) for i in range(100)],
+                     t0 + 30)
+    script.steps(41, 45)
+    t = script.transport()
+    ctl, _launch = controller(str(tmp_path), t)
+    ctl.record = {"run_id": ctl.run_id}
+    await ctl.connect_all()
+    await ctl.recent_lines_only(keep=20_000)
+    every = "".join(rec[1] for _end, recs in t.node("node1").journal for rec in recs
+                    if rec[0].get("k") == "data" and rec[0]["f"] == 0).split("\n")[:-1]
+    app = RankdeckApp(ctl, ctl.subscribe_all)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.logs.panes[0]
+        await until(pilot, lambda: (ctl.state.ranks.get(0) and ctl.state.ranks[0].step) == 45,
+                    what="caught up")
+        await pilot.pause(0.3)
+        got = pane.view.lines_text()
+        assert got == every[-len(got):] and 100 < len(got) < 2000  # the recent ones only
+        assert [s for s, _loss in ctl.state.ranks[0].points][:3] == [1, 2, 3]  # every metric
+        await pilot.press("1", "home")
+        title = pane.query_one(".logpane--title")
+        for _ in range(20):
+            await until(pilot, lambda: not pane._fetching, what="a page")
+            if "start of log" in str(title.render()):
+                break
+            await pilot.press("home")
+        assert pane.view.lines_text() == every
+
+
 async def test_follow_pause_wrap_and_timestamps(tmp_path):
     t0 = time.time()
     app, ctl, t = build(tmp_path, standard_script(host_names(4), t0=t0))
@@ -381,6 +417,28 @@ async def test_gpu_panel_shows_gpus_ranks_and_no_gpu_reason(tmp_path):
         node1 = lines[lines.index(next(x for x in lines if x.startswith("node1"))) + 1]
         assert "87%" in node1 and "41.0/80.0G" in node1 and "61°C" in node1
         assert "402/700W" in node1 and node1.endswith("r0")
+
+
+def test_gpu_ranks_come_from_the_pids_nvml_sees():
+    """Ranks are put on the GPU whose process list holds their worker's pid, whatever their
+    local rank; without a match the local-rank guess is shown with a '?'."""
+    from console.state import RunState
+    from console.tui.gpu import node_gpu_lines
+
+    state = RunState("r", [("n1", "10.0.0.1")])
+    for lr, pid in ((0, 2001), (1, 2000)):  # local rank 0 was given GPU 1, and 1 GPU 0
+        state.apply_records("n1", [[{"k": "file", "f": lr, "rank": lr, "local_rank": lr,
+                                     "pid": pid, "stream": "stdout"}]], 10)
+    snap = gpu_snapshot(2)
+    for g, pid in zip(snap["gpus"], (2000, 2001)):
+        g["pids"] = [pid]
+    state.nodes["n1"].gpu = snap
+    lines = node_gpu_lines(state, "n1", state.ranks_of("n1"))
+    assert lines[1][-1][0] == "  r1" and lines[2][-1][0] == "  r0"
+    for g in snap["gpus"]:
+        g["pids"] = [999]  # pids of another PID namespace: guess by local rank, say so
+    lines = node_gpu_lines(state, "n1", state.ranks_of("n1"))
+    assert lines[1][-1][0] == "  r0?" and lines[2][-1][0] == "  r1?"
 
 
 async def test_header_loss_chart_and_events(tmp_path):
