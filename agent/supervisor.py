@@ -179,8 +179,9 @@ class Supervisor(object):
             info = procs.stat(pid)
             if info and (best is None or info.starttime > best[0]):
                 size = env.get("WORLD_SIZE", "")
-                best = (info.starttime, int(rank), int(size) if size.isdigit() else None)
-        return None if best is None else (best[1], {"world_size": best[2]})
+                best = (info.starttime, int(rank), int(size) if size.isdigit() else None, pid)
+        # the worker's pid: the console matches it to the pids NVML sees on each GPU
+        return None if best is None else (best[1], {"world_size": best[2], "pid": best[3]})
 
     # -- state -----------------------------------------------------------------------------
     def save(self, **changes):

@@ -196,6 +196,7 @@ class RankState:
     rank: int
     node: str
     local_rank: int | None = None
+    pid: int | None = None  # the worker process (its newest file's), for the GPU panel
     state: str = "starting"
     step: int | None = None
     loss: float | None = None
@@ -349,6 +350,7 @@ class RunState:
                                                      lines=Kept(self.lines_per_rank))
             rs.node = ns.name
             rs.local_rank = fi.local_rank
+            rs.pid = meta.get("pid", rs.pid)
             if rs.state in ("exited", "failed"):
                 rs.state = "starting"
 

@@ -1,9 +1,10 @@
 """GpuPanel: each node's GPUs - utilisation, memory, temperature, power - and their ranks.
 
 One heading line per node (its GPU model and count, or "no GPUs (reason)" when the agent
-found none), then one line per GPU. Which rank runs on a GPU: torchrun gives local rank N the
-GPU with index N (the usual ``cuda:LOCAL_RANK``), so that is what is shown; the agent's
-per-GPU pid list is not matched to ranks (RankState carries no pid).
+found none), then one line per GPU. Which rank runs on a GPU: the ranks whose worker pid is
+among the processes NVML lists on it; where NVML lists none of them (no per-process data, or
+pids of another PID namespace), the rank with that local rank, as ``cuda:LOCAL_RANK`` gives
+(shown with a ``?``).
 """
 
 from __future__ import annotations
@@ -42,13 +43,18 @@ def node_gpu_lines(state: RunState, name: str, ranks: list) -> tuple:
     models = sorted({clean(str(g.get("name") or "?")) for g in gpus})
     lines = [((name, "bold"), ("  %s x%d" % (", ".join(models), len(gpus)), "dim"))]
     by_local: dict = {}
+    by_pid: dict = {}
     for rs in ranks:
         by_local.setdefault(rs.local_rank, []).append(rs.rank)
+        if rs.pid is not None:
+            by_pid[rs.pid] = rs.rank
     for g in gpus:
         index = g.get("index")
         bar, style = util_bar(g.get("util"))
         temp, power, limit = g.get("temp"), g.get("power"), g.get("power_limit")
-        ranks = by_local.get(index)
+        on_gpu = sorted({by_pid[p] for p in g.get("pids") or () if p in by_pid})
+        guess = not on_gpu
+        ranks = on_gpu or by_local.get(index)
         lines.append((
             (" %2s " % index, ""), (bar, style),
             ("  %s/%sG" % (gib(g.get("mem_used")), gib(g.get("mem_total"))), ""),
@@ -56,7 +62,7 @@ def node_gpu_lines(state: RunState, name: str, ranks: list) -> tuple:
              "bold red" if temp is not None and temp >= 85 else ""),
             ("  %s/%sW" % ("-" if power is None else "%.0f" % power,
                            "-" if limit is None else "%.0f" % limit), ""),
-            ("  r" + rank_ranges(ranks) if ranks else "", "cyan"),
+            ("  r" + rank_ranges(ranks) + ("?" if guess else "") if ranks else "", "cyan"),
         ))
     return tuple(lines)
 

@@ -16,6 +16,7 @@ from collections import defaultdict
 
 import pytest
 
+from agent import procs
 from agent.protocol import text_to_bytes
 from console.history import History
 from console.run import LaunchSpec, RunController
@@ -146,6 +147,8 @@ async def test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing(c
     assert resumed_at >= 7
     await wait_for(lambda: all((r.step or 0) > resumed_at + 2 and r.state == "running"
                                for r in ranks.values()), RUN_TIMEOUT, "all ranks stepping again")
+    for rs in ranks.values():  # each rank's worker pid (the GPU panel matches it to NVML's)
+        assert procs.environ(rs.pid).get("RANK") == str(rs.rank), (rs.rank, rs.pid)
     node1 = ctl.state.nodes["node1"]
     assert node1.restarts == 1 and node1.restarts_used == 1
     assert all(ctl.state.nodes[n].restarts == 0 for n in ("node0", "node2", "node3"))
