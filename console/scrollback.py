@@ -92,7 +92,7 @@ def kept_lines(state: RunState, source: tuple, limit: int) -> tuple[list, dict]:
     wanted = set(nodes)
     for name, ns in state.nodes.items():  # nothing of this source there yet: all is to come
         if name not in wanted:
-            cut[name] = (ns.journal_offset, 0)
+            cut[name] = (max(ns.journal_offset, ns.data_from), 0)
 
     def newest_first(rank, kept):
         for ts, node, journal, k, text in kept.newest_first():

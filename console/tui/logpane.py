@@ -127,7 +127,7 @@ class LogPane(Vertical):
         if scroll.exhausted:
             self._set_older_status(self._start_text(scroll))
             return
-        if len(view._entries) >= view.limit:
+        if view.entry_count() >= view.limit:
             self._set_older_status("scrollback full: End follows again")
             return
         self._set_older_status("fetching older lines...")

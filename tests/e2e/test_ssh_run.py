@@ -23,6 +23,7 @@ from agent import procs
 from agent.protocol import text_to_bytes
 from console.history import History
 from console.run import LaunchSpec, RunController
+from console.scrollback import RANK, fids_of
 from console.transport.ssh import SshTransport
 from inventory.loader import load_inventory
 
@@ -114,11 +115,24 @@ async def test_training_over_ssh_every_line_once_and_secrets_kept(user_ssh, tmp_
                 pass
         final = await asyncio.wait_for(ctl.wait_done(), TIMEOUT)
         await ctl.stop_store()
+        # scrolling back over SSH: rank 0's log read back from its host in small pages
+        node0 = ctl.state.ranks[0].node
+        fids, since = fids_of(ctl.state, (RANK, 0), node0)
+        ctl.page_bytes = 1000
+        back, before, pages = [], ctl.state.nodes[node0].journal_offset, 0
+        while before > 0:
+            recs, before = await ctl.scrollback(node0, fids, before, since)
+            back[:0] = recs
+            pages += 1
     finally:
         if ctl.state.run_state() not in ("succeeded", "failed", "stopped"):
             await ctl.stop()
         await ctl.close()
     assert final == "succeeded", ctl.state.status()
+    assert pages > 2
+    for fid in fids:
+        with open(ctl.state.nodes[node0].files[fid].path, "rb") as f:
+            assert b"".join(text_to_bytes(r[1]) for r in back if r[0]["f"] == fid) == f.read()
     run_dir = work / ".rankdeck" / "runs" / ctl.run_id
     for path in files_under(run_dir):
         with open(path, "rb") as f:
