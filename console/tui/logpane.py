@@ -164,6 +164,8 @@ class LogPane(Vertical):
         title.append(" %d " % self.number, "reverse")
         title.append(" ▶ " if view.follow else " ‖ PAUSED ", "green" if view.follow else
                      "bold yellow")
+        if self.older_status and not view.follow:  # early: a narrow pane cuts the end off
+            title.append("↑ %s " % self.older_status, "italic")
         title.append(source_label(self.source))
         if kind == RANK:
             rs = state.ranks.get(value)
@@ -183,8 +185,7 @@ class LogPane(Vertical):
                                                 "" if view.matches == 1 else "es"), "bold")
         if view.collapse and kind != RANK:
             title.append("  collapsed", "dim")
-        if self.older_status and not view.follow:
-            title.append("  ↑ " + self.older_status, "italic")
+
         # One line, fixed size: no layout pass (a layout of the whole screen is costly).
         self.query_one(".logpane--title", Static).update(title, layout=False)
 
