@@ -149,8 +149,8 @@ def read_back(path, before, fids, want=256 * 1024, since=0, scan=BACK_SCAN):
     Reads index windows backwards from ``before`` until about ``want`` bytes of their data are
     found, ``scan`` bytes were looked through, or offset ``since`` (where the oldest of the
     files was announced; nothing of theirs is older). Returns ``(records, start)``: ``(meta,
-    data)`` in journal order, and the offset the reading went back to (0: nothing older is
-    left; else the next call's ``before``).
+    data, end_offset)`` in journal order, as :func:`parse` gives them, and the offset the
+    reading went back to (0: nothing older is left; else the next call's ``before``).
     """
     fids = set(fids)
     starts = [0] + read_index(path, before)
@@ -160,16 +160,17 @@ def read_back(path, before, fids, want=256 * 1024, since=0, scan=BACK_SCAN):
     while end > 0 and starts and got < want and scanned < scan:
         start = starts.pop()
         page = []
-        for meta, data in _records_between(path, start, end):
+        for rec in _records_between(path, start, end):
+            meta, data = rec[0], rec[1]
             if meta.get("k") == "data" and data and meta.get("f") in fids:
-                page.append((meta, data))
+                page.append(rec)
                 got += len(data)
         pages.append(page)
         scanned += end - start
         end = 0 if start <= since else start
     records = [rec for page in reversed(pages) for rec in page]
-    drop = 0
-    while drop < len(records) and got - len(records[drop][1]) >= want:  # a window held more: the newest ``want`` do
+    drop = 0  # a window may hold more than ``want``: the newest ``want`` bytes are the page
+    while drop < len(records) and got - len(records[drop][1]) >= want:
         got -= len(records[drop][1])
         drop += 1
     if drop:
@@ -179,7 +180,7 @@ def read_back(path, before, fids, want=256 * 1024, since=0, scan=BACK_SCAN):
 
 
 def _records_between(path, start, end):
-    """``(meta, data)`` of the records that start in ``[start, end)``; ``start`` is a record's."""
+    """The records that start in ``[start, end)`` (``start`` is a record's), as parse gives them."""
     with open(path, "rb") as f:
         f.seek(start)
         buf = f.read(max(0, end - start))
@@ -193,4 +194,4 @@ def _records_between(path, start, end):
                 if last or not more:
                     break
             records.extend(last[:1])
-    return [(meta, data) for meta, data, _end in records]
+    return records

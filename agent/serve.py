@@ -292,7 +292,7 @@ class Server(object):
         want = min(int(args.get("bytes", 256 * 1024)), protocol.BATCH_BYTES * 8)
         records, start = read_back(path, int(args["before"]), args["files"], want,
                                    int(args.get("since", 0)))
-        return {"recs": self._wire([(m, d, None) for m, d in records]), "start": start}
+        return {"recs": self._wire(records), "start": start}
 
     def op_stacks(self, args):
         from .stacks import dump_stacks

@@ -97,7 +97,7 @@ def main() -> None:
             base_s, _n = best_of(1, lambda: forward_to(path, end))
             print("%-34s %9.1f ms %9.0f ms %9.0fx %5d KiB" % (
                 label, back_s * 1000, base_s * 1000, base_s / back_s,
-                sum(len(d) for _m, d in recs) // 1024))
+                sum(len(d) for _m, d, _e in recs) // 1024))
     finally:
         shutil.rmtree(tmp)
 

@@ -20,10 +20,10 @@ from inventory.model import Host, Inventory
 from .history import History, host_record
 from .link import AgentError, NodeLink
 from .scrollback import PAGE_BYTES
-
-ATTACH_BACKLOG = 4 << 20  # journal bytes per node a TUI attach reads log lines from
 from .state import RunState
 from .transport.base import HostUnreachable, Transport
+
+ATTACH_BACKLOG = 4 << 20  # journal bytes per node a TUI attach reads log lines from
 
 RDZV_CONF = "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3"
 

@@ -66,6 +66,12 @@ def after(position: tuple) -> tuple:
     return (position[0], position[1] + 1)
 
 
+def offset_before(position: tuple) -> int:
+    """The journal offset below which every record holds lines before ``position`` (the
+    position's own record too, when some of its lines come before it)."""
+    return position[0] + 1 if position[1] > 0 else position[0]
+
+
 def kept_lines(state: RunState, source: tuple, limit: int) -> tuple[list, dict]:
     """What a view that starts showing ``source`` is filled with: ``(entries, floors)``.
 
@@ -81,7 +87,7 @@ def kept_lines(state: RunState, source: tuple, limit: int) -> tuple[list, dict]:
     cut: dict[str, tuple | None] = {}
     wall = float("-inf")
     for name in nodes:
-        start = state.nodes[name].data_from if name in state.nodes else 0
+        start = state.nodes[name].data_from
         floors = []
         for _r, kept in streams:
             position, edge = kept.floor(name, start)
@@ -219,7 +225,7 @@ class Scrollback:
     async def _read(self, node: str, fetch: Fetch) -> None:
         journal, index = self.before[node]
         fids, since = self.files[node]
-        records, start = await fetch(node, fids, journal + 1 if index > 0 else journal, since)
+        records, start = await fetch(node, fids, offset_before((journal, index)), since)
         self.fetches += 1
         entries = page_entries(self.state, node, records, (journal, index),
                                keep_partial=node not in self.fresh)
@@ -241,15 +247,16 @@ def page_entries(state: RunState, node: str, records: list, before: tuple,
     already holds when the page ends at the view's own floor (dropped), else a line of its own.
     """
     files = state.nodes[node].files
-    partial: dict[int, tuple] = {}  # fid -> (text, ts, journal, index)
+    partial: dict[int, tuple] = {}  # fid -> (text, ts, journal, index, rank)
     out = []
     for rec in records:
         meta = rec[0]
         text = rec[1] if len(rec) > 1 else ""
         fid, journal, ts = meta.get("f"), meta.get("j"), meta.get("ts") or 0.0
-        if journal is None or journal >= before[0] + (1 if before[1] > 0 else 0):
+        if journal is None or journal >= offset_before(before):
             continue
-        rank = rank_of(files.get(fid))
+        fi = files.get(fid)
+        rank = None if fi is None else rank_of(fi.rank, fi.stream)
         head = partial.pop(fid, None)
         joined = head[0] + text if head else text
         lines = joined.split("\n")
@@ -262,18 +269,14 @@ def page_entries(state: RunState, node: str, records: list, before: tuple,
         limit = before[1] if journal == before[0] else len(lines)
         out.extend((ts, node, rank, line, journal, k) for k, line in enumerate(lines[:limit]))
         if rest:
-            partial[fid] = (rest, ts, journal, len(lines))
+            partial[fid] = (rest, ts, journal, len(lines), rank)
     if keep_partial:
-        out.extend((ts, node, rank_of(files.get(fid)), text, journal, k)
-                   for fid, (text, ts, journal, k) in partial.items())
+        out.extend((ts, node, rank, text, journal, k)
+                   for (text, ts, journal, k, rank) in partial.values())
         out.sort(key=lambda e: (e[4], e[5]))
     return out
 
 
-def rank_of(fi) -> int | None:
-    """The rank an entry of this file shows: -1 for torchrun's own output, None if unknown."""
-    if fi is None:
-        return None
-    if fi.rank is None and fi.stream == "torchrun":
-        return -1
-    return fi.rank
+def rank_of(rank: int | None, stream: str) -> int | None:
+    """The rank an entry of a file shows: -1 for torchrun's own output, None if unknown."""
+    return -1 if rank is None and stream == "torchrun" else rank

@@ -61,7 +61,6 @@ class LineBatch:
     lines: list[str]
     ts: float
     journal: int | None = None
-    fid: int | None = None
 
 
 # A line's position on its node: (journal offset of its record, index among the record's lines).
@@ -374,7 +373,7 @@ class RunState:
         else:
             ns.lines.add(ts, ns.name, journal, lines)
         batch = LineBatch(ns.name, fi.rank, fi.local_rank, fi.stream, fi.path, meta.get("o", 0),
-                          text, lines, ts, journal, fi.fid)
+                          text, lines, ts, journal)
         for cb in self.line_listeners:
             cb(batch)
 

@@ -13,7 +13,7 @@ import asyncio
 from collections import defaultdict
 
 from ..sanitize import clean
-from ..scrollback import ALL, NODE, RANK  # noqa: F401 (the source kinds, re-exported)
+from ..scrollback import ALL, NODE, RANK, rank_of  # noqa: F401 (the source kinds, re-exported)
 from ..state import Event, LineBatch, RunState
 from .messages import LogLines, RunChanged, RunEventAdded
 
@@ -73,9 +73,8 @@ class RunFeed:
         if not keys:
             return
         secrets = self.secrets
-        ts, node, rank, journal = batch.ts or None, batch.node, batch.rank, batch.journal
-        if rank is None and batch.stream == "torchrun":
-            rank = -1
+        ts, node, journal = batch.ts or None, batch.node, batch.journal
+        rank = rank_of(batch.rank, batch.stream)
         entries = [(ts, node, rank, clean(line, secrets), journal, k)
                    for k, line in enumerate(batch.lines)]
         for key in keys:

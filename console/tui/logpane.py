@@ -185,7 +185,6 @@ class LogPane(Vertical):
                                                 "" if view.matches == 1 else "es"), "bold")
         if view.collapse and kind != RANK:
             title.append("  collapsed", "dim")
-
         # One line, fixed size: no layout pass (a layout of the whole screen is costly).
         self.query_one(".logpane--title", Static).update(title, layout=False)
 

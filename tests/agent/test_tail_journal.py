@@ -141,8 +141,8 @@ def test_read_back_pages_through_a_journal_exactly_once(tmp_path, monkeypatch):
     got, pages = [], 0
     while before > 0:
         recs, before = read_back(path, before, [1, 3], want=2000)
-        assert all(m["f"] in (1, 3) for m, _d in recs)
-        got[:0] = [(m["j"], d) for m, d in recs]
+        assert all(m["f"] in (1, 3) for m, _d, _e in recs)
+        got[:0] = [(m["j"], d) for m, d, _e in recs]
         pages += 1
     assert got == want and pages > 5
     size = os.path.getsize(path)

@@ -14,6 +14,7 @@ from console.tui.events import EventsLog
 from console.tui.feed import ALL, NODE, RANK
 from console.tui.help import HelpScreen
 
+from tests.console.pilot import until
 from tests.console.scripted import (RUN_ID, T0, RunScript, controller, event, gpu_snapshot,
                                    host_names, no_gpu_snapshot, standard_script)
 
@@ -36,15 +37,6 @@ def build(tmp_path, script: RunScript | None = None, steps: int | None = 40, **t
     t = script.transport(**transport)
     ctl, launch = controller(str(tmp_path), t, steps=steps)
     return RankdeckApp(ctl, launch), ctl, t
-
-
-async def until(pilot, condition, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("timed out waiting for %s" % (what or condition))
 
 
 async def running(pilot, app) -> None:

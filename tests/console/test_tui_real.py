@@ -3,6 +3,7 @@ in a real terminal (tmux at 160x48) read back with capture-pane."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ from console.tui.feed import RANK
 from agent.journal import JournalReader
 from console.sanitize import clean
 
+from tests.console.pilot import until as wait_until
 from tests.spine.helpers import REPO, TINY, TRAINER, local_inventory, node_dir, processes_of
 
 pytestmark = pytest.mark.e2e
@@ -29,13 +31,7 @@ SIZE = (160, 48)
 TIMEOUT = 300
 
 
-async def until(pilot, condition, timeout: float = TIMEOUT, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        await pilot.pause(0.2)
-    raise AssertionError("timed out waiting for %s" % (what or condition))
+until = functools.partial(wait_until, timeout=TIMEOUT, every=0.2)  # real runs: slower
 
 
 def journal_lines(workdir, run_id, node, rank) -> list[str]:

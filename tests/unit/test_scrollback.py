@@ -70,7 +70,7 @@ class Host:
     async def fetch(self, node, fids, before, since, page):
         assert node == self.name
         recs, start = read_back(self.path, before, fids, want=page, since=since)
-        return [[m, bytes_to_text(d)] for m, d in recs], start
+        return [[m, bytes_to_text(d)] for m, d, _e in recs], start
 
 
 def lines_of(host, want):
