@@ -33,7 +33,7 @@ from .help import EXTRA_KEYS, HelpScreen
 from .logs import LogPanes
 from .losschart import LossChart
 from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, RunChanged,
-                       RunEventAdded, SourceChosen, WatchChanged)
+                       RunEventAdded, SourceChosen)
 from .nodes import NodesTable
 from .palette import rankdeck_commands
 from .prompt import PromptBar
@@ -100,7 +100,7 @@ class RankdeckApp(App[int]):
         self.nodes = NodesTable(state, id="nodes")
         self.gpus = GpuPanel(state, id="gpus")
         self.logs = LogPanes(state, secrets, self.initial_panes, fetch=self.ctl.scrollback,
-                             id="logs")
+                             watch=self.feed.watch, id="logs")
         self.chart = LossChart(state, id="loss")
         self.events = EventsLog(state, secrets, id="events")
         self.prompt = PromptBar(id="prompt")
@@ -122,7 +122,6 @@ class RankdeckApp(App[int]):
                               (self.events, "events"), (self.chart, "loss")):
             widget.border_title = title
         self.header.phase = "launching" if self.launching else None
-        self.feed.watch(self.logs.sources)
         self.feed.start()
         self.nodes.focus()
         if self.launch is not None:
@@ -194,9 +193,6 @@ class RankdeckApp(App[int]):
 
     def on_source_chosen(self, message: SourceChosen) -> None:
         self.logs.show(message.source)
-
-    def on_watch_changed(self, message: WatchChanged) -> None:
-        self.feed.watch(message.sources)
 
     def on_filter_changed(self, message: FilterChanged) -> None:
         pattern = re.compile(message.pattern) if message.pattern else None

@@ -24,6 +24,17 @@ from .summary import state_style
 FIRST_PAINT = 300  # lines shown at once when a pane switches source; the rest follow
 
 
+def refilled_to(entries: list) -> dict:
+    """Per node, the position ``(journal, index)`` of the newest of ``entries`` there."""
+    marks: dict = {}
+    for entry in entries:
+        if entry[4] is not None:
+            position = (entry[4], entry[5])
+            if position > marks.get(entry[1], (-1, -1)):
+                marks[entry[1]] = position
+    return marks
+
+
 def source_label(source: tuple) -> str:
     kind, value = source
     if kind == RANK:
@@ -58,6 +69,7 @@ class LogPane(Vertical):
         self._scrollback: Scrollback | None = None
         self._scrollback_version = -1
         self._generation = 0
+        self._refilled_to: dict = {}
         self._filling = False  # the kept backlog is not in the view yet
         self._fetching = False
 
@@ -90,12 +102,35 @@ class LogPane(Vertical):
         view.show_node = source[0] == ALL
         view.follow = True
         raw, floors = kept_lines(state, source, view.max_lines)
+        # the feed may hold lines of this source already in ``raw`` (another pane shows it)
+        self._refilled_to = refilled_to(raw)
         older, newest = raw[:-FIRST_PAINT], raw[-FIRST_PAINT:]
         view.set_entries(cleaned(newest, secrets), floors)
         self._filling = bool(older)
         if older:
             self.call_after_refresh(self._backfill, self._generation, older, secrets)
         self.update_title(state)
+
+    def add_entries(self, entries: list) -> None:
+        """New lines of this pane's source (a feed flush)."""
+        if self._refilled_to:
+            entries = self._not_refilled(entries)
+        if entries:
+            self.view.add_entries(entries)
+
+    def _not_refilled(self, entries: list) -> list:
+        """``entries`` less those the last refill showed; a node's mark goes once passed."""
+        marks = self._refilled_to
+        fresh = []
+        for entry in entries:
+            node, journal = entry[1], entry[4]
+            mark = marks.get(node)
+            if mark is not None and journal is not None:
+                if (journal, entry[5]) <= mark:
+                    continue
+                del marks[node]  # lines of a node come in order: the rest are new
+            fresh.append(entry)
+        return fresh
 
     def _backfill(self, generation: int, older: list, secrets) -> None:
         if generation == self._generation:  # still showing the same source

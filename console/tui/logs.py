@@ -2,7 +2,7 @@
 
 The app hands it flushed line batches (``add_lines``) and the shared options (wrap,
 timestamps, collapse, filter); it passes each batch only to the panes showing that source
-and tells the app (``WatchChanged``) which sources are shown, so nothing else is kept.
+and tells the feed (``watch``) which sources are shown, so nothing else is kept.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from textual.containers import Horizontal
 from ..state import RunState
 from .feed import NODE, RANK
 from .logpane import LogPane
-from .messages import WatchChanged
 
 MAX_PANES = 4
 
@@ -26,11 +25,15 @@ class LogPanes(Horizontal):
     LogPanes { height: 1fr; }
     """
 
-    def __init__(self, state: RunState, secrets=(), sources=None, fetch=None, **kwargs):
-        """``fetch``: RunController.scrollback, for older lines than memory holds."""
+    def __init__(self, state: RunState, secrets=(), sources=None, fetch=None, watch=None,
+                 **kwargs):
+        """``fetch``: RunController.scrollback, for older lines than memory holds; ``watch``:
+        told the shown sources (RunFeed.watch) in the same call that refills a pane, so no
+        line arriving in between is lost."""
         super().__init__(**kwargs)
         self.state = state
         self.fetch = fetch
+        self.watch = watch
         self.secrets = tuple(secrets or ())
         first_node = next(iter(state.nodes), None)
         self._initial = list(sources or [(RANK, 0)] + ([(NODE, first_node)] if first_node
@@ -71,7 +74,7 @@ class LogPanes(Horizontal):
         for pane in self.panes:
             entries = lines.get(pane.source)
             if entries:
-                pane.view.add_entries(entries)
+                pane.add_entries(entries)
 
     def refresh_titles(self) -> None:
         for pane in self.panes:
@@ -131,7 +134,7 @@ class LogPanes(Horizontal):
             p.update_title(self.state)
         self.active = min(self.active, len(remaining) - 1)
         self._mark_active(remaining)
-        self.post_message(WatchChanged(frozenset(p.source for p in remaining)))
+        self._watch(frozenset(p.source for p in remaining))
 
     def focus_pane(self, index: int) -> None:
         panes = self.panes
@@ -164,10 +167,14 @@ class LogPanes(Horizontal):
                 self.active = i
                 self._mark_active()
 
+    def _watch(self, sources: frozenset) -> None:
+        if self.watch is not None:
+            self.watch(sources)
+
     def _mark_active(self, panes=None) -> None:
         for i, pane in enumerate(panes if panes is not None else self.panes):
             pane.set_class(i == self.active, "-active")
 
     def _announce(self) -> None:
-        self.post_message(WatchChanged(self.sources))
+        self._watch(self.sources)
         self.refresh_titles()

@@ -44,16 +44,6 @@ class SourceChosen(Message):
 
 
 @dataclass
-class WatchChanged(Message):
-    """The set of sources the visible log panes follow changed."""
-
-    sources: frozenset
-
-    def can_replace(self, message: Message) -> bool:
-        return isinstance(message, WatchChanged)
-
-
-@dataclass
 class FilterChanged(Message):
     """The log filter regex changed (``None`` clears it)."""
 

@@ -187,6 +187,34 @@ async def test_filter_regex_across_panes_highlights_matches(tmp_path):
         assert len(rank0.lines_text()) > 24
 
 
+def late_line(ctl, node: str, rank: int, text: str) -> None:
+    """One more line of ``rank`` into RunState, as a journal message from its node would."""
+    ns = ctl.state.nodes[node]
+    fid = [f.fid for f in ns.files.values() if f.rank == rank and f.stream == "stdout"][0]
+    j = ns.journal_offset + 1
+    ctl.state.apply_records(node, [[{"k": "data", "f": fid, "ts": time.time(), "j": j},
+                                    text + "\n"]], j + 100)
+
+
+async def test_a_line_right_after_a_switch_is_shown_once(tmp_path):
+    """A pane that switches source misses no line arriving before the app handles the switch
+    (all a finished run has may come in one burst), and shows none twice."""
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        app.logs.show((RANK, 5), pane=1)
+        late_line(ctl, "node3", 5, "right after the switch")
+        await until(pilot, lambda: app.logs.panes[1].view.lines_text()[-1] == "right after "
+                    "the switch", timeout=5, what="the line in the switched pane")
+        late_line(ctl, "node1", 0, "pending when pane 2 shows rank 0")
+        app.logs.show((RANK, 0), pane=1)  # pane 1 follows rank 0 too: that line is pending
+        await until(pilot, lambda: app.logs.panes[0].view.lines_text()[-1].startswith(
+            "pending"), timeout=5, what="the feed's flush")
+        await pilot.pause(0.2)
+        for pane in app.logs.panes:
+            assert pane.view.lines_text().count("pending when pane 2 shows rank 0") == 1
+
+
 async def test_collapse_identical_lines_from_many_ranks(tmp_path):
     app, ctl, t = build(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -269,7 +297,8 @@ async def test_attach_takes_recent_lines_and_scrolls_back_for_the_rest(tmp_path)
         pane = app.logs.panes[0]
         await until(pilot, lambda: (ctl.state.ranks.get(0) and ctl.state.ranks[0].step) == 45,
                     what="caught up")
-        await pilot.pause(0.3)
+        await until(pilot, lambda: pane.view.lines_text()[-1:] == every[-1:],
+                    what="the recent lines on screen")
         got = pane.view.lines_text()
         assert got == every[-len(got):] and 100 < len(got) < 2000  # the recent ones only
         assert [s for s, _loss in ctl.state.ranks[0].points][:3] == [1, 2, 3]  # every metric
