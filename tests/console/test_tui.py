@@ -223,10 +223,11 @@ async def test_collapse_identical_lines_from_many_ranks(tmp_path):
         assert app.logs.panes[1].source == (NODE, "node1")
         assert "ranks 0-1: using device cuda:0, world size 8" in node1.lines_text()
         await pilot.press("g", *"all", "enter")
-        await pilot.pause()  # the older kept lines come in after the first paint
         merged = app.logs.panes[0].view
         assert app.logs.panes[0].source == (ALL, None)
-        assert "ranks 0-7: using device cuda:0, world size 8" in merged.lines_text()
+        # the older kept lines come in after the first paint
+        await until(pilot, lambda: "ranks 0-7: using device cuda:0, world size 8" in
+                    merged.lines_text(), timeout=10, what="the backfill")
         await pilot.press("c")
         lines = node1.lines_text()
         assert "r0: using device cuda:0, world size 8" in lines
