@@ -122,12 +122,11 @@ async def rss_sampler(samples: list, stop: asyncio.Event, state) -> None:
                         state.total_lines))
 
 
-def setup(hosts_n: int, nproc: int):
+def setup(work: str, hosts_n: int, nproc: int):
     hosts = ["node%d" % (i + 1) for i in range(hosts_n)]
     script = RunScript(hosts, nproc, t0=time.time()).launched()
     transport = script.transport(gpus={h: gpu_snapshot(nproc) for h in hosts})
-    ctl, launch = controller(tempfile.mkdtemp(prefix="rankdeck-bench-"), transport, hosts_n,
-                             nproc, steps=100000)
+    ctl, launch = controller(work, transport, hosts_n, nproc, steps=100000)
     ctl.state.stall_min_s = 3600
     return hosts, transport, ctl, launch
 
@@ -138,7 +137,7 @@ async def bench_app(args) -> dict:
     from console.tui.app import RankdeckApp
     from console.tui.logs import LogPanes
 
-    hosts, transport, ctl, launch = setup(args.nodes, args.nproc)
+    hosts, transport, ctl, launch = setup(args.work, args.nodes, args.nproc)
     app = RankdeckApp(ctl, launch, gc_tuning=args.gc == "tuned")  # run_app: tuned
     result: dict = {"latency_ms": [], "latency_cpu_ms": [], "key_at_s": [], "lag": [],
                     "rss": []}
@@ -204,7 +203,7 @@ async def bench_app(args) -> dict:
 
 
 async def bench_baseline(args) -> dict:
-    hosts, transport, ctl, launch = setup(args.nodes, args.nproc)
+    hosts, transport, ctl, launch = setup(args.work, args.nodes, args.nproc)
     result: dict = {"latency_ms": [], "lag": [], "rss": []}
     stats = {"pushed": 0}
     await launch()
@@ -284,7 +283,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.mode != "both":
         fn = bench_app if args.mode == "app" else bench_baseline
-        print(json.dumps(asyncio.run(fn(args))))
+        with tempfile.TemporaryDirectory(prefix="rankdeck-bench-") as work:
+            args.work = work
+            print(json.dumps(asyncio.run(fn(args))))
         return 0
     results = {}
     for mode in ("app", "baseline"):
