@@ -40,6 +40,7 @@ from .prompt import PromptBar
 from .summary import control_summary
 
 ENDED = ("succeeded", "failed", "stopped")
+FOCUS_ACTIONS = ("filter", "goto", "focus_pane")  # their keys are priority bindings
 GC_THRESHOLDS = tuple(int(x) for x in os.environ.get("RANKDECK_GC", "10000,10,10").split(","))
 
 
@@ -51,17 +52,19 @@ class RankdeckApp(App[int]):
     BINDINGS = [
         Binding("q", "detach", "Detach"),
         Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("slash", "filter", "Filter", key_display="/"),
-        Binding("g", "goto", "Go to rank"),
+        # Keys that move the focus are priority bindings: they act when the app receives them,
+        # before it hands the next keys (typed fast, pasted) to the focused widget.
+        Binding("slash", "filter", "Filter", key_display="/", priority=True),
+        Binding("g", "goto", "Go to rank", priority=True),
         Binding("left_square_bracket", "step(-1)", "Prev rank", key_display="["),
         Binding("right_square_bracket", "step(1)", "Next rank", key_display="]"),
         Binding("n", "cycle_source", "Rank/node/all"),
         Binding("plus", "add_pane", "Add pane", key_display="+"),
         Binding("minus", "remove_pane", "Remove pane", key_display="-", show=False),
-        Binding("1", "focus_pane(0)", "Pane 1", show=False),
-        Binding("2", "focus_pane(1)", "Pane 2", show=False),
-        Binding("3", "focus_pane(2)", "Pane 3", show=False),
-        Binding("4", "focus_pane(3)", "Pane 4", show=False),
+        Binding("1", "focus_pane(0)", "Pane 1", show=False, priority=True),
+        Binding("2", "focus_pane(1)", "Pane 2", show=False, priority=True),
+        Binding("3", "focus_pane(2)", "Pane 3", show=False, priority=True),
+        Binding("4", "focus_pane(3)", "Pane 4", show=False, priority=True),
         Binding("f", "follow", "Follow/pause"),
         Binding("w", "toggle('wrap')", "Wrap", show=False),
         Binding("t", "toggle('timestamps')", "Timestamps", show=False),
@@ -214,6 +217,17 @@ class RankdeckApp(App[int]):
             self.logs.refresh_titles()
 
     # -- actions ---------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """The focus-moving (priority) keys act on the main screen only (None: shown, off
+        under a modal, like the other keys), and not while typing in the prompt: there they
+        are text (False)."""
+        if action in FOCUS_ACTIONS:
+            if len(self.screen_stack) > 1:
+                return None
+            if self.focused is self.prompt:
+                return False
+        return True
+
     def action_detach(self) -> None:
         self.exit(self.exit_code)
 

@@ -140,7 +140,10 @@ class LogPanes(Horizontal):
         panes = self.panes
         if 0 <= index < len(panes):
             self.active = index
-            panes[index].view.focus()
+            view = panes[index].view
+            # now, not via call_later as Widget.focus does: keys typed right after the
+            # number (already queued) must reach this pane
+            view.screen.set_focus(view)
             self._mark_active()
 
     # -- options ---------------------------------------------------------------------------

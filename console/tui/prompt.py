@@ -34,7 +34,7 @@ class PromptBar(Input):
         self.value = value
         self.add_class("-shown")
         self.remove_class("-invalid")
-        self.focus()
+        self.screen.set_focus(self)  # now: keys typed right after "/" are already queued
 
     def close(self) -> None:
         self.remove_class("-shown")

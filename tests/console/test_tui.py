@@ -313,6 +313,33 @@ async def test_attach_takes_recent_lines_and_scrolls_back_for_the_rest(tmp_path)
         assert pane.view.lines_text() == every
 
 
+def burst(app, keys) -> None:
+    """Keys as a terminal delivers them in one read (fast typing, a paste, tmux send-keys):
+    all queued before the app handles the first."""
+    from textual import events
+
+    for key, char in keys:
+        event = events.Key(key, char)
+        event.set_sender(app)
+        app._driver.send_message(event)
+
+
+async def test_keys_typed_at_once_go_where_the_first_key_sends_them(tmp_path):
+    """``1`` then ``Home`` in one burst: Home reaches pane 1, not the widget that had the
+    focus before; ``/step`` in one burst: the prompt gets the whole pattern."""
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await running(pilot, app)
+        assert app.focused is app.nodes
+        burst(app, [("1", "1"), ("home", None)])
+        pane = app.logs.panes[0]
+        await until(pilot, lambda: app.focused is pane.view, timeout=5, what="pane 1 focused")
+        await until(pilot, lambda: not pane.view.follow, timeout=5, what="home in pane 1")
+        burst(app, [("slash", "/")] + [(c, c) for c in "step"])
+        await until(pilot, lambda: app.prompt.value == "step", timeout=5,
+                    what="the whole pattern in the prompt")
+
+
 async def test_follow_pause_wrap_and_timestamps(tmp_path):
     t0 = time.time()
     app, ctl, t = build(tmp_path, standard_script(host_names(4), t0=t0))
@@ -515,6 +542,10 @@ async def test_palette_has_rankdeck_commands(tmp_path):
         show = next(c for c in app.get_system_commands(app.screen) if c.title == "Show rank 6")
         show.callback()
         assert app.logs.active_pane.source == (RANK, 6)
+        await pilot.press("ctrl+p", *"g1/")  # the focus keys are text in the palette
+        from textual.command import CommandInput
+        assert app.screen.query_one(CommandInput).value == "g1/"
+        assert app.logs.active == 0 and not app.prompt.has_class("-shown")
 
 
 async def test_quit_detaches_and_tells_how_to_attach(tmp_path, capsys):
