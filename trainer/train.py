@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from typing import NoReturn
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -262,7 +263,7 @@ class Trainer:
 
 
 @record
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = parse_args(argv)
@@ -284,18 +285,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: --{fault.kind}-rank {fault.rank} is outside world size {ranks.world_size}; "
                   "it will never fire", file=sys.stderr, flush=True)
     code = trainer.run(trainer.resume(wanted), stop)
-    if code == EXIT_SIGTERM:
-        # The checkpoint is saved and flushed: leave now. Interpreter and torch teardown take
-        # 2-3 s on a CPU box, and a node restart waits for this process to be gone.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
     # Only on the way out of a run every rank finished: after an error a peer may be stuck in
     # a collective, and tearing down the group could block on it.
-    if ranks.distributed:
+    if code != EXIT_SIGTERM and ranks.distributed:
         dist.destroy_process_group()
-    return code
+    # Then leave without the interpreter's teardown. After SIGTERM it takes 2-3 s on a CPU box
+    # and a node restart waits for this process to be gone; after a finished run, gloo's
+    # threads can still hold tensors while the interpreter finalizes, which aborted one rank
+    # (SIGABRT, "terminate called without an active exception") and left its peers stuck in
+    # their own teardown in one CI run - the run trained to the end and never ended.
+    # Checkpoints are closed files by now; the logs are flushed here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
