@@ -131,6 +131,10 @@ class RunController:
                 self.state.set_node(name, "connected")
         return failed
 
+    def connected(self) -> list[str]:
+        """The nodes whose agent is connected now."""
+        return [name for name, link in self.links.items() if link.stream is not None]
+
     async def gather_nodes(self, fn, names=None) -> dict:
         """Run ``fn(link)`` on every (named) node at once; {name: result or exception}."""
         names = list(names or self.links)
@@ -237,13 +241,13 @@ class RunController:
         async def one(link: NodeLink):
             st = await link.request("state", run_root=link.run_root, node=link.name)
             link.quiet_until = max(link.quiet_until, int(st.get("journal_size") or 0) - keep)
+            # now, not only at subscribe(): the panes take their floors from it when shown
             self.state.nodes[link.name].data_from = link.quiet_until
 
-        await self.gather_nodes(one, [n for n, l in self.links.items() if l.stream is not None])
+        await self.gather_nodes(one, self.connected())
 
     async def subscribe_all(self) -> None:
-        await self.gather_nodes(lambda link: link.subscribe(),
-                                [n for n, l in self.links.items() if l.stream is not None])
+        await self.gather_nodes(lambda link: link.subscribe(), self.connected())
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
 
     # -- an existing run -------------------------------------------------------------------
@@ -295,7 +299,7 @@ class RunController:
                 await asyncio.sleep(0.05)
                 if size is None:
                     break
-        await self.gather_nodes(one, [n for n, l in self.links.items() if l.stream is not None])
+        await self.gather_nodes(one, self.connected())
 
     # -- control ---------------------------------------------------------------------------
     async def stop(self, node: str | None = None) -> dict:

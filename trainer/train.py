@@ -25,9 +25,9 @@ import os
 import signal
 import sys
 import time
-from typing import NoReturn
 from contextlib import nullcontext
 from pathlib import Path
+from typing import NoReturn
 
 if __package__ in (None, ""):  # run as a script: make the `trainer` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     # and a node restart waits for this process to be gone; after a finished run, gloo's
     # threads can still hold tensors while the interpreter finalizes, which aborted one rank
     # (SIGABRT, "terminate called without an active exception") and left its peers stuck in
-    # their own teardown in one CI run - the run trained to the end and never ended.
+    # their own teardown in one test-suite run - the run trained to the end and never ended.
     # Checkpoints are closed files by now; the logs are flushed here.
     sys.stdout.flush()
     sys.stderr.flush()

@@ -102,8 +102,8 @@ class RankdeckApp(App[int]):
         self.header = RunHeader(state, self.ctl.record, clock=self.clock, id="header")
         self.nodes = NodesTable(state, id="nodes")
         self.gpus = GpuPanel(state, id="gpus")
-        self.logs = LogPanes(state, secrets, self.initial_panes, fetch=self.ctl.scrollback,
-                             watch=self.feed.watch, id="logs")
+        self.logs = LogPanes(state, self.feed.watch, secrets, self.initial_panes,
+                             fetch=self.ctl.scrollback, id="logs")
         self.chart = LossChart(state, id="loss")
         self.events = EventsLog(state, secrets, id="events")
         self.prompt = PromptBar(id="prompt")

@@ -25,8 +25,7 @@ class LogPanes(Horizontal):
     LogPanes { height: 1fr; }
     """
 
-    def __init__(self, state: RunState, secrets=(), sources=None, fetch=None, watch=None,
-                 **kwargs):
+    def __init__(self, state: RunState, watch, secrets=(), sources=None, fetch=None, **kwargs):
         """``fetch``: RunController.scrollback, for older lines than memory holds; ``watch``:
         told the shown sources (RunFeed.watch) in the same call that refills a pane, so no
         line arriving in between is lost."""
@@ -134,7 +133,7 @@ class LogPanes(Horizontal):
             p.update_title(self.state)
         self.active = min(self.active, len(remaining) - 1)
         self._mark_active(remaining)
-        self._watch(frozenset(p.source for p in remaining))
+        self.watch(frozenset(p.source for p in remaining))
 
     def focus_pane(self, index: int) -> None:
         panes = self.panes
@@ -170,14 +169,10 @@ class LogPanes(Horizontal):
                 self.active = i
                 self._mark_active()
 
-    def _watch(self, sources: frozenset) -> None:
-        if self.watch is not None:
-            self.watch(sources)
-
     def _mark_active(self, panes=None) -> None:
         for i, pane in enumerate(panes if panes is not None else self.panes):
             pane.set_class(i == self.active, "-active")
 
     def _announce(self) -> None:
-        self._watch(self.sources)
+        self.watch(self.sources)
         self.refresh_titles()
