@@ -1,117 +1,65 @@
 """Metric and checkpoint events parsed out of a rank's log text.
 
-The run supervisor feeds every chunk it reads from a rank's log to ``MetricParser.parse``.
-Chunks arrive at up to ~100k lines/s per node, so the common case (no metrics at all) costs
-a lower-cased copy and three substring scans of the chunk, and only lines that mention a
-metric keyword reach Python. Every pattern here is written to stay linear on hostile input
-(long digit or blank runs): a log line must never stall the supervisor.
+The run supervisor feeds every chunk it reads from a worker's log file to
+:meth:`MetricParser.parse`, naming the file and the worker. Formats, one parser per trainer
+family (each module says exactly which lines it reads; docs/METRICS.md shows a real one):
 
-Recognised, in order of precedence on a line:
+* :mod:`agent.format_hf`: Hugging Face Trainer dict lines, its tqdm bar, its checkpoints;
+* :mod:`agent.format_lightning`: PyTorch Lightning's tqdm bar and the metrics shown in it;
+* :mod:`agent.format_launchers`: torchtitan, Megatron-LM and DeepSpeed summary lines;
+* :mod:`agent.format_plain`: rankdeck's reference trainer, ``key=value`` prints (accelerate
+  scripts and most hand-written loops) and the reference checkpoint line;
+* a user regex, when given, tried first on every line.
 
-* checkpoints: the reference trainer's ``checkpoint saved step=50 path=/x/step_00000050.pt
-  bytes=123456`` and Hugging Face's ``Saving model checkpoint to /x/checkpoint-500``;
-* a user regex, when given (named groups ``step``, ``loss``, ``lr``, ``step_time``, ``tok_s``);
-* Hugging Face Trainer dict lines, ``{'loss': 2.34, 'learning_rate': 4.9e-05, ...}``;
-* ``key=value`` pairs (``step=12 loss=4.1234 lr=3.000e-04 step_time=0.0163 tok/s=12345``),
-  in any order and after any prefix, plus ``key: value`` pairs on a line that has a step.
+Nothing is configured: each file tries the families in turn on its lines and keeps first the
+one that matched last, so a file settles on its trainer's family after its first metric line
+and other families are only tried on lines that one does not read. The step is always the
+trainer's own (a Hugging Face dict line takes the step of its progress bar), never a count.
 
-Standard library only; runs on Python >= 3.8.
+Chunks arrive at up to ~100k lines/s per node, so the common case (no metrics at all) costs a
+lower-cased copy and a few substring scans of the chunk, and only lines that mention a
+keyword reach Python. Patterns stay linear on hostile input (long digit or blank runs): a log
+line must never stall the supervisor. Standard library only; runs on Python >= 3.8.
 """
 
 import re
 
-__all__ = ["MetricParser", "MAX_LINE", "METRIC_FIELDS"]
+from .format_hf import HuggingFaceFamily
+from .format_launchers import DeepSpeedFamily, MegatronFamily, TorchtitanFamily
+from .format_lightning import LightningFamily
+from .format_plain import REFERENCE, PlainFamily, reference_record
+from .metric_values import METRIC_FIELDS, convert
+
+__all__ = ["MetricParser", "MAX_LINE", "METRIC_FIELDS", "FAMILIES"]
 
 #: Lines longer than this are skipped: no trainer prints a metric line this long.
 MAX_LINE = 64 * 1024
 
-#: Named groups a user regex may use.
-METRIC_FIELDS = ("step", "loss", "lr", "step_time", "tok_s")
+#: Families in the order an undecided file tries them: the specific ones first, plain last.
+FAMILIES = (HuggingFaceFamily, LightningFamily, TorchtitanFamily, MegatronFamily,
+            DeepSpeedFamily, PlainFamily)
 
-# ASCII-only digits: ``\d`` would accept other scripts' digits, which int() also accepts.
-# ``[0-9]+(?:\.[0-9]*)?`` rather than ``[0-9]+\.?[0-9]*``: the latter can split a digit run
-# in n ways and backtracks quadratically when what follows does not match.
-_NUM = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?|(?i:nan|inf(?:inity)?))"
+_ASCII_LOWER = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}
+_TRIGGERS = {}
+
+
+def _keywords():
+    seen = []
+    for family in FAMILIES:
+        for kw in family.keywords:
+            if kw not in seen:
+                seen.append(kw)
+    return tuple(seen)
+
 
 # A line is worth a look only if it mentions one of these (case-insensitively). Plain
 # substring tests and a literal alternation keep the regex engine on its fast paths; an
 # IGNORECASE alternation scans ~10x slower.
-_KEYWORDS = ("step", "loss", "checkpoint")
-_ASCII_LOWER = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}
-_TRIGGERS = {}
-
-# The reference trainer's line, fields in its order: the common case gets one regex match.
-_REFERENCE = re.compile(
-    r"step=([0-9]{1,18}) loss=(" + _NUM + r") lr=(" + _NUM + r") step_time=(" + _NUM
-    + r") tok/s=(" + _NUM + r")[ \t\r]*$",
-    re.ASCII,
-)
-
-# ``(?<![\w/.])`` keeps ``train_loss``, ``eval/loss``, ``x.lr`` and ``max_step`` out.
-_KV = re.compile(
-    r"(?<![\w/.])(step_time|global_step|step|loss|learning_rate|lr|tok/s|tok_s|tokens/s)\s*([=:])\s*(" + _NUM + ")",
-    re.IGNORECASE | re.ASCII,
-)
-_KV_FIELD = {
-    "step_time": "step_time",
-    "global_step": "step",
-    "step": "step",
-    "loss": "loss",
-    "learning_rate": "lr",
-    "lr": "lr",
-    "tok/s": "tok_s",
-    "tok_s": "tok_s",
-    "tokens/s": "tok_s",
-}
-
-# Hugging Face logs a Python dict repr; newer versions may quote the numbers, and values can
-# be wrapped (``tensor(1.2)``, ``np.float64(1.2)``). The quote before the key keeps
-# ``'train_loss'`` (the final average) and ``'eval_loss'`` out.
-_DICT_KV = re.compile(
-    r"""['"](loss|learning_rate|step)['"]\s*:\s*['"]?(?:[A-Za-z_][\w.]*\()?(""" + _NUM + ")",
-    re.ASCII,
-)
-_DICT_FIELD = {"loss": "loss", "learning_rate": "lr", "step": "step"}
-
-_CKPT_REF = re.compile(r"checkpoint saved\b", re.IGNORECASE)
-_CKPT_STEP = re.compile(r"(?<![\w/.])step\s*=\s*([0-9]+)", re.ASCII)
-_CKPT_BYTES = re.compile(r"(?<![\w/.])bytes\s*=\s*([0-9]+)", re.ASCII)
-_CKPT_PATH = re.compile(r"""(?<![\w/.])path\s*=\s*(?:"([^"]*)"|'([^']*)')?""")
-# A bare path may hold spaces; it ends before the next `` key=`` or at the end of the line.
-_NEXT_KEY = re.compile(r"\s\w+=")
-_CKPT_HF = re.compile(r"Saving (?:model )?checkpoint to\s+(.+)")
-_TRAILING_INT = re.compile(r"([0-9]+)[\\/]*$", re.ASCII)
-_SUFFIXED_INT = re.compile(r"([0-9]+)\.[A-Za-z]+$", re.ASCII)
-
-
-def _to_float(text):
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        return None
-
-
-def _to_int(text):
-    """int of an integer-looking value (``12``, ``12.0``); None for nan, inf or junk."""
-    if text is None or len(text) > 30:
-        # Python >= 3.11 refuses to convert very long digit strings (int_max_str_digits).
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return int(float(text))
-    except (ValueError, OverflowError):
-        return None
-
-
-def _convert(field, text):
-    return _to_int(text) if field == "step" else _to_float(text)
+_KEYWORDS = _keywords()
 
 
 def _compile_user_regex(user_regex):
-    if isinstance(user_regex, type(_KV)):
+    if isinstance(user_regex, type(REFERENCE)):
         rx = user_regex
     else:
         try:
@@ -130,9 +78,9 @@ def _compile_user_regex(user_regex):
 class MetricParser:
     """Turns chunks of log text into ``metric`` and ``ckpt`` records.
 
-    ``user_regex``: a pattern with named groups among step, loss, lr, step_time, tok_s (others
-    are ignored), searched on every line. Raises ValueError if it does not compile or names
-    none of those groups.
+    ``user_regex``: a pattern with named groups among step, loss, lr, step_time, tok_s,
+    samples_s, tflops (others are ignored), searched on every line first. Raises ValueError if
+    it does not compile or names none of those groups.
     """
 
     def __init__(self, user_regex=None):
@@ -140,13 +88,29 @@ class MetricParser:
         self._user_fields = ()
         if user_regex is not None and user_regex != "":
             self._user, self._user_fields = _compile_user_regex(user_regex)
+        self._families = [family() for family in FAMILIES]
+        self._files = {}  # file -> _FileFormats
+        self._workers = {}  # worker -> {family name: that family's state for the worker}
 
-    def parse(self, text):
+    def family_of(self, file=None):
+        """The name of the family ``file`` settled on, or None while none has matched."""
+        formats = self._files.get(file)
+        return formats.settled if formats is not None else None
+
+    def forget(self, file):
+        """Drop what is kept for a file that will not be read again."""
+        self._files.pop(file, None)
+
+    def parse(self, text, file=None, worker=None):
         """Records found in ``text``, in order of appearance.
 
-        ``{"k": "metric", "step": int|None, "loss"|"lr"|"step_time"|"tok_s": float, ...}``
-        (only the fields found) and ``{"k": "ckpt", "step": int, "path": str, "bytes": int|None}``.
-        Never raises on junk: lone surrogates, binary, NaN, huge lines (skipped).
+        ``file`` names the log file the text comes from (each file settles on a family) and
+        ``worker`` the process that writes it (its stdout and stderr files share what a family
+        learns, e.g. the Hugging Face bar's step); both default to one anonymous source.
+        ``{"k": "metric", "step": int|None, "loss"|"lr"|"step_time"|"tok_s"|"samples_s"|
+        "tflops": float, ...}`` (only the fields found) and ``{"k": "ckpt", "step": int,
+        "path": str, "bytes": int|None}``. Never raises on junk: lone surrogates, binary, NaN,
+        huge lines (skipped).
         """
         out = []
         if not text:
@@ -155,15 +119,26 @@ class MetricParser:
             text = bytes(text).decode("utf-8", "surrogateescape")
         elif not isinstance(text, str):
             return out
-        if self._user is None:
-            self._parse_lines_with_trigger(text, out)
+        order = self._files.get(file)
+        if order is None:
+            order = self._files[file] = _FileFormats(self._families)
+        state = self._workers.get(worker)
+        if state is None:
+            state = self._workers[worker] = {}
+        if self._user is None and not ("hf" in state and "\r" in text):
+            self._parse_lines_with_trigger(text, order, state, out)
         else:
-            self._parse_every_line(text, out)
+            # A user regex sees every line; so does a Hugging Face worker's bar output, whose
+            # clears (blanks between two \r) hold no keyword but pair dicts with steps.
+            self._parse_every_line(text, order, state, out)
+        for rec in out:
+            if "_bar" in rec:
+                del rec["_bar"]
         return out
 
     # -- line selection -------------------------------------------------------------------
 
-    def _parse_lines_with_trigger(self, text, out):
+    def _parse_lines_with_trigger(self, text, order, state, out):
         # Lines without a keyword are skipped by C-level substring scans and one regex
         # search per interesting line, never by a Python loop over lines.
         low = text.lower()
@@ -175,12 +150,11 @@ class MetricParser:
             return
         trigger = _TRIGGERS.get(present)
         if trigger is None:
-            trigger = _TRIGGERS[present] = re.compile("|".join(present))
+            trigger = _TRIGGERS[present] = re.compile("|".join(re.escape(kw) for kw in present))
         search = trigger.search
-        reference = _REFERENCE.match
+        reference = REFERENCE.match
         find = low.find
         rfind = low.rfind
-        line_segments = self._line
         size = len(text)
         pos = 0
         while True:
@@ -197,119 +171,59 @@ class MetricParser:
                 continue
             ref = reference(text, hit, end)
             if ref is not None and (hit == 0 or not _is_key_char(text[hit - 1])):
-                step, loss, lr, step_time, tok_s = ref.groups()
-                out.append({"k": "metric", "step": int(step), "loss": float(loss),
-                            "lr": float(lr), "step_time": float(step_time),
-                            "tok_s": float(tok_s)})
+                out.append(reference_record(ref))
                 continue
-            line_segments(text[start:end], out)
+            line = text[start:end]
+            if "\r" in line:
+                # tqdm redraws with a bare \r, so one "line" of a log file holds many outputs;
+                # the last piece is the end of the line, not a bar clear.
+                pieces = line.split("\r")
+                last = len(pieces) - 1
+                for i, piece in enumerate(pieces):
+                    if piece and (i < last or not piece.isspace()):
+                        self._segment(piece, order, state, out)
+            else:
+                self._segment(line, order, state, out)
 
-    def _parse_every_line(self, text, out):
-        search_user = self._user.search
+    def _parse_every_line(self, text, order, state, out):
+        search_user = self._user.search if self._user is not None else _no_match
         for line in text.split("\n"):
             if not line or len(line) > MAX_LINE:
                 continue
-            for segment in line.split("\r") if "\r" in line else (line,):
-                if not segment:
+            pieces = line.split("\r") if "\r" in line else (line,)
+            last = len(pieces) - 1
+            for i, segment in enumerate(pieces):
+                if not segment or (i == last and segment.isspace()):
                     continue
-                if "heckpoint" in segment and self._checkpoint(segment, out):
-                    continue
+                tried = False
+                if "heckpoint" in segment:  # a checkpoint line is never a user metric
+                    found = len(out)
+                    self._segment(segment, order, state, out)
+                    if len(out) > found:
+                        continue
+                    tried = True
                 m = search_user(segment)
                 if m is not None:
                     rec = self._user_record(m)
                     if rec is not None:
                         out.append(rec)
                         continue
+                if tried:
+                    continue
                 low = segment.lower()
-                if "step" in low or "loss" in low:
-                    self._segment(segment, out)
+                if segment.isspace() or any(kw in low for kw in _KEYWORDS):
+                    self._segment(segment, order, state, out)
 
-    def _line(self, line, out):
-        # tqdm redraws with a bare \r, so one "line" of a log file can hold several outputs.
-        if "\r" in line:
-            for segment in line.split("\r"):
-                if segment:
-                    self._segment(segment, out)
-        else:
-            self._segment(line, out)
-
-    # -- formats --------------------------------------------------------------------------
-
-    def _segment(self, seg, out):
-        if "heckpoint" in seg and self._checkpoint(seg, out):
-            return
-        if "loss'" in seg or 'loss"' in seg:
-            rec = self._dict_record(seg)
-            if rec is not None:
-                out.append(rec)
+    @staticmethod
+    def _segment(seg, formats, state, out):
+        order = formats.order
+        for i, family in enumerate(order):
+            if family.segment(seg, state, out):
+                if i:
+                    # this file's trainer: try it first from now on
+                    order.insert(0, order.pop(i))
+                formats.settled = family.name
                 return
-        pairs = _KV.findall(seg)
-        if not pairs:
-            return
-        found = {}
-        for key, sep, value in pairs:
-            field = _KV_FIELD.get(key.lower())
-            if field is not None and field not in found:
-                found[field] = (sep, value)
-        has_step = "step" in found
-        rec = {"k": "metric", "step": None}
-        metric = False
-        for field, (sep, value) in found.items():
-            # ``key: value`` is common prose ("lr: see above"); trust it only on a step line.
-            if sep == ":" and not has_step:
-                continue
-            rec[field] = _convert(field, value)
-            if field != "step":
-                metric = True
-        if metric:
-            out.append(rec)
-
-    @staticmethod
-    def _dict_record(seg):
-        if "{" not in seg:
-            return None
-        rec = None
-        for key, value in _DICT_KV.findall(seg):
-            field = _DICT_FIELD[key]
-            if rec is None:
-                rec = {"k": "metric", "step": None}
-            if field not in rec or rec[field] is None:
-                rec[field] = _convert(field, value)
-        # Only a training-loss line is a metric; ``{'train_runtime': .., 'train_loss': ..}``
-        # never matched ``'loss'`` above, and a bare learning-rate dict is not a step.
-        if rec is None or "loss" not in rec:
-            return None
-        return rec
-
-    @staticmethod
-    def _checkpoint(seg, out):
-        if _CKPT_REF.search(seg) is not None:
-            pm = _CKPT_PATH.search(seg)
-            if pm is None:
-                return False
-            path = pm.group(1) if pm.group(1) is not None else pm.group(2)
-            if path is None:
-                nm = _NEXT_KEY.search(seg, pm.end())
-                path = seg[pm.end():nm.start() if nm is not None else len(seg)].rstrip()
-            if not path:
-                return False
-            sm = _CKPT_STEP.search(seg)
-            step = _to_int(sm.group(1)) if sm is not None else _step_from_path(path)
-            if step is None:
-                return False
-            bm = _CKPT_BYTES.search(seg)
-            out.append({"k": "ckpt", "step": step, "path": path,
-                        "bytes": _to_int(bm.group(1)) if bm is not None else None})
-            return True
-        hm = _CKPT_HF.search(seg)
-        if hm is not None:
-            path = hm.group(1).rstrip()
-            step = _step_from_path(path)
-            if step is None:
-                return False
-            out.append({"k": "ckpt", "step": step, "path": path, "bytes": None})
-            return True
-        return False
 
     def _user_record(self, m):
         rec = {"k": "metric", "step": None}
@@ -318,22 +232,26 @@ class MetricParser:
             value = m.group(field)
             if value is None:
                 continue
-            converted = _convert(field, value.strip())
+            converted = convert(field, value.strip())
             rec[field] = converted
             if converted is not None:
                 metric = True
         return rec if metric else None
 
 
+class _FileFormats(object):
+    """The families one file tries, in order, and the one it settled on."""
+
+    __slots__ = ("order", "settled")
+
+    def __init__(self, families):
+        self.order = list(families)
+        self.settled = None
+
+
+def _no_match(_text):
+    return None
+
+
 def _is_key_char(ch):
     return ch.isalnum() or ch in "_/."
-
-
-def _step_from_path(path):
-    # Only the tail: a search for a trailing digit run is quadratic in a long digit run.
-    tail = path[-64:]
-    m = _TRAILING_INT.search(tail)
-    if m is None:
-        # e.g. step_00000050.pt: the number sits before the suffix.
-        m = _SUFFIXED_INT.search(tail)
-    return _to_int(m.group(1)) if m is not None else None

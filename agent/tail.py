@@ -47,12 +47,14 @@ class LogFollower(object):
 
     ``resolve_rank(attempt, local_rank)`` returns the global rank of that worker, or
     ``(rank, extra)`` with more fields for the file record (world size), or None when it is not
-    known (yet).
+    known (yet). ``ignore`` names torchrun start folders not to follow (a node's earlier
+    supervisor followed them already).
     """
 
-    def __init__(self, log_dir, resolve_rank, first_fid=1):
+    def __init__(self, log_dir, resolve_rank, first_fid=1, ignore=()):
         self.log_dir = log_dir
         self.resolve_rank = resolve_rank
+        self.ignore = set(ignore)
         self.files = {}  # path -> FollowedFile (the live one at that path)
         self.closing = []  # replaced/deleted files still being read to EOF
         self.next_fid = first_fid
@@ -82,6 +84,8 @@ class LogFollower(object):
         except OSError:
             return
         for inst in instances:
+            if inst in self.ignore:
+                continue
             inst_dir = os.path.join(self.log_dir, inst)
             try:
                 attempts = os.listdir(inst_dir)
@@ -169,7 +173,9 @@ class LogFollower(object):
                 ff.pending_offset = ff.offset
             data = ff.pending + b"".join(chunks)
             ff.offset += len(data) - len(ff.pending)
-            cut = data.rfind(b"\n") + 1
+            # A bare \r ends a piece too: a tqdm bar redraws with \r and may print no \n for
+            # a whole run, and the metrics parser needs its steps as they come.
+            cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
             if final or len(data) - cut > MAX_PENDING:
                 cut = len(data)
             start = 0
