@@ -1,0 +1,559 @@
+"""Code to the hosts, host side: place the console's tree of files into a workdir.
+
+The console sends a manifest (path, size, mode, sha256 of every file) and the tree hash over
+it; this module answers which files it needs, takes their contents in bounded chunks, and then
+puts them in place. What rankdeck placed is recorded in ``<workdir>/.rankdeck/placed.json``::
+
+    {"version": 1, "tree": H, "files": {path: {"sha256", "size", "mode", "mtime_ns", "own"}},
+     "dirs": [folders rankdeck created]}
+
+Ops (each takes the request's ``args`` and returns the reply's ``data``; a refusal raises
+:class:`SyncError` with a ``kind``):
+
+- :func:`check` ``{workdir, tree}`` -> ``{"same", "workdir"}``: an unchanged tree costs this one
+  round trip. "Same" means the record's tree is ``tree`` and every recorded file still has the
+  size, mtime and mode it was placed with (a stat each, no reading).
+- :func:`plan` ``{session, workdir, tree, entries, more}`` -> ``{"more": true}`` or ``{"need":
+  [indexes into the manifest], "bytes"}``. ``entries`` (``[path, size, mode, sha256]``) may come
+  in several messages; the last (``more`` false) must hash to ``tree``.
+- :func:`put` ``{session, pieces: [[index, offset, base64], ...]}`` -> ``{"done": [indexes]}``:
+  file contents, staged under ``.rankdeck/sync/<session>/``; a file whose last byte arrived is
+  checked against its sha256 at once.
+- :func:`commit` ``{session}`` -> ``{"placed", "removed", "kept"}``: every staged file renamed
+  into place (temp + rename: a reader sees the old file or the new one), modes set, files that
+  rankdeck placed before and that the tree no longer has removed, the record written.
+- :func:`abort` ``{session}`` -> ``{}``: forget a transfer and its staged files.
+
+Safety: paths from the console are refused when absolute, empty, with ``.``/``..`` parts, with a
+NUL, inside ``.git``/``.rankdeck``, or when a folder on the way is a symlink leading out of the
+workdir. Only files marked ``own`` (rankdeck wrote them) are ever removed, and only while their
+content is what rankdeck wrote: a file the user made or changed on the host stays. A host file
+that already has the tree's content is taken as it is (recorded, not ``own``). Folders are
+removed only when rankdeck created them and they are empty.
+
+Standard library only; Python >= 3.8.
+"""
+
+import base64
+import binascii
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import threading
+import time
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Linux/macOS
+    fcntl = None
+
+RECORD_VERSION = 1
+# One message on the wire, encoded: plan and put messages stay under this.
+MAX_MESSAGE = 1 << 20
+# File bytes in one put message: base64 makes 4 of every 3, and the rest is JSON framing.
+MAX_PUT_BYTES = (MAX_MESSAGE - 64 * 1024) // 4 * 3
+SKIP_PARTS = (".git", ".rankdeck")
+STALE_STAGING = 600.0  # seconds before a staging folder no transfer owns is swept
+SESSION_RE = re.compile(r"^[0-9a-f]{8,64}$")
+SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class SyncError(Exception):
+    """A sync request that cannot be done; ``kind`` says what sort.
+
+    ``path``: a path from the console that is not a plain relative path inside the workdir
+    (usually means a bug or a hostile console). ``sha``: a file's bytes do not hash to what the
+    manifest says (usually means the file changed on the laptop while it was being sent).
+    ``conflict``: the host has a folder where the tree has a file, or the reverse. ``usage``:
+    a malformed request (a session the agent does not know usually means the connection
+    dropped mid-transfer: sync again).
+    """
+
+    def __init__(self, message, kind="sync"):
+        super().__init__(message)
+        self.kind = kind
+
+
+# -- the tree hash (the console uses this same function) ------------------------------------
+def tree_hash(entries):
+    """sha256 over the sorted ``(path, size, mode, sha256)`` entries of a manifest."""
+    h = hashlib.sha256()
+    for path, size, mode, sha in sorted(entries, key=lambda e: e[0]):
+        h.update(path.encode("utf-8", "surrogateescape"))
+        h.update(("\0%d\0%o\0%s\n" % (size, mode, sha)).encode("ascii"))
+    return h.hexdigest()
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                return h.hexdigest()
+            h.update(block)
+
+
+def norm_mode(st_mode):
+    """What a manifest keeps of a file's mode: executable or not."""
+    return 0o755 if st_mode & 0o111 else 0o644
+
+
+# -- paths ----------------------------------------------------------------------------------
+def expand_workdir(workdir):
+    """``~``, ``~/x`` and relative workdirs against the login home, as scp and rsync read them."""
+    path = os.path.expanduser(str(workdir or "~"))
+    if not os.path.isabs(path):
+        path = os.path.join(os.path.expanduser("~"), path)
+    return os.path.normpath(path)
+
+
+def check_relpath(path):
+    """Refuse any path that is not a plain relative path under the workdir."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise SyncError("refused path %r: not a relative file path" % (path,), "path")
+    if path.startswith("/"):
+        raise SyncError("refused path %r: absolute" % path, "path")
+    parts = path.split("/")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise SyncError("refused path %r: empty, '.' or '..' part" % path, "path")
+        if part in SKIP_PARTS:
+            raise SyncError("refused path %r: rankdeck never writes into %s/" % (path, part),
+                            "path")
+    return parts
+
+
+def _inside(real_root, path):
+    return path == real_root or path.startswith(real_root.rstrip("/") + "/")
+
+
+class Workdir(object):
+    """A host workdir, and the folders in it already checked not to lead out of it.
+
+    Each folder is resolved once (a tree of thousands of files has tens of folders). The last
+    part of a path may be a symlink: rename replaces the link, never writes through it.
+    """
+
+    def __init__(self, root):
+        self.root = root
+        self.real = os.path.realpath(root)
+        self._checked = {}  # folder (relative) -> inside the workdir?
+        self._present = set()  # folders known to exist (made or checked) in this commit
+
+    def _folder_inside(self, sub):
+        ok = self._checked.get(sub)
+        if ok is None:
+            ok = _inside(self.real, os.path.realpath(os.path.join(self.root, sub)))
+            self._checked[sub] = ok
+        return ok
+
+    def path(self, rel):
+        """The absolute path of ``rel``; refused when a folder on the way leaves the workdir."""
+        check_relpath(rel)
+        if not self._folder_inside(rel.rpartition("/")[0]):
+            raise SyncError("refused path %r: a folder on its way is a symlink out of the "
+                            "workdir" % rel, "path")
+        return os.path.join(self.root, rel)
+
+    def make_parents(self, rel, created):
+        """Create the folders on the way to ``rel``, noting those made (for later removal)."""
+        parts = rel.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            sub = "/".join(parts[:i])
+            if sub in self._present:
+                continue
+            full = os.path.join(self.root, sub)
+            if os.path.isdir(full):
+                self._checked.pop(sub, None)  # it may have changed since the plan looked
+                if not self._folder_inside(sub):
+                    raise SyncError("refused path %r: %s is a symlink out of the workdir"
+                                    % (rel, sub), "path")
+            else:
+                try:
+                    os.mkdir(full)
+                    created.add(sub)
+                except FileExistsError:
+                    if not os.path.isdir(full):
+                        raise SyncError("%s: the host has a file %s where the tree has a "
+                                        "folder" % (rel, sub), "conflict") from None
+            self._present.add(sub)
+
+
+# -- the record of what was placed ----------------------------------------------------------
+def record_path(root):
+    return os.path.join(root, ".rankdeck", "placed.json")
+
+
+def read_record(root):
+    try:
+        with open(record_path(root)) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return {"version": RECORD_VERSION, "tree": None, "files": {}, "dirs": []}
+    if not isinstance(rec, dict) or rec.get("version") != RECORD_VERSION:
+        return {"version": RECORD_VERSION, "tree": None, "files": {}, "dirs": []}
+    rec.setdefault("files", {})
+    rec.setdefault("dirs", [])
+    return rec
+
+
+def write_record(root, rec):
+    path = record_path(root)
+    tmp = "%s.%d.%d.tmp" % (path, os.getpid(), threading.get_ident())
+    with open(tmp, "w") as f:
+        f.write(json.dumps(rec, separators=(",", ":")))  # dumps: the C encoder, dump is not
+    os.replace(tmp, path)
+
+
+def regular_stat(full):
+    """lstat of a plain file, or None (missing, a folder, a symlink...)."""
+    try:
+        st = os.lstat(full)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def same_stat(st, frec):
+    """Does a file still look as recorded (size, mtime, mode)? rsync's quick check."""
+    return (st is not None and st.st_size == frec.get("size")
+            and st.st_mtime_ns == frec.get("mtime_ns") and (st.st_mode & 0o777) == frec.get("mode"))
+
+
+def _stat_record(st, sha, own):
+    return {"sha256": sha, "size": st.st_size, "mode": st.st_mode & 0o777,
+            "mtime_ns": st.st_mtime_ns, "own": own}
+
+
+# -- ops ------------------------------------------------------------------------------------
+def check(args):
+    """Is the workdir's placed tree ``args["tree"]``, untouched since? One stat per file."""
+    root = expand_workdir(args.get("workdir"))
+    rec = read_record(root)
+    same = bool(args.get("tree")) and rec.get("tree") == args.get("tree")
+    if same:
+        for rel, frec in rec["files"].items():
+            if not same_stat(regular_stat(os.path.join(root, rel)), frec):
+                same = False
+                break
+    return {"same": same, "workdir": root}
+
+
+class Transfer(object):
+    """One sync in progress on this connection: the manifest, what is needed, what arrived."""
+
+    def __init__(self, session, root, tree):
+        self.session = session
+        self.root = root
+        self.tree = tree
+        self.entries = []
+        self.need = None  # {index: bytes received}, once the plan is complete
+        self.unchanged = {}  # {index: record} of files the plan found as recorded
+        self.done = set()
+        self.lock = threading.Lock()
+        self.staging = os.path.join(root, ".rankdeck", "sync", session)
+
+    def staged(self, index):
+        return os.path.join(self.staging, str(index))
+
+
+class Transfers(object):
+    """The transfers of one serve process (one connection), by session id; thread-safe."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_session = {}
+
+    def get(self, session):
+        with self.lock:
+            tr = self.by_session.get(session)
+        if tr is None:
+            raise SyncError("no sync transfer %r here (the connection dropped mid-transfer?): "
+                            "sync again" % (session,), "usage")
+        return tr
+
+    def pop(self, session):
+        with self.lock:
+            return self.by_session.pop(session, None)
+
+    def sessions(self):
+        with self.lock:
+            return set(self.by_session)
+
+
+def _check_entry(entry):
+    if not (isinstance(entry, list) and len(entry) == 4):
+        raise SyncError("malformed manifest entry %r" % (entry,), "usage")
+    path, size, mode, sha = entry
+    check_relpath(path)
+    if not isinstance(size, int) or size < 0 or mode not in (0o644, 0o755) \
+            or not (isinstance(sha, str) and SHA_RE.match(sha)):
+        raise SyncError("malformed manifest entry %r" % (entry,), "usage")
+    return path, size, mode, sha
+
+
+def _sweep_staging(root, live):
+    """Staging folders of transfers that died with their connection (none of ours, old)."""
+    base = os.path.join(root, ".rankdeck", "sync")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            old = now - os.lstat(path).st_mtime > STALE_STAGING
+        except OSError:
+            continue
+        if name not in live and old:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def plan(transfers, args):
+    """Take (part of) the manifest; on its last part answer which files the host needs."""
+    session = args.get("session")
+    if not (isinstance(session, str) and SESSION_RE.match(session)):
+        raise SyncError("malformed sync session %r" % (session,), "usage")
+    with transfers.lock:
+        tr = transfers.by_session.get(session)
+        if tr is None:
+            tr = Transfer(session, expand_workdir(args.get("workdir")), args.get("tree"))
+            transfers.by_session[session] = tr
+    if tr.need is not None:
+        raise SyncError("sync %s already has its plan" % session, "usage")
+    try:
+        for entry in args.get("entries") or []:
+            tr.entries.append(_check_entry(entry))
+    except SyncError:
+        transfers.pop(session)
+        raise
+    if args.get("more"):
+        return {"more": True}
+    try:
+        return _plan_complete(transfers, tr)
+    except BaseException:
+        transfers.pop(session)
+        raise
+
+
+def _plan_complete(transfers, tr):
+    if tree_hash(tr.entries) != tr.tree:
+        raise SyncError("the manifest does not hash to its tree %s (cut short?)" % tr.tree,
+                        "usage")
+    if len({e[0] for e in tr.entries}) != len(tr.entries):
+        raise SyncError("the manifest names a path twice", "usage")
+    os.makedirs(os.path.join(tr.root, ".rankdeck", "sync"), exist_ok=True)
+    workdir = Workdir(tr.root)
+    _sweep_staging(tr.root, transfers.sessions())
+    rec = read_record(tr.root)
+    need = {}
+    for i, (path, size, _mode, sha) in enumerate(tr.entries):
+        full = workdir.path(path)
+        frec = rec["files"].get(path)
+        st = regular_stat(full)
+        if frec and frec.get("sha256") == sha and same_stat(st, frec):
+            tr.unchanged[i] = frec
+            continue
+        if st is not None and st.st_size == size and file_sha256(full) == sha:
+            continue  # the host already has these bytes: commit records them as they are
+        need[i] = 0
+    os.makedirs(tr.staging, exist_ok=True)
+    tr.need = need
+    return {"need": sorted(need), "bytes": sum(tr.entries[i][1] for i in need)}
+
+
+def put(transfers, args):
+    """Write pieces of needed files into staging; check each completed file's sha256."""
+    tr = transfers.get(args.get("session"))
+    if tr.need is None:
+        raise SyncError("sync %s: contents before the plan" % tr.session, "usage")
+    pieces = args.get("pieces") or []
+    decoded = []
+    total = 0
+    for piece in pieces:
+        try:
+            index, offset, text = piece
+            data = base64.b64decode(text.encode("ascii"), validate=True)
+        except (ValueError, TypeError, binascii.Error):
+            raise SyncError("malformed piece in sync %s" % tr.session, "usage") from None
+        total += len(data)
+        if index not in tr.need:
+            raise SyncError("sync %s: file %r was not asked for" % (tr.session, index), "usage")
+        size = tr.entries[index][1]
+        if not isinstance(offset, int) or offset < 0 or offset + len(data) > size:
+            raise SyncError("sync %s: piece beyond the end of %s" % (
+                tr.session, tr.entries[index][0]), "usage")
+        decoded.append((index, offset, data))
+    if total > MAX_PUT_BYTES:
+        raise SyncError("sync %s: %d bytes in one message, at most %d"
+                        % (tr.session, total, MAX_PUT_BYTES), "usage")
+    done = []
+    for index, offset, data in decoded:
+        fd = os.open(tr.staged(index), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
+        with tr.lock:
+            tr.need[index] += len(data)
+            complete = tr.need[index] >= tr.entries[index][1] and index not in tr.done
+            if complete:
+                tr.done.add(index)
+        if complete:
+            path, _size, _mode, sha = tr.entries[index]
+            got = file_sha256(tr.staged(index))
+            if got != sha:
+                transfers.pop(tr.session)
+                shutil.rmtree(tr.staging, ignore_errors=True)
+                raise SyncError("%s: received bytes hash to %s, the manifest says %s (changed "
+                                "on the laptop while sending?); nothing was placed"
+                                % (path, got[:12], sha[:12]), "sha")
+            done.append(index)
+    return {"done": done}
+
+
+class _WorkdirLock(object):
+    """Serialises commits into one workdir (two consoles, or hosts sharing a home over NFS)."""
+
+    def __init__(self, root):
+        self.path = os.path.join(root, ".rankdeck", "sync.lock")
+        self.fd = None
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        if fcntl is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # closing drops the lock
+
+
+def _place(tr, index, full):
+    """Rename the staged file over ``full`` (across file systems: copy next to it first)."""
+    staged = tr.staged(index)
+    os.chmod(staged, tr.entries[index][2])
+    if os.path.isdir(full) and not os.path.islink(full):
+        raise SyncError("%s: the host has a folder where the tree has a file"
+                        % tr.entries[index][0], "conflict")
+    try:
+        os.replace(staged, full)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        tmp = "%s.rankdeck-%s.tmp" % (full, tr.session)
+        shutil.copy2(staged, tmp)
+        os.replace(tmp, full)
+
+
+def _remove_stale(workdir, rec, keep_paths):
+    """Remove files rankdeck wrote that the tree no longer has, if still as it wrote them."""
+    removed, kept = [], []
+    for rel, frec in sorted(rec["files"].items()):
+        if rel in keep_paths:
+            continue
+        if not frec.get("own"):
+            continue  # the user's file, merely identical to the tree's once: never removed
+        try:
+            full = workdir.path(rel)
+        except SyncError:
+            kept.append(rel)
+            continue
+        st = regular_stat(full)
+        if st is None:
+            continue  # gone already, or not a plain file any more: nothing of ours to remove
+        if same_stat(st, frec) or file_sha256(full) == frec.get("sha256"):
+            try:
+                os.remove(full)
+                removed.append(rel)
+            except FileNotFoundError:
+                pass
+        else:
+            kept.append(rel)  # changed on the host since: the user's now
+    return removed, kept
+
+
+def commit(transfers, args):
+    """Put every staged file in place, remove what rankdeck placed and the tree dropped."""
+    tr = transfers.get(args.get("session"))
+    if tr.need is None:
+        raise SyncError("sync %s: commit before the plan" % tr.session, "usage")
+    missing = [tr.entries[i][0] for i in tr.need if i not in tr.done]
+    if missing:
+        raise SyncError("sync %s: %d file(s) not received, e.g. %s"
+                        % (tr.session, len(missing), missing[0]), "usage")
+    try:
+        with _WorkdirLock(tr.root):
+            return _commit_locked(tr)
+    finally:
+        transfers.pop(tr.session)
+        shutil.rmtree(tr.staging, ignore_errors=True)
+
+
+def _commit_locked(tr):
+    root = tr.root
+    workdir = Workdir(root)
+    rec = read_record(root)
+    created = set(rec["dirs"])
+    files = {}
+    for i, (path, _size, mode, sha) in enumerate(tr.entries):
+        frec = tr.unchanged.get(i)
+        if frec is not None and frec.get("mode") == mode:
+            files[path] = frec  # as the plan saw it a moment ago: no need to look again
+            continue
+        full = workdir.path(path)
+        workdir.make_parents(path, created)
+        if i in tr.need:
+            _place(tr, i, full)
+            own = True
+        else:
+            old = rec["files"].get(path)
+            own = bool(old and old.get("own") and old.get("sha256") == sha)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                raise SyncError("%s changed on the host during the sync: sync again" % path,
+                                "conflict") from None
+            if (st.st_mode & 0o777) != mode:
+                os.chmod(full, mode)
+        files[path] = _stat_record(os.lstat(full), sha, own)
+    removed, kept = _remove_stale(workdir, rec, files)
+    dirs = []
+    wanted = {"/".join(p.split("/")[:k]) for p in files for k in range(1, p.count("/") + 1)}
+    for sub in sorted(created, key=lambda d: -d.count("/")):
+        if sub not in wanted:
+            try:
+                os.rmdir(os.path.join(root, sub))
+                continue
+            except OSError:
+                pass  # not empty (the user's files), or gone: keep noting it
+        if os.path.isdir(os.path.join(root, sub)):
+            dirs.append(sub)
+    write_record(root, {"version": RECORD_VERSION, "tree": tr.tree, "files": files,
+                        "dirs": sorted(dirs)})
+    return {"placed": len(tr.need), "removed": removed, "kept": kept, "workdir": root}
+
+
+def abort(transfers, args):
+    """Forget a transfer; its staged files go, the workdir is as before."""
+    tr = transfers.pop(args.get("session"))
+    if tr is not None:
+        shutil.rmtree(tr.staging, ignore_errors=True)
+    return {}
+
+
+OPS = ("sync_check", "sync_plan", "sync_put", "sync_commit", "sync_abort")
+
+
+def request(transfers, op, args):
+    """Run one sync op by its protocol name; what serve's dispatch calls."""
+    if op == "sync_check":
+        return check(args)
+    fn = {"sync_plan": plan, "sync_put": put, "sync_commit": commit, "sync_abort": abort}[op]
+    return fn(transfers, args)
