@@ -1,7 +1,10 @@
-"""Host facts for preflight: Python, torch/CUDA/NCCL, GPUs, disk, hostname, clock.
+"""Host facts for preflight: Python, torch/CUDA/NCCL, GPUs, disk, hostname, clock, and
+whether the workdir, the interpreter and the script are there.
 
 The agent does not import torch: the training interpreter is asked in a subprocess, which
-also proves that interpreter can import torch at all.
+also proves that interpreter can import torch at all. Paths are read as the host reads them
+(agent/hostpaths.py): ``~`` is this host's home, a relative workdir is relative to it, a
+relative script is relative to the workdir.
 """
 
 import json
@@ -14,6 +17,7 @@ import threading
 import time
 
 from .gpu import GpuProbe
+from .hostpaths import host_path, python_exists, shell_word
 
 TORCH_PROBE = r"""
 import json, sys
@@ -38,6 +42,16 @@ print(json.dumps(out))
 """
 
 
+MODULE_PROBE = r"""
+import importlib.util, json, sys
+try:
+    found = importlib.util.find_spec(sys.argv[1]) is not None
+    print(json.dumps({"found": found}))
+except Exception as exc:  # a parent package that fails to import, say
+    print(json.dumps({"found": False, "error": "%s: %s" % (type(exc).__name__, exc)}))
+"""
+
+
 def probe_python(python, timeout=90.0):
     """What the training interpreter says about itself and torch."""
     try:
@@ -57,6 +71,44 @@ def probe_python(python, timeout=90.0):
         return {"python_error": "%s printed no answer" % python}
 
 
+def workdir_facts(workdir):
+    """Where the run will work: the expanded path, whether it exists and can be written."""
+    return {"workdir": workdir, "workdir_exists": os.path.isdir(workdir),
+            "workdir_writable": os.path.isdir(workdir) and os.access(workdir, os.W_OK | os.X_OK)}
+
+
+def python_facts(python):
+    """The training interpreter as found here: ``python_path`` (None: not found)."""
+    python = python or sys.executable
+    found = python_exists(python)
+    return {"python_path": found, "python_exists": found is not None}
+
+
+def script_facts(script, module, workdir, python, timeout=60.0):
+    """Whether the script file (or ``-m`` module, as the host's python finds it from the
+    workdir) is on this host. A missing one usually means the code was not copied there."""
+    if module:
+        out = {"script": script, "script_module": True}
+        if not python:
+            out.update(script_exists=None, script_error="no python to look the module up with")
+            return out
+        try:
+            res = subprocess.run([python, "-c", MODULE_PROBE, script], cwd=workdir,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, timeout=timeout)
+            answer = json.loads(res.stdout.decode().strip().splitlines()[-1])
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+            out.update(script_exists=None, script_error="could not look the module up: %s" % exc)
+            return out
+        out["script_exists"] = bool(answer.get("found"))
+        if answer.get("error"):
+            out["script_error"] = answer["error"]
+        return out
+    path = os.path.join(workdir, shell_word(script))
+    return {"script": os.path.normpath(path), "script_module": False,
+            "script_exists": os.path.isfile(path)}
+
+
 def host_facts(args):
     facts = {"hostname": socket.gethostname(), "time": time.time(),
              "agent_python": "%d.%d.%d" % sys.version_info[:3]}
@@ -65,9 +117,9 @@ def host_facts(args):
     except OSError as exc:
         facts["hostname_resolves"] = None
         facts["hostname_error"] = str(exc)
-    workdir = os.path.expanduser(args.get("workdir") or "~")
-    facts["workdir"] = workdir
-    facts["workdir_exists"] = os.path.isdir(workdir)
+    workdir = host_path(args.get("workdir") or "~")
+    facts.update(workdir_facts(workdir))
+    facts.update(python_facts(args.get("python")))
     try:
         usage = shutil.disk_usage(workdir if facts["workdir_exists"] else
                                   os.path.dirname(workdir.rstrip("/")) or "/")
@@ -82,7 +134,10 @@ def host_facts(args):
                       if g.get("mem_total") is not None and g.get("mem_used") is not None
                       else None} for g in gpu.get("gpus", [])]
     if args.get("python") is not None:
-        facts.update(probe_python(args.get("python")))
+        facts.update(probe_python(facts["python_path"] or args.get("python")))
+    if args.get("script"):
+        facts.update(script_facts(args["script"], bool(args.get("module")), workdir,
+                                  facts["python_path"]))
     facts["time_after"] = time.time()
     return facts
 

@@ -102,6 +102,26 @@ def environ(pid):
     return env
 
 
+def worker_rank(root, attempt, local_rank):
+    """``(rank, world_size, pid)`` of the live worker below ``root`` with that local rank in
+    torchrun restart ``attempt`` (the newest if several), from its environment; else None."""
+    best = None
+    for pid in descendants(root):
+        env = environ(pid)
+        if env.get("LOCAL_RANK") != str(local_rank):
+            continue
+        if env.get("TORCHELASTIC_RESTART_COUNT", "0") != str(attempt):
+            continue
+        rank = env.get("RANK")
+        if rank is None or not rank.isdigit():
+            continue
+        info = stat(pid)
+        if info and (best is None or info.starttime > best[0]):
+            size = env.get("WORLD_SIZE", "")
+            best = (info.starttime, int(rank), int(size) if size.isdigit() else None, pid)
+    return None if best is None else best[1:]
+
+
 def marked(value, procs=None):
     """PIDs whose environment carries ``RANKDECK_RUN=<value>``."""
     needle = ("%s=%s\0" % (MARKER, value)).encode()

@@ -29,7 +29,6 @@ BATCH_BYTES = 64 * 1024
 # Requests (``op``) a serve process understands.
 OPS = (
     "ping",
-    "facts",
     "preflight",
     "store_start",
     "store_stop",
@@ -45,7 +44,25 @@ OPS = (
     "probe_tcp",
     "listen",
     "unlisten",
+    # code to the hosts (agent/sync.py)
+    "sync_check",
+    "sync_plan",
+    "sync_put",
+    "sync_commit",
+    "sync_abort",
 )
+
+
+class RequestError(Exception):
+    """A request the agent cannot do; ``kind`` (sent as the answer's ``kind``) says what sort.
+
+    Usually means the console asked for something this host's state does not allow (a node
+    already running, a run folder that is not there) or a wait ran out.
+    """
+
+    def __init__(self, message, kind="error"):
+        super().__init__(message)
+        self.kind = kind
 
 
 class ProtocolError(Exception):
@@ -61,6 +78,8 @@ def decode(line):
     """Parse one line; raises ProtocolError with the start of the line when it is not a message."""
     try:
         msg = json.loads(line)
+    except RecursionError:  # JSON nested deeper than the interpreter's stack
+        raise ProtocolError("a message nested too deeply") from None
     except ValueError:
         shown = line[:200].decode("utf-8", "replace") if isinstance(line, bytes) else line[:200]
         raise ProtocolError("not a protocol message: %r" % shown) from None

@@ -1,61 +1,37 @@
 """One per SSH connection (or local pipe): speaks the protocol on stdin/stdout, dies with it.
 
-`serve` holds nothing that matters: runs belong to their supervisors. When stdin closes (the
-connection dropped, the console quit) serve exits and the training carries on. Requests are
-handled on threads so a slow one (a stop waiting out a grace period) never holds up the log
-stream; every pushed message goes through one writer lock.
+`serve` holds nothing that matters: runs belong to their supervisors (started, signalled and
+read by agent/node.py). When stdin closes (the connection dropped, the console quit) serve
+exits and the training carries on. This module dispatches requests (``op_<name>``) and pushes
+what is new in subscribed journals. Requests are handled on threads so a slow one (a stop
+waiting out a grace period) never holds up the log stream; every pushed message goes through
+one writer lock.
 """
 
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 
-from . import procs, protocol
+from . import node, protocol, sync
 from .gpu import GpuProbe
+from .hostpaths import host_path, host_python
 from .journal import JournalReader, read_back
+from .preflight import Listener, host_facts
+from .protocol import RequestError
+from .stacks import dump_stacks
 from .store import start_store, stop_store
-from .supervisor import log_tail, read_json
-from .version import HERE, agent_version
+from .version import agent_version
 
-AGENT_PARENT = os.path.dirname(HERE)
 POLL = 0.02
 STATE_POLL = 0.25
 
 
-class RequestError(Exception):
-    """A request that cannot be done; ``kind`` tells the console what sort of failure."""
-
-    def __init__(self, message, kind="error"):
-        super().__init__(message)
-        self.kind = kind
-
-
-def node_dir(args):
-    return os.path.join(os.path.expanduser(args["run_root"]), args["node"])
-
-
-def supervisor_alive(state):
-    return bool(state) and procs.alive(state.get("pid", -1), state.get("starttime"))
-
-
-def node_state(ndir):
-    """state.json plus whether its supervisor still lives (``alive``)."""
-    state = read_json(os.path.join(ndir, "state.json"))
-    if state is None:
-        return None
-    state["alive"] = supervisor_alive(state)
-    if not state["alive"] and state.get("state") in ("starting", "running", "restarting",
-                                                       "stopping"):
-        # The supervisor died without recording an end (SIGKILL, host reboot).
-        state["state"] = "lost"
-    return state
-
-
 class Subscription(object):
+    """One console's reading position in one node's journal."""
+
     def __init__(self, sub_id, ndir, offset, quiet_until=0):
         self.sub_id = sub_id
         self.quiet_until = quiet_until  # data records starting before this are not sent
@@ -75,6 +51,7 @@ class Server(object):
         self.gpu_interval = 1.0
         self.closed = threading.Event()
         self.listeners = {}
+        self.syncs = sync.Transfers()  # --sync transfers of this connection (agent/sync.py)
 
     # -- output ----------------------------------------------------------------------------
     def send(self, msg):
@@ -111,14 +88,7 @@ class Server(object):
     def op_ping(self, args):
         return {"time": time.time()}
 
-    def op_facts(self, args):
-        from .preflight import host_facts
-
-        return host_facts(args)
-
     def op_preflight(self, args):
-        from .preflight import host_facts
-
         return host_facts(args)
 
     def op_probe_tcp(self, args):
@@ -134,8 +104,6 @@ class Server(object):
 
     def op_listen(self, args):
         """A throwaway TCP listener so other nodes can prove they reach this one."""
-        from .preflight import Listener
-
         try:
             lis = Listener(args["addr"], int(args.get("port", 0)))
         except OSError as exc:
@@ -150,125 +118,57 @@ class Server(object):
         return {}
 
     def op_store_start(self, args):
-        root = os.path.expanduser(args["run_root"])
+        root = host_path(args["run_root"])
         try:
-            return start_store(root, args["addr"], args.get("python"), int(args.get("port", 0)))
+            return start_store(root, args["addr"], host_python(args.get("python")),
+                               int(args.get("port", 0)))
         except RuntimeError as exc:
             raise RequestError(str(exc), "store")
 
     def op_store_stop(self, args):
-        return stop_store(os.path.expanduser(args["run_root"]))
+        return stop_store(host_path(args["run_root"]))
 
+    # -- code to the hosts (agent/sync.py) --------------------------------------------------
+    def _sync(self, op, args):
+        try:
+            return sync.request(self.syncs, op, args)
+        except sync.SyncError as exc:
+            raise RequestError(str(exc), exc.kind)
+
+    def op_sync_check(self, args):
+        return self._sync("sync_check", args)
+
+    def op_sync_plan(self, args):
+        return self._sync("sync_plan", args)
+
+    def op_sync_put(self, args):
+        return self._sync("sync_put", args)
+
+    def op_sync_commit(self, args):
+        return self._sync("sync_commit", args)
+
+    def op_sync_abort(self, args):
+        return self._sync("sync_abort", args)
+
+    # -- the node's run (agent/node.py) ----------------------------------------------------
     def op_start(self, args):
-        ndir = node_dir(args)
-        state = node_state(ndir)
-        if state and state["alive"]:
-            raise RequestError("node %s of run %s is already running (supervisor pid %s)"
-                               % (args["node"], state.get("run_id"), state.get("pid")),
-                               "conflict")
-        return self._spawn_supervisor(ndir, args["spec"])
-
-    def _spawn_supervisor(self, ndir, spec):
-        os.makedirs(os.path.join(ndir, "torchrun"), exist_ok=True)
-        spec = dict(spec)
-        spec.setdefault("log_dir", os.path.join(ndir, "torchrun"))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = AGENT_PARENT + (
-            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        before = read_json(os.path.join(ndir, "state.json"), {}) or {}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agent", "supervisor", ndir],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env=env, cwd=ndir,
-        )
-        # The spec (with secrets) goes through the pipe: never a file, never a command line.
-        proc.stdin.write(protocol.encode(spec))
-        proc.stdin.close()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            state = node_state(ndir)
-            if state and state.get("pid") == proc.pid and state.get("launches", 0) > before.get(
-                    "launches", 0):
-                threading.Thread(target=proc.wait, daemon=True).start()  # reap if it ends
-                return state
-            if proc.poll() is not None:
-                raise RequestError("supervisor exited with code %s: %s" % (
-                    proc.returncode, log_tail(os.path.join(ndir, "supervisor.log"))), "agent")
-            time.sleep(0.02)
-        raise RequestError("supervisor did not report within 30 s; see %s/supervisor.log"
-                           % ndir, "timeout")
-
-    def _signal_and_wait(self, ndir, sig, done, timeout):
-        state = node_state(ndir)
-        if not state:
-            raise RequestError("no such run or node here: %s" % ndir, "missing")
-        if not state["alive"]:
-            return state
-        os.kill(state["pid"], sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            now = node_state(ndir)
-            if now and done(state, now):
-                return now
-            time.sleep(0.05)
-        raise RequestError("node did not finish within %d s; state %s"
-                           % (timeout, (node_state(ndir) or {}).get("state")), "timeout")
+        return node.start(args)
 
     def op_stop(self, args):
-        ndir = node_dir(args)
-        timeout = float(args.get("timeout", 90))
-        state = self._signal_and_wait(ndir, signal.SIGTERM, lambda old, new: not new["alive"],
-                                      timeout)
-        # Belt and braces: anything still marked as this run's (the supervisor may have been
-        # SIGKILLed earlier) is killed here, and what is left is reported.
-        marker = "%s/%s" % (state.get("run_id"), state.get("node"))
-        report = procs.kill_run(None, marker, grace=2.0)
-        state["left"] = procs.run_pids(None, marker)
-        state["sweep"] = report
-        return state
+        return node.stop(args)
 
     def op_restart(self, args):
-        ndir = node_dir(args)
-        state = node_state(ndir)
-        if state and state["alive"]:
-            return self._signal_and_wait(
-                ndir, signal.SIGUSR1,
-                lambda old, new: new.get("launches", 0) > old.get("launches", 0)
-                or not new["alive"], float(args.get("timeout", 90)))
-        if not args.get("spec"):
-            raise RequestError("node %s is not running here; restart needs the run spec"
-                               % args["node"], "missing")
-        marker = "%s/%s" % (args["spec"]["run_id"], args["node"])
-        procs.kill_run(None, marker, grace=2.0)
-        return self._spawn_supervisor(ndir, dict(args["spec"], restarted=True))
+        return node.restart(args)
 
     def op_state(self, args):
-        ndir = node_dir(args)
-        state = node_state(ndir) or {"state": "missing"}
-        try:
-            state["journal_size"] = os.path.getsize(os.path.join(ndir, "journal"))
-        except OSError:
-            state["journal_size"] = 0
-        return state
+        return node.state_of(args)
 
     def op_runs(self, args):
-        root = os.path.expanduser(args["runs_dir"])
-        out = []
-        try:
-            names = sorted(os.listdir(root))
-        except OSError:
-            return {"runs": []}
-        for run_id in names:
-            nodes = {}
-            for node in sorted(os.listdir(os.path.join(root, run_id))):
-                st = node_state(os.path.join(root, run_id, node))
-                if st:
-                    nodes[node] = st.get("state")
-            out.append({"run_id": run_id, "nodes": nodes})
-        return {"runs": out}
+        return node.runs(args)
 
+    # -- journals --------------------------------------------------------------------------
     def op_subscribe(self, args):
-        ndir = node_dir(args)
+        ndir = node.node_dir(args)
         sub_id = args.get("sub") or args["node"]
         sub = Subscription(sub_id, ndir, int(args.get("offset", 0)),
                            int(args.get("quiet_until", 0)))
@@ -288,16 +188,14 @@ class Server(object):
 
     def op_scrollback(self, args):
         """Log data older than a console keeps: the newest records of some files before an offset."""
-        path = os.path.join(node_dir(args), "journal")
+        path = os.path.join(node.node_dir(args), "journal")
         want = min(int(args.get("bytes", 256 * 1024)), protocol.BATCH_BYTES * 8)
         records, start = read_back(path, int(args["before"]), args["files"], want,
                                    int(args.get("since", 0)))
         return {"recs": self._wire(records), "start": start}
 
     def op_stacks(self, args):
-        from .stacks import dump_stacks
-
-        return dump_stacks(node_dir(args), args)
+        return dump_stacks(node.node_dir(args), args)
 
     # -- pushed streams --------------------------------------------------------------------
     @staticmethod
@@ -320,7 +218,7 @@ class Server(object):
             # state.json is read BEFORE the journal is drained and sent only once it is: the
             # records written before that state (a node's last lines, its "ended") go first.
             check = now - sub.last_state_check >= STATE_POLL
-            state = node_state(sub.ndir) if check else None
+            state = node.node_state(sub.ndir) if check else None
             drained = False
             budget = protocol.BATCH_BYTES * 4
             while budget > 0:

@@ -13,7 +13,8 @@ import subprocess
 import time
 
 from . import procs
-from .supervisor import read_json
+from .hostpaths import host_python
+from .runfiles import read_json
 
 PYSPY_TIMEOUT = 15.0
 FAULTHANDLER_WAIT = 1.5
@@ -118,7 +119,7 @@ def dump_stacks(ndir, args):
     pid = state.get("pid")
     if not pid or not procs.alive(pid, state.get("starttime")):
         return {"ranks": [], "error": "the node's run is not running"}
-    py_spy = find_py_spy(args.get("python"))
+    py_spy = find_py_spy(host_python(args.get("python")))
     out = []
     for w in workers(pid):
         w.update(dump_one(w, py_spy))

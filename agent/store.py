@@ -12,7 +12,7 @@ import sys
 import time
 
 from . import procs
-from .supervisor import log_tail, read_json, write_json_atomic
+from .runfiles import log_tail, read_json, write_json_atomic
 
 STORE_SCRIPT = r"""
 import json, os, sys, time

@@ -11,6 +11,10 @@ line). It outlives the SSH connection and the laptop. Its files, in the node's r
 
 Signals: SIGTERM stops the node's run (verified kill, see procs.kill_run); SIGUSR1 restarts
 torchrun (kill, then start again into the same rendezvous).
+
+Each file's global rank comes from torchrun's own record of its worker group
+(agent/torchrun_log.py), else from the worker's environment; a failure's cause is built by
+agent/cause.py. Paths in the spec are already absolute here (agent/hostpaths.py, in node.py).
 """
 
 import json
@@ -19,66 +23,17 @@ import signal
 import sys
 import time
 
-from . import procs
+from . import cause, procs
 from .gpu import GpuProbe, gpu_pids_memory
 from .journal import JournalWriter
 from .metrics import MetricParser
+from .runfiles import read_json, write_json_atomic
 from .tail import LogFollower
+from .torchrun_log import TorchrunLog, with_rank_record
 
 POLL = 0.02
 ORPHAN_GRACE = 3.0
-
-
-def write_json_atomic(path, obj):
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path, default=None):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return default
-
-
-def log_tail(path, size=2000):
-    """The last ``size`` bytes of a log file as text ("" when it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def find_error_files(log_dir, instance):
-    """torchrun's per-worker error.json files of one torchrun start, oldest failure first."""
-    found = []
-    base = os.path.join(log_dir, instance)
-    for root, _dirs, files in os.walk(base):
-        if "error.json" in files:
-            path = os.path.join(root, "error.json")
-            data = read_json(path, {})
-            msg = data.get("message", {})
-            if isinstance(msg, dict):
-                text = msg.get("message", "")
-                ts = (msg.get("extraInfo") or {}).get("timestamp", "0")
-            else:
-                text, ts = str(msg), "0"
-            parts = root.rstrip("/").split("/")
-            try:
-                local_rank = int(parts[-1])
-                attempt = int(parts[-2].split("_")[1])
-            except (ValueError, IndexError):
-                local_rank, attempt = None, None
-            found.append((int(ts) if str(ts).isdigit() else 0, local_rank, attempt, text, path))
-    found.sort()
-    return found
+STDERR_TAIL = 16 * 1024  # bytes of each worker's stderr kept for the cause of a failure
 
 
 def gpu_after_kill(probe, run_pids, wait=5.0):
@@ -123,13 +78,21 @@ class Supervisor(object):
         }
         self.journal = JournalWriter(os.path.join(self.node_dir, "journal"))
         self.log_dir = spec["log_dir"]
+        try:  # a restarted node's earlier torchrun starts: its last supervisor journaled them
+            earlier = os.listdir(self.log_dir)
+        except OSError:
+            earlier = []
         self.follower = LogFollower(self.log_dir, self._resolve_rank,
-                                    first_fid=previous.get("next_fid", 1))
+                                    first_fid=previous.get("next_fid", 1), ignore=earlier)
         self.parser = MetricParser(spec.get("metrics_regex"))
         self.torchrun = None  # pid
         self.instance_before = set()
         self.requests = []
-        self.ranks = {}  # fid -> rank, for error attribution
+        self.ranks = {}  # fid -> (rank, local_rank, attempt, instance, stream)
+        self.stderr_tails = {}  # fid -> the last bytes of a worker's stderr
+        self.torchrun_log = TorchrunLog(os.path.join(self.node_dir, "torchrun.log"))
+        env = spec.get("env") or {}
+        self.secrets = [env[k] for k in spec.get("secret_env") or () if env.get(k)]
 
     # -- journal ---------------------------------------------------------------------------
     def event(self, what, **fields):
@@ -146,11 +109,16 @@ class Supervisor(object):
             kind = meta["k"]
             if kind == "file":
                 self.ranks[meta["f"]] = (meta.get("rank"), meta.get("local_rank"),
-                                         meta.get("attempt"), meta.get("instance"))
+                                         meta.get("attempt"), meta.get("instance"),
+                                         meta.get("stream"))
             elif kind == "data" and data and self._is_worker(meta["f"]):
+                if self.ranks[meta["f"]][4] == "stderr":
+                    tail = self.stderr_tails.get(meta["f"], b"") + data
+                    self.stderr_tails[meta["f"]] = tail[-STDERR_TAIL:]
                 text = data.decode("utf-8", "surrogateescape")
                 try:
-                    parsed = self.parser.parse(text)
+                    # the worker (local rank, attempt, instance) ties its stdout to its stderr
+                    parsed = self.parser.parse(text, meta["f"], self.ranks[meta["f"]][1:4])
                 except Exception as exc:  # a parser bug must never stop the journal
                     parsed = []
                     self.log("metrics parser failed: %r" % (exc,))
@@ -166,22 +134,20 @@ class Supervisor(object):
         return info is not None and info[1] is not None
 
     def _resolve_rank(self, attempt, local_rank):
-        best = None
-        for pid in procs.descendants(os.getpid()):
-            env = procs.environ(pid)
-            if env.get("LOCAL_RANK") != str(local_rank):
-                continue
-            if env.get("TORCHELASTIC_RESTART_COUNT", "0") != str(attempt):
-                continue
-            rank = env.get("RANK")
-            if rank is None or not rank.isdigit():
-                continue
-            info = procs.stat(pid)
-            if info and (best is None or info.starttime > best[0]):
-                size = env.get("WORLD_SIZE", "")
-                best = (info.starttime, int(rank), int(size) if size.isdigit() else None, pid)
-        # the worker's pid: the console matches it to the pids NVML sees on each GPU
-        return None if best is None else (best[1], {"world_size": best[2], "pid": best[3]})
+        """The global rank of a worker's files: torchrun's record first (it outlives a worker
+        of milliseconds), its environment second; the worker's pid when it still runs (the
+        console matches it to the pids NVML sees on each GPU)."""
+        known = self.torchrun_log.rank_of(attempt, local_rank)
+        live = procs.worker_rank(os.getpid(), attempt, local_rank)
+        if known is not None:
+            rank, size = known
+            extra = {"world_size": size}
+            if live is not None and live[0] == rank:
+                extra["pid"] = live[2]
+            return rank, extra
+        if live is not None:
+            return live[0], {"world_size": live[1], "pid": live[2]}
+        return None
 
     # -- state -----------------------------------------------------------------------------
     def save(self, **changes):
@@ -211,10 +177,11 @@ class Supervisor(object):
             self.instance_before = set(os.listdir(self.log_dir))
         except OSError:
             self.instance_before = set()
+        self.torchrun_log.new_launch()  # ranks and failures of this torchrun only
         out = os.open(os.path.join(self.node_dir, "torchrun.log"),
                       os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         devnull = os.open(os.devnull, os.O_RDONLY)
-        argv = self.spec["argv"]
+        argv = with_rank_record(self.spec["argv"])
         pid = os.fork()
         if pid == 0:  # child: torchrun in its own process group, output to the file
             try:
@@ -244,22 +211,38 @@ class Supervisor(object):
         return new[-1] if new else None
 
     def root_cause(self, code):
+        """Why torchrun ended with ``code`` (agent/cause.py): {"message", "rank", ...}."""
         inst = self.current_instance()
         if inst is None:
-            return {"message": "torchrun exited with code %s before starting workers; see "
-                               "torchrun.log" % code, "rank": None}
-        errors = find_error_files(self.log_dir, inst)
-        if not errors:
-            return {"message": "torchrun exited with code %s; no worker error file (see the "
-                               "rank logs and torchrun.log)" % code, "rank": None}
-        _ts, local_rank, attempt, text, path = errors[0]
-        rank = None
-        for r, lr, att, ins in self.ranks.values():
-            if lr == local_rank and att == attempt and ins == inst:
-                rank = r
-        first = text.strip().splitlines()[-1] if text.strip() else "worker failed"
-        return {"message": first, "rank": rank, "local_rank": local_rank, "attempt": attempt,
-                "error_file": path}
+            return {"message": cause.torchrun_failed(code, self.torchrun_log.recent_text(),
+                                                     False, self.secrets), "rank": None}
+        errors = cause.find_error_files(self.log_dir, inst)
+        if errors:
+            _ts, local_rank, attempt, text, path = errors[0]
+            rank = None
+            for r, lr, att, ins, _stream in self.ranks.values():
+                if lr == local_rank and att == attempt and ins == inst:
+                    rank = r
+            first = text.strip().splitlines()[-1] if text.strip() else "worker failed"
+            return {"message": cause.one_line(first, self.secrets), "rank": rank,
+                    "local_rank": local_rank, "attempt": attempt, "error_file": path}
+        failure = self.torchrun_log.first_failure()
+        if failure and failure.get("local_rank") is not None:
+            fid, attempt = self._stderr_of(inst, failure["local_rank"])
+            text = self.stderr_tails.get(fid, b"").decode("utf-8", "replace")
+            return {"message": cause.worker_failed(failure, text, self.secrets),
+                    "rank": failure.get("rank"), "local_rank": failure["local_rank"],
+                    "attempt": attempt, "exit_code": failure.get("exitcode")}
+        return {"message": cause.torchrun_failed(code, self.torchrun_log.recent_text(),
+                                                 True, self.secrets), "rank": None}
+
+    def _stderr_of(self, inst, local_rank):
+        """(fid, attempt) of the newest stderr file of ``local_rank`` in torchrun start ``inst``."""
+        best = (None, None)
+        for fid, (_r, lr, att, ins, stream) in sorted(self.ranks.items()):
+            if ins == inst and lr == local_rank and stream == "stderr":
+                best = (fid, att)
+        return best
 
     def kill(self, grace):
         probe = GpuProbe()
@@ -310,7 +293,8 @@ class Supervisor(object):
                     continue
             code = self.reap_torchrun()
             if code is not None:
-                self.pump()
+                # every file torchrun made, read to its end: a worker of milliseconds too
+                self.pump(final=True)
                 report = procs.kill_run(os.getpid(), self.marker, grace=ORPHAN_GRACE,
                                         on_wait=self.pump)
                 if code == 0:

@@ -74,7 +74,8 @@ async def rankdeck_once(env, hosts) -> tuple[float, float]:
 
 
 def pdsh_once(env, names) -> float:
-    cmd = ["pdsh", "-R", "ssh", "-f", str(len(names)), "-w", ",".join(names), "true"]
+    cmd = ["pdsh", "-R", "ssh", "-l", env.user, "-f", str(len(names)), "-w", ",".join(names),
+           "true"]
     penv = dict(os.environ, PDSH_SSH_ARGS="-F %s -a -x -l%%u %%h" % env.ssh_config)
     started = time.monotonic()
     result = subprocess.run(cmd, env=penv, capture_output=True, text=True)
@@ -89,7 +90,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="4,16,64")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--python", default=sys.executable, help="the hosts' interpreter")
+    ap.add_argument("--python", default=None,
+                    help="the hosts' interpreter (default: the test hosts' own venv)")
     args = ap.parse_args(argv)
     reason = missing_requirements()
     if reason or shutil.which("pdsh") is None:
@@ -100,6 +102,7 @@ def main(argv=None) -> int:
 
     setup = time.monotonic()
     env = create_hosts(max(sizes))
+    args.python = args.python or env.python
     print("%d sshd hosts up in %.1f s; hosts' python: %s; %d CPUs; load average %.1f"
           % (len(env.hosts), time.monotonic() - setup, args.python, os.cpu_count(),
              os.getloadavg()[0]))

@@ -1,22 +1,18 @@
-"""rankdeck's command line: launch, demo, attach, status, logs, stop, restart, check, ls.
-
-Exit codes: 0 success, 1 the run failed, 2 bad input or usage, 3 could not reach a host.
+"""rankdeck's command line: launch, demo, attach, status, logs, stop, restart, stacks, check,
+ls. Only the arguments and the exit code of an error live here; what a verb does is in
+commands.py, the exit codes in errors.py (0 success, 1 the run failed, 2 bad input or usage,
+3 could not reach a host).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import sys
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class UsageError(Exception):
-    """Bad input: printed as it is, exit 2."""
+from inventory.model import InventoryError
+from .commands import COMMANDS
+from .errors import EXIT_INTERRUPTED, EXIT_USAGE, LaunchError, UnknownRun, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start without checking the hosts first (`rankdeck check`)")
     la.add_argument("--allow-partial", action="store_true",
                     help="start on the reachable hosts even if some are not")
+    la.add_argument("--sync", metavar="DIR", help="send DIR's files (what git tracks, or "
+                    "what its .gitignore does not exclude) into every host's workdir first; "
+                    "only changed files travel (default: the inventory's defaults.sync)")
     la.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
     la.add_argument("script", help="training script, as a path on the hosts (relative to "
                     "each host's workdir)")
@@ -113,12 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cmd:
         parser.print_help()
         return EXIT_USAGE
-    from inventory.model import InventoryError
-
-    from .commands import COMMANDS
-    from .history import UnknownRun
-    from .run import LaunchError
-
     try:
         return asyncio.run(COMMANDS[args.cmd](args))
     except (InventoryError, UsageError, UnknownRun) as exc:
@@ -128,19 +121,5 @@ def main(argv: list[str] | None = None) -> int:
         print("rankdeck: %s" % exc, file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
-
-def parse_env(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise UsageError("--env %r: write KEY=VALUE with KEY a valid variable name" % item)
-        env[key] = value
-    return env
-
-
-def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=1, sort_keys=True)
-    sys.stdout.write("\n")

@@ -1,16 +1,22 @@
-"""Headless output: every rank's lines as ``[node1 r5] ...`` and a summary table at the end.
+"""Headless output: every rank's lines as ``[node1 r5] ...`` and a status table at the end.
 
-Same RunController as the TUI; this only subscribes to RunState's callbacks and prints.
+Same RunController as the TUI (``run_headless`` is what ``run_app`` is to the TUI); the
+printer only subscribes to RunState's callbacks and prints.
 """
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import sys
 import time
-from typing import TextIO
+from typing import Awaitable, Callable, TextIO
 
+from .errors import EXIT_FAILED, EXIT_OK
+from .run import RunController
 from .sanitize import clean
 from .state import Event, LineBatch, RunState
+from .summary import detach_hint, status_table
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 
@@ -72,23 +78,68 @@ class HeadlessPrinter:
         self.out.flush()
 
 
-def summary_table(status: dict) -> str:
-    """The run's end state, one row per rank, plain text."""
-    rows = [("node", "state", "restarts", "exit", "rank", "rank state", "step", "loss")]
-    for node in status["nodes"]:
-        used, left = node["restarts_used"], node["restarts_left"]
-        base = (node["name"], node["state"], "%d used, %d left" % (used, left),
-                "" if node["exit_code"] is None else str(node["exit_code"]))
-        if not node["ranks"]:
-            rows.append(base + ("-", "-", "-", "-"))
-        for r in node["ranks"]:
-            loss = "" if r["loss"] is None else "%.4f" % r["loss"]
-            rows.append(base + (str(r["rank"]), r["state"], str(r["step"] or ""), loss))
-            base = ("", "", "", "")
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    head = "run %s: %s (%.0f s)" % (status["run_id"], status["state"],
-                                    time.time() - status.get("started", time.time()))
-    causes = ["  %s: %s" % (n["name"], n["cause"]) for n in status["nodes"] if n.get("cause")]
-    return "\n".join([head] + lines + (["causes:"] + causes if causes else []))
+class SyncProgressLine:
+    """Where ``--sync`` stands, on stderr: one line redrawn with ``\r`` on a terminal (at most
+    ``interval`` apart), only the final line otherwise (a log file gets no redraws)."""
+
+    def __init__(self, out: TextIO | None = None, interval: float = 0.1):
+        self.out = out or sys.stderr
+        self.tty = self.out.isatty()
+        self.interval = interval
+        self.last = 0.0
+        self.width = 0
+
+    def __call__(self, line: str, final: bool) -> None:
+        now = time.monotonic()
+        if not final and (not self.tty or now - self.last < self.interval):
+            return
+        self.last = now
+        if self.tty:  # pad over a longer line drawn before
+            self.out.write("\r" + line.ljust(self.width) + ("\n" if final else ""))
+            self.width = len(line)
+        else:
+            self.out.write("[rankdeck] " + line + "\n")
+        self.out.flush()
+
+
+async def run_headless(ctl: RunController, launch: Callable[[], Awaitable] | None = None,
+                       resumed: bool = False) -> int:
+    """Print ``ctl``'s run until it ends (then its status table) or Ctrl-C detaches; returns
+    the exit code. ``launch`` is awaited once the printer listens. ``resumed``: the links'
+    ``quiet_until`` say up to where an earlier headless console printed (``attach``)."""
+    quiet = {n: link.quiet_until for n, link in ctl.links.items()} if resumed else {}
+    printer = HeadlessPrinter(ctl.state, secrets=ctl.secrets, quiet=quiet)
+    saved: dict[str, int] = dict(quiet)
+
+    def keep_offsets(node: str) -> None:
+        # after the lines are printed: a later `attach --no-tui` goes on from here
+        offset = ctl.state.nodes[node].journal_offset
+        if offset > saved.get(node, 0):
+            saved[node] = offset
+            ctl.history.save_offsets(ctl.run_id, saved)
+    ctl.state.change_listeners.append(keep_offsets)
+    if launch is not None:
+        ctl.sync_listeners.append(SyncProgressLine())
+        await launch()
+        if not resumed:
+            print("[rankdeck] run %s started on %d nodes; Ctrl-C detaches, `rankdeck attach %s` "
+                  "comes back" % (ctl.run_id, len(ctl.links), ctl.run_id), file=printer.out,
+                  flush=True)
+    detach = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, detach.set)
+    done = asyncio.ensure_future(ctl.wait_done())
+    waiter = asyncio.ensure_future(detach.wait())
+    await asyncio.wait([done, waiter], return_when=asyncio.FIRST_COMPLETED)
+    loop.remove_signal_handler(signal.SIGINT)
+    waiter.cancel()
+    if not done.done():
+        done.cancel()
+        ctl.save_status()
+        print("\n" + detach_hint(ctl.run_id), file=sys.stderr)
+        return EXIT_OK
+    final = done.result()
+    await ctl.stop_store()
+    ctl.save_status()
+    print(status_table(ctl.status()), file=printer.out)
+    return EXIT_OK if final == "succeeded" else EXIT_FAILED

@@ -13,20 +13,15 @@ import itertools
 import logging
 
 from agent import protocol
+from . import agent_messages
+from .errors import AgentError
+from .sanitize import clean
 from .state import RunState
 from .transport.base import AgentStream, HostUnreachable, Transport
 
 log = logging.getLogger("rankdeck.link")
 HELLO_TIMEOUT = 60.0
 BACKOFF = (0.5, 1.0, 2.0, 3.0, 5.0)
-
-
-class AgentError(Exception):
-    """A request the agent refused or failed; ``kind`` says what sort (usage, conflict...)."""
-
-    def __init__(self, message: str, kind: str = "error"):
-        super().__init__(message)
-        self.kind = kind
 
 
 class NodeLink:
@@ -47,7 +42,6 @@ class NodeLink:
         self._reconnecting: asyncio.Task | None = None
         self._closing = False
         self.connected = asyncio.Event()
-        self.on_message = None  # optional callback(msg) for messages RunState does not take
         self.quiet_until = 0  # first subscription: skip log lines before this journal offset
 
     # -- connection ------------------------------------------------------------------------
@@ -65,19 +59,36 @@ class NodeLink:
             raise HostUnreachable("agent-failed", "%s: agent exited before its hello; run "
                                   "`rankdeck check` for the cause" % self.name)
         try:
-            hello = protocol.decode(line)
-        except protocol.ProtocolError as exc:
+            hello = self._check_hello(line)
+        except HostUnreachable:
             await stream.close()
-            raise HostUnreachable("agent-failed", "%s: %s" % (self.name, exc)) from None
-        if hello.get("t") != "hello" or hello.get("proto") != protocol.PROTOCOL_VERSION:
-            await stream.close()
-            raise HostUnreachable("agent-failed", "%s: agent speaks protocol %s, this console "
-                                  "speaks %s" % (self.name, hello.get("proto"),
-                                                 protocol.PROTOCOL_VERSION))
+            raise
         self.stream = stream
         self.hello = hello
         self._reader = asyncio.ensure_future(self._read_loop(stream))
         self.connected.set()
+        return hello
+
+    def _check_hello(self, line: bytes) -> dict:
+        """The agent's hello, if it speaks this console's protocol and is the agent version
+        the transport installed; else HostUnreachable("agent-failed")."""
+        try:
+            hello = agent_messages.parse(line)
+        except protocol.ProtocolError as exc:
+            raise HostUnreachable("agent-failed", "%s: protocol error: %s"
+                                  % (self.name, clean(str(exc)))) from None
+        if hello.get("t") != "hello" or hello.get("proto") != protocol.PROTOCOL_VERSION:
+            raise HostUnreachable("agent-failed", "%s: agent speaks protocol %s, this console "
+                                  "speaks %s" % (self.name, clean(repr(hello.get("proto"))[:40]),
+                                                 protocol.PROTOCOL_VERSION))
+        expected = self.transport.expected_agent()
+        if expected is not None and hello.get("agent") != expected[0]:
+            version, folder = expected
+            raise HostUnreachable(
+                "agent-failed", "%s: agent version mismatch: host runs %s, console has %s; the "
+                "copy in %s on the host is damaged or another `agent` package shadows it: "
+                "remove that folder and retry" % (self.name, clean(repr(hello.get("agent"))[:60]),
+                                                  version, folder))
         return hello
 
     async def close(self) -> None:
@@ -124,25 +135,35 @@ class NodeLink:
 
     # -- incoming --------------------------------------------------------------------------
     async def _read_loop(self, stream: AgentStream) -> None:
+        why = "connection lost"
         try:
             while True:
                 line = await stream.readline()
                 if not line:
                     break
-                msg = protocol.decode(line)
-                self._dispatch(msg)
-        except (HostUnreachable, protocol.ProtocolError, ConnectionError, OSError) as exc:
+                self._dispatch(agent_messages.parse(line))
+        except protocol.ProtocolError as exc:
+            why = "protocol error: %s" % clean(str(exc), limit=300)
+        except (HostUnreachable, ConnectionError, OSError) as exc:
             log.warning("%s: stream broke: %s", self.name, exc)
+            if isinstance(exc, HostUnreachable) and exc.cause == "protocol":
+                why = "protocol error: %s" % clean(str(exc), limit=300)
         except asyncio.CancelledError:
             raise
+        except Exception as exc:  # a message the checks let through and the reducer choked on
+            log.exception("%s: message not understood", self.name)
+            why = "protocol error: %s" % clean("%s: %s" % (type(exc).__name__, exc), limit=300)
         if self._closing:
             return
         self.connected.clear()
         self.stream = None
-        self._fail_pending(AgentError("%s: connection lost" % self.name, "closed"))
+        if why != "connection lost":  # the agent is still there: end it, start a fresh one
+            log.warning("%s: %s", self.name, why)
+            await stream.close()
+        self._fail_pending(AgentError("%s: %s" % (self.name, why), "closed"))
         if self.state is not None:
-            self.state.set_node(self.name, "unreachable", "connection lost; reconnecting")
-            self.state.add_event(self.name, "unreachable", "connection lost; reconnecting")
+            self.state.set_node(self.name, "unreachable", why + "; reconnecting")
+            self.state.add_event(self.name, "unreachable", why + "; reconnecting")
         if self.reconnect:
             self._reconnecting = asyncio.ensure_future(self._reconnect_loop())
 
@@ -154,8 +175,10 @@ class NodeLink:
                 if msg.get("ok"):
                     fut.set_result(msg.get("data") or {})
                 else:
-                    fut.set_exception(AgentError("%s: %s" % (self.name, msg.get("error")),
-                                                 msg.get("kind", "error")))
+                    # host text: shown and printed, so cleaned like a log line
+                    fut.set_exception(AgentError("%s: %s" % (self.name,
+                                                             clean(str(msg.get("error")))),
+                                                 msg.get("kind") or "error"))
         elif kind == "journal" and self.state is not None:
             self.state.apply_records(self.name, msg.get("recs", []), msg.get("end", 0))
         elif kind == "state" and self.state is not None:
@@ -163,8 +186,6 @@ class NodeLink:
         elif kind == "gpu" and self.state is not None:
             self.state.nodes[self.name].gpu = msg.get("snap")
             self.state.changed(self.name)
-        elif self.on_message is not None:
-            self.on_message(msg)
 
     async def _reconnect_loop(self) -> None:
         for attempt in itertools.count():

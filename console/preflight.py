@@ -3,20 +3,25 @@
 Per host: Python and torch versions (torch must match across hosts), CUDA and NCCL versions,
 GPU count against the inventory, free GPU memory, free disk in the workdir, whether the
 host's own hostname resolves (torchrun fails with gaierror otherwise), whether the rendezvous
-host is reachable over TCP from this host, and clock skew against the laptop.
+host is reachable over TCP from this host, and clock skew against the laptop. Before a launch
+also: the workdir exists and this login user can write in it, the python path exists, and
+the script (or ``-m`` module) is there, all as the host reads the paths (``~`` is its home).
+Problems of the inventory or the run spec (those four) mark the check ``bad_input``: a launch
+refused for them exits 2, like any other bad input. Facts an older agent does not send are
+not judged.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from .link import AgentError, NodeLink
-from .state import human_bytes
+from .errors import AgentError
+from .link import NodeLink
+from .sanitize import clean_tree
+from .text import columns, human_bytes
 
 MIN_DISK = 1 << 30
 MAX_SKEW = 5.0
@@ -33,21 +38,25 @@ class HostCheck:
     rtt_ms: float | None = None
     skew_s: float | None = None
     rdzv: str | None = None
+    bad_input: bool = False  # a problem of the inventory or run spec (a path), not the host
 
     @property
     def ok(self) -> bool:
         return self.reachable and not self.problems
 
 
-async def _one(link: NodeLink, check: HostCheck) -> None:
+async def _one(link: NodeLink, check: HostCheck, script: str | None, module: bool) -> None:
     t0 = time.time()
     pong = await link.request("ping", timeout=30)
     t1 = time.time()
     check.rtt_ms = round((t1 - t0) * 1000, 1)
     check.skew_s = round(pong["time"] - (t0 + t1) / 2, 3)
     host = link.host
-    check.facts = await link.request("preflight", python=host.python or "",
-                                     workdir=host.workdir, timeout=180)
+    args = {"python": host.python or "", "workdir": host.workdir}
+    if script:
+        args.update(script=script, module=module)
+    # host text (error messages, paths) is printed in the check table: cleaned of escapes
+    check.facts = clean_tree(await link.request("preflight", timeout=180, **args))
 
 
 async def _reachability(links: dict[str, NodeLink], rdzv: NodeLink, checks: dict) -> None:
@@ -86,7 +95,9 @@ def _judge(checks: dict[str, HostCheck], hosts: dict) -> None:
     common = torch.most_common(1)[0][0] if torch else None
     for c in live:
         f, host = c.facts, hosts[c.name]
-        if f.get("python_error"):
+        if f.get("python_exists") is False:
+            pass  # said once, by _judge_paths, with the path as the inventory gives it
+        elif f.get("python_error"):
             c.problems.append("python: %s; set `python:` for this host" % f["python_error"])
         elif f.get("torch_error"):
             c.problems.append("torch cannot be imported by %s: %s" % (f.get("executable"),
@@ -100,8 +111,7 @@ def _judge(checks: dict[str, HostCheck], hosts: dict) -> None:
             why = "" if found else " (%s)" % (f.get("gpu_reason") or "none found")
             c.problems.append("%d GPU(s) found, the inventory expects %d%s"
                               % (found, host.gpus, why))
-        if not f.get("workdir_exists"):
-            c.problems.append("workdir %s does not exist on the host" % f.get("workdir"))
+        _judge_paths(c, f, host.python)
         if f.get("disk_free") is not None and f["disk_free"] < MIN_DISK:
             c.problems.append("only %s free in %s" % (human_bytes(f["disk_free"]),
                                                        f.get("workdir")))
@@ -113,14 +123,49 @@ def _judge(checks: dict[str, HostCheck], hosts: dict) -> None:
             c.warnings.append("clock differs from this laptop's by %.1f s" % c.skew_s)
 
 
+def _judge_paths(c: HostCheck, f: dict, python: str) -> None:
+    """The workdir, python and script as the host found them (agent/preflight.py facts)."""
+    before = len(c.problems)
+    workdir = f.get("workdir")
+    if not f.get("workdir_exists"):
+        c.problems.append("workdir %s does not exist on the host; create it, or use "
+                          "`rankdeck launch --sync DIR`, which creates it" % workdir)
+    elif f.get("workdir_writable") is False:
+        c.problems.append("workdir %s is not writable by the login user; rankdeck writes the "
+                          "run's logs there: pick a workdir of this user (`workdir:`) or fix "
+                          "its permissions" % workdir)
+    if f.get("python_exists") is False:
+        c.problems.append("python %s does not exist on the host; set `python:` for this host "
+                          "to the training interpreter's path there" % (python or "python3"))
+    if f.get("script_exists") is False:
+        if f.get("script_module"):
+            why = " (%s)" % f["script_error"] if f.get("script_error") else ""
+            c.problems.append("module %s not found by %s from workdir %s%s: use `rankdeck "
+                              "launch --sync DIR` to send your code, or put it there"
+                              % (f.get("script"), f.get("python_path") or "python", workdir,
+                                 why))
+        else:
+            c.problems.append("script %s is not on the host: use `rankdeck launch --sync DIR` "
+                              "to send your code, or put it there" % f.get("script"))
+    elif f.get("script_exists") is None and f.get("script_error"):
+        c.warnings.append("could not check that %s is there: %s" % (f.get("script"),
+                                                                    f["script_error"]))
+    if len(c.problems) > before:
+        c.bad_input = True
+
+
 async def run_preflight(links: dict[str, NodeLink], hosts: dict, failed: dict,
-                        rdzv_name: str) -> list[HostCheck]:
+                        rdzv_name: str, script: str | None = None,
+                        module: bool = False) -> list[HostCheck]:
+    """Check every host of ``hosts`` ({name: Host}); ``failed``: {name: error} of the ones
+    that could not be reached. ``script``/``module``: also check the run's script is there."""
     checks = {name: HostCheck(name) for name in hosts}
     for name, exc in failed.items():
         checks[name].reachable = False
         checks[name].cause = "%s: %s" % (getattr(exc, "cause", "error"), exc)
     live = {n: l for n, l in links.items() if n not in failed and l.stream is not None}
-    results = await asyncio.gather(*(_one(l, checks[n]) for n, l in live.items()),
+    results = await asyncio.gather(*(_one(l, checks[n], script, module)
+                                     for n, l in live.items()),
                                    return_exceptions=True)
     for name, res in zip(live, results):
         if isinstance(res, BaseException):
@@ -131,7 +176,9 @@ async def run_preflight(links: dict[str, NodeLink], hosts: dict, failed: dict,
     return [checks[n] for n in hosts]
 
 
-def table(checks: list[HostCheck]) -> str:
+def check_table(checks: list[HostCheck]) -> str:
+    """One row per host (versions, GPUs, disk, rendezvous, skew, verdict), then each host's
+    problems and warnings in words."""
     rows = [("host", "python", "torch", "cuda/nccl", "gpus", "disk free", "rdzv", "skew",
              "verdict")]
     for c in checks:
@@ -144,37 +191,10 @@ def table(checks: list[HostCheck]) -> str:
                      str(len(f.get("gpus") or [])), human_bytes(f.get("disk_free")),
                      c.rdzv or "?", "%+.2fs" % c.skew_s if c.skew_s is not None else "?",
                      "ok" if c.ok else "PROBLEM"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    lines = columns(rows)
     for c in checks:
         if c.cause:
             lines.append("%s: %s" % (c.name, c.cause))
         lines += ["%s: %s" % (c.name, p) for p in c.problems]
         lines += ["%s: warning: %s" % (c.name, w) for w in c.warnings]
     return "\n".join(lines)
-
-
-async def run_check(args) -> int:
-    """`rankdeck check -i INVENTORY [--json]`: 0 all good, 1 problems, 3 unreachable hosts."""
-    import os
-
-    from inventory.loader import load_inventory
-    from .commands import make_transport, resolve_local
-    from .run import RunController
-
-    inv = resolve_local(load_inventory(os.path.abspath(args.inventory)), os.getcwd())
-    ctl = RunController(inv, make_transport(inv.transport, args.accept_new_host_keys))
-    try:
-        failed = await ctl.connect_all(reconnect=False)
-        checks = await run_preflight(ctl.links, {h.name: h for h in inv.hosts}, failed,
-                                     inv.hosts[0].name)
-    finally:
-        await ctl.close()
-    if args.json:
-        json.dump([dict(asdict(c), ok=c.ok) for c in checks], sys.stdout, indent=1)
-        print()
-    else:
-        print(table(checks))
-    if failed:
-        return 3
-    return 0 if all(c.ok for c in checks) else 1

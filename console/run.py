@@ -1,94 +1,42 @@
 """RunController: one run across the hosts of an inventory. Pure asyncio, no Textual.
 
-It owns one NodeLink per host and the run's RunState. Launch: connect to every host at once,
-start the rendezvous store on the first host, start a supervisor (and so torchrun) on every
-host, subscribe to every node's journal. A run is never started on only some of the hosts:
-if any host cannot be reached or started, what was started is stopped again.
+It owns one NodeLink per host and the run's RunState, and is an async context manager that
+closes them: ``async with RunController(...) as ctl``. Launch: connect to every host at once,
+send the code (``--sync DIR``, console/sync.py), check the hosts (preflight), start the
+rendezvous store on the first host, start a supervisor (and so torchrun) on every host,
+subscribe to every node's journal. A run is never started on only some of the hosts: if any
+host cannot be reached, synced or started, nothing is started or what was started is stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import secrets as _secrets
-import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 from inventory.model import Host, Inventory
-from .history import History, host_record
-from .link import AgentError, NodeLink
+from . import run_env
+from .errors import (EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, AgentError, LaunchError,
+                     UsageError)
+from .history import History, host_record, inventory_from_record
+from .link import NodeLink
+from .preflight import HostCheck, check_table, run_preflight
+from .sanitize import Masker, short_secret_warning
 from .scrollback import PAGE_BYTES
-from .state import RunState
+from .spec import LaunchSpec, new_run_id, run_root, torchrun_argv  # LaunchSpec: callers' too
+from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
+from .state import RUN_ENDED, RunState
 from .transport.base import HostUnreachable, Transport
 
 ATTACH_BACKLOG = 4 << 20  # journal bytes per node a TUI attach reads log lines from
 
-RDZV_CONF = "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3"
-
-
-class LaunchError(Exception):
-    """Launch refused or failed before the run was running; ``code`` is the exit code."""
-
-    def __init__(self, message: str, code: int = 1, causes: dict | None = None):
-        super().__init__(message)
-        self.code = code
-        self.causes = causes or {}
-
-
-@dataclass
-class LaunchSpec:
-    """What to run. ``nnodes`` is "N" or "MIN:MAX" (default: every host of the inventory)."""
-
-    script: str
-    args: list[str] = field(default_factory=list)
-    nproc_per_node: int | None = None
-    max_restarts: int = 3
-    nnodes: str | None = None
-    grace: float = 10.0
-    metrics_regex: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    module: bool = False  # script is a module name (torchrun -m)
-    # An argv that replaces torchrun (benchmarks, non-torch launchers). It must write each
-    # rank's output as torchrun's --log-dir layout under $RANKDECK_LOG_DIR.
-    launcher: list[str] | None = None
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + _secrets.token_hex(2)
-
-
-def run_root(host: Host, run_id: str) -> str:
-    return os.path.join(host.workdir, ".rankdeck", "runs", run_id)
-
-
-def torchrun_argv(host: Host, spec: LaunchSpec, run_id: str, nnodes: str, endpoint: str,
-                  log_dir: str) -> list[str]:
-    python = host.python or sys.executable
-    if spec.launcher:
-        return list(spec.launcher) + [spec.script] + list(spec.args)
-    argv = [
-        python, "-m", "torch.distributed.run",
-        "--nnodes", nnodes,
-        "--nproc-per-node", str(spec.nproc_per_node or host.slots),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", endpoint,
-        "--rdzv-id", run_id,
-        # an elastic run proceeds 5 s after its last node arrived (FACTS.md)
-        "--rdzv-conf", RDZV_CONF + (",last_call_timeout=5" if ":" in nnodes else ""),
-        "--local-addr", host.addr,
-        "--max-restarts", str(spec.max_restarts),
-        "--monitor-interval", "1",
-        "--log-dir", log_dir,
-        "--redirects", "3",
-    ]
-    if spec.module:
-        argv.append("-m")
-    return argv + [spec.script] + list(spec.args)
-
 
 class RunController:
+    """One run: its links, its state, launch and control. Use as ``async with``; leaving the
+    block (or :meth:`close`) closes every link and the transport, and leaves the run going."""
+
     def __init__(self, inventory: Inventory, transport: Transport, history: History | None = None,
                  run_id: str | None = None, max_restarts: int = 3):
         self.inventory = inventory
@@ -101,8 +49,22 @@ class RunController:
         self.record: dict = {}
         self._tasks: list[asyncio.Task] = []
         self.secrets = inventory.secrets
-        self.preflight_checks: list = []
+        self.state.masker = Masker(self.secrets)
+        self.preflight_checks: list[HostCheck] = []
+        # called with (progress line, final) while --sync sends code (headless, the header)
+        self.sync_listeners: list = []
+        self.missing_env: dict[str, list[str]] = {}  # {node: why a secret is not known here}
         self.page_bytes = PAGE_BYTES  # log data per scrollback request
+        self._closed = False
+        # set on every state change: wakes wait_done() and caught_up() (no polling)
+        self._changed = asyncio.Event()
+        self.state.change_listeners.append(lambda _node: self._changed.set())
+
+    async def __aenter__(self) -> RunController:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
 
     # -- connections -----------------------------------------------------------------------
     def root_of(self, name: str) -> str:
@@ -155,6 +117,9 @@ class RunController:
                                   os.path.join(root, host.name, "torchrun")),
             "cwd": host.workdir,
             "env": env,
+            # masked in causes: the host's secrets, and an --env value replacing any secret
+            "secret_env": sorted({k for k, v in host.env.items() if v.secret} |
+                                 (set(spec.env) & run_env.secret_names(self.inventory))),
             "grace": spec.grace,
             "max_restarts": spec.max_restarts,
             "metrics_regex": spec.metrics_regex,
@@ -164,25 +129,38 @@ class RunController:
                      inventory_path: str = "", preflight: bool = True) -> str:
         self.state.started = time.time()
         self.spec = spec
+        warning = short_secret_warning(self.secrets)
+        if warning:
+            self.state.add_event(None, "warning", warning)
         for ns in self.state.nodes.values():
             ns.max_restarts = spec.max_restarts
+        # listed and hashed while the connections open (a thread: it reads every file)
+        listing = asyncio.ensure_future(asyncio.to_thread(build_manifest, spec.sync)) \
+            if spec.sync else None
         failed = await self.connect_all()
         if failed and not allow_partial:
+            if listing is not None:
+                listing.cancel()
             await self.close()
             raise LaunchError("cannot reach %d of %d hosts; nothing was started:\n%s" % (
                 len(failed), len(self.inventory.hosts),
-                "\n".join(cause_line(n, e) for n, e in failed.items())), 3, failed)
+                "\n".join(cause_line(n, e) for n, e in failed.items())), EXIT_UNREACHABLE,
+                failed)
         hosts = [h for h in self.inventory.hosts if h.name not in failed]
         rdzv = hosts[0]
+        synced = await self._launch_sync(hosts, listing) if listing is not None else None
         if preflight:
-            await self._preflight(hosts, failed, rdzv)
+            await self._launch_preflight(hosts, spec)
         self.record = {
             "run_id": self.run_id, "created": time.time(), "inventory": inventory_path,
             "transport": self.inventory.transport, "hosts": [host_record(h) for h in hosts],
             "run_roots": {h.name: run_root(h, self.run_id) for h in hosts},
             "rdzv_host": rdzv.name, "spec": asdict(spec), "state": "starting",
+            "sync": synced,
         }
-        self.record["spec"]["env"] = {k: "****" for k in spec.env}
+        # what a restart from another shell needs (console/run_env.py): secrets by name only
+        self.record["spec"]["env"], self.record["secret_env"] = run_env.spec_env_record(
+            spec.env, self.inventory)
         self.history.save(self.record)
         for h in hosts:
             self.state.set_node(h.name, "starting")
@@ -193,7 +171,7 @@ class RunController:
         except AgentError as exc:
             await self.close()
             raise LaunchError("%s: could not start the rendezvous store: %s"
-                              % (rdzv.name, exc), 1) from None
+                              % (rdzv.name, exc), EXIT_FAILED) from None
         endpoint = "%s:%d" % (rdzv.addr, store["port"])
         self.record["rdzv_endpoint"] = endpoint
         self.state.add_event(rdzv.name, "rendezvous", "rendezvous store at %s" % endpoint)
@@ -211,18 +189,78 @@ class RunController:
             self.history.save(self.record)
             await self.close()
             raise LaunchError("could not start on %s; the run was stopped:\n%s" % (
-                ", ".join(bad), "\n".join(cause_line(n, e) for n, e in bad.items())), 1, bad)
+                ", ".join(bad), "\n".join(cause_line(n, e) for n, e in bad.items())),
+                EXIT_FAILED, bad)
         self.history.save(self.record)
         await self.subscribe_all()
         return self.run_id
 
-    async def _preflight(self, hosts: list[Host], failed: dict, rdzv: Host) -> None:
-        from .preflight import run_preflight, table
+    async def _launch_sync(self, hosts: list[Host], listing: asyncio.Future) -> dict:
+        """Send the ``--sync`` tree into every host's workdir; returns what the run record
+        keeps of it (its tree hash). LaunchError, nothing started, when the tree cannot be
+        listed (exit 2) or any host fails to take it (that host's cause)."""
+        try:
+            manifest: Manifest = await listing
+        except SyncError as exc:
+            await self.close()
+            raise LaunchError("--sync: %s; nothing was started" % exc, EXIT_USAGE) from None
+        for h in hosts:
+            self.state.set_node(h.name, "syncing")
+        for path, why in manifest.skipped:
+            self.state.add_event(None, "sync", "sync: %s: %s" % (path, why))
+        last: dict = {}
 
+        def report(progress: dict, final: bool = False) -> None:
+            last.update(progress)
+            line = progress_line(progress)
+            for listener in list(self.sync_listeners):
+                listener(line, final)
+
+        def caller(link: NodeLink):
+            return lambda op, args: link.request(op, timeout=300, **args)
+
+        results = await sync_hosts({h.name: caller(self.links[h.name]) for h in hosts},
+                                   manifest, {h.name: h.workdir for h in hosts}, report)
+        report(last, True)
+        bad = {}
+        for name, res in results.items():
+            if isinstance(res, (AgentError, SyncError, OSError)):
+                bad[name] = res
+                self.state.set_node(name, "sync failed", "sync: %s" % res)
+            elif isinstance(res, BaseException):
+                raise res  # a bug, not a host's answer
+            else:
+                self.state.add_event(name, "sync", "code %s: tree %s in %s" % (
+                    "unchanged" if res.same else "synced (%d file(s), %.1f MB sent)" % (
+                        res.files_sent, res.bytes_sent / 1e6), manifest.tree[:12],
+                    res.workdir))
+        if bad:
+            await self.close()
+            raise LaunchError("could not send %s to %d of %d hosts; nothing was started:\n%s"
+                              % (manifest.root, len(bad), len(hosts),
+                                 "\n".join(cause_line(n, e) for n, e in bad.items())),
+                              EXIT_FAILED, bad)
+        return {"tree": manifest.tree, "dir": manifest.root, "files": len(manifest.entries),
+                "bytes": manifest.bytes, "source": manifest.source}
+
+    async def preflight(self, hosts: list[Host] | None = None, failed: dict | None = None,
+                        spec: LaunchSpec | None = None) -> list[HostCheck]:
+        """Check ``hosts`` (default: every host; the first is the rendezvous host) over their
+        connected links; ``failed``: {host: error} of those that could not be reached.
+        ``spec``: also check that its script (or module) is on every host."""
+        hosts = list(hosts or self.inventory.hosts)
+        script = spec.script if spec is not None and not spec.launcher else None
+        self.preflight_checks = await run_preflight(
+            self.links, {h.name: h for h in hosts}, failed or {}, hosts[0].name,
+            script=script, module=bool(spec and spec.module))
+        return self.preflight_checks
+
+    async def _launch_preflight(self, hosts: list[Host], spec: LaunchSpec) -> None:
+        """Preflight before a launch, shown per node; LaunchError if any host has a problem
+        (exit 2 when one is a mistake in the inventory or run spec, like a missing script)."""
         for h in hosts:
             self.state.set_node(h.name, "preflight")
-        checks = await run_preflight(self.links, {h.name: h for h in hosts}, {}, rdzv.name)
-        self.preflight_checks = checks
+        checks = await self.preflight(hosts, spec=spec)
         for c in checks:
             if c.ok:
                 self.state.add_event(c.name, "preflight", "preflight ok (torch %s, %d GPU(s))"
@@ -232,7 +270,9 @@ class RunController:
         if not all(c.ok for c in checks):
             await self.close()
             raise LaunchError("preflight found problems; nothing was started (rankdeck launch "
-                              "--skip-preflight starts anyway):\n%s" % table(checks), 1)
+                              "--skip-preflight starts anyway):\n%s" % check_table(checks),
+                              EXIT_USAGE if any(c.bad_input for c in checks) else EXIT_FAILED,
+                              {c.name: "; ".join(c.problems) for c in checks if not c.ok})
 
     async def recent_lines_only(self, keep: int = ATTACH_BACKLOG) -> None:
         """Before subscribing: take only the last ``keep`` bytes of each node's journal as log
@@ -252,54 +292,56 @@ class RunController:
 
     # -- an existing run -------------------------------------------------------------------
     @classmethod
-    def from_record(cls, record: dict, transport: Transport, history: History):
-        from .history import inventory_from_record
-
+    def from_record(cls, record: dict, transport: Transport, history: History) -> RunController:
         ctl = cls(inventory_from_record(record), transport, history, run_id=record["run_id"],
                   max_restarts=record.get("spec", {}).get("max_restarts", 0))
         ctl.record = record
         ctl.state.started = record.get("created", ctl.state.started)
+        # non-secret values come from the record, secrets again from this shell
+        restored = run_env.restore(record, ctl.inventory)
         spec = dict(record.get("spec", {}))
-        spec["env"] = {}  # secret values are never recorded: take them from the inventory
+        spec["env"] = restored.spec_env
         ctl.spec = LaunchSpec(**spec)
-        ctl._reload_env(record.get("inventory", ""))
+        ctl.missing_env = restored.missing
+        ctl.secrets = sorted(set(ctl.inventory.secrets) | set(restored.secrets))
+        ctl.state.masker = Masker(ctl.secrets)
         return ctl
 
-    def _reload_env(self, path: str) -> None:
-        """Real env values for a restart come from the inventory file, read again now."""
-        from inventory.loader import load_inventory
-        from inventory.model import InventoryError
-
-        try:
-            fresh = load_inventory(path) if path and os.path.exists(path) else None
-        except InventoryError:
-            fresh = None
-        for h in self.inventory.hosts:
-            try:
-                h.env = fresh.host(h.name).env if fresh else {
-                    k: v for k, v in h.env.items() if not v.secret}
-            except KeyError:
-                h.env = {k: v for k, v in h.env.items() if not v.secret}
-        self.secrets = self.inventory.secrets
-
-    async def attach(self) -> dict[str, Exception]:
-        """Connect and replay every node's journal from the start, then follow it."""
-        failed = await self.connect_all()
-        await self.subscribe_all()
-        return failed
+    def check_restartable(self, node: str | None = None) -> None:
+        """UsageError (exit 2) when a secret of the run is not known in this shell, so that
+        ``node`` (None: every node) would restart without it; says which and how to fix it."""
+        names = [node] if node else [h.name for h in self.inventory.hosts]
+        why = []
+        for name in names:
+            for reason in self.missing_env.get(name, []):
+                if reason not in why:
+                    why.append(reason)
+        if why:
+            raise UsageError("cannot restart %s of run %s: its environment is not complete in "
+                             "this shell; nothing was stopped or restarted:\n  %s"
+                             % (node or "the nodes", self.run_id, "\n  ".join(why)))
 
     async def caught_up(self, timeout: float = 60.0) -> None:
-        """Wait until every connected node's journal has been replayed to its current end."""
+        """Wait until every connected node's journal has been replayed to its current end
+        (or ``timeout`` passed: a node that stopped sending is not waited for longer)."""
         async def one(link: NodeLink):
             st = await link.request("state", run_root=link.run_root, node=link.name)
             size = st.get("journal_size")
-            deadline = time.monotonic() + timeout
-            while (size is None or self.state.nodes[link.name].journal_offset < size) and \
-                    time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-                if size is None:
-                    break
+            if size is None:
+                return
+            node = self.state.nodes[link.name]
+            try:
+                await asyncio.wait_for(self._until(lambda: node.journal_offset >= size), timeout)
+            except asyncio.TimeoutError:
+                pass
         await self.gather_nodes(one, self.connected())
+
+    async def _until(self, condition) -> None:
+        """Return once ``condition()`` holds, checked after every change of the run's state."""
+        # No await between the check and clear(): a change cannot slip in unseen.
+        while not condition():
+            self._changed.clear()
+            await self._changed.wait()
 
     # -- control ---------------------------------------------------------------------------
     async def stop(self, node: str | None = None) -> dict:
@@ -321,6 +363,7 @@ class RunController:
 
     async def restart(self, node: str | None = None) -> dict:
         """Restart one node (it rejoins the rendezvous) or, without ``node``, every node."""
+        self.check_restartable(node)
         names = [node] if node else list(self.links)
         endpoint = self.record.get("rdzv_endpoint", "")
         for n in names:
@@ -359,25 +402,33 @@ class RunController:
             await asyncio.sleep(1.0)
             self.state.check_stalls()
             now = time.monotonic()
-            if now - last_save > 5 or self.state.run_state() in ("succeeded", "failed",
-                                                                   "stopped"):
+            if now - last_save > 5 or self.state.run_state() in RUN_ENDED:
                 last_save = now
                 self.save_status()
+
+    def status(self) -> dict:
+        """The ``status --json`` document (docs/STATUS.md): RunState's, with what the run
+        record adds (``sync``: the tree sent with ``--sync``, or null)."""
+        status = self.state.status()
+        status["sync"] = self.record.get("sync")
+        return status
 
     def save_status(self) -> None:
         if self.record:
             self.record["state"] = self.state.run_state()
-            self.record["status"] = self.state.status()
+            self.record["status"] = self.status()
             self.history.save(self.record)
 
-    async def wait_done(self, poll: float = 0.2) -> str:
-        while True:
-            st = self.state.run_state()
-            if st in ("succeeded", "failed", "stopped"):
-                return st
-            await asyncio.sleep(poll)
+    async def wait_done(self) -> str:
+        """Wait for the run to end; its end state (one of RUN_ENDED)."""
+        await self._until(lambda: self.state.run_state() in RUN_ENDED)
+        return self.state.run_state()
 
     async def close(self) -> None:
+        """Close every link and the transport (the run goes on). Safe to call again."""
+        if self._closed:
+            return
+        self._closed = True
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*(l.close() for l in self.links.values()), return_exceptions=True)
@@ -391,7 +442,3 @@ def cause_line(name: str, exc: BaseException) -> str:
     if msg.startswith(name + ":"):
         msg = msg[len(name) + 1:].lstrip()
     return "  %s: %s: %s" % (name, cause, msg)
-
-
-def describe_argv(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)

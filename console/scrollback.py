@@ -1,9 +1,9 @@
 """Log lines of a source: the newest from memory, older ones page by page from the nodes.
 
 A source is a rank, a whole node merged or every rank merged (``("rank", 5)``, ``("node",
-"node1")``, ``("all", None)``). An entry is ``(ts, node, rank, text, journal, index)``: the
-last two are the line's *position* on its node - where its record starts in the node's journal
-and which of the record's lines it is. Positions are what makes scrolling back exact: a view
+"node1")``, ``("all", None)``). Lines come out as :class:`~console.lines.Entry`, each with its
+*position* on its node - where its record starts in the node's journal and which of the
+record's lines it is. Positions are what makes scrolling back exact: a view
 keeps, per node, a *floor* - the position from which it holds every line of its source from
 that node - and asks the node's agent (``scrollback``) for what lies before it.
 
@@ -15,7 +15,9 @@ from __future__ import annotations
 import heapq
 from typing import Awaitable, Callable
 
-from .state import MAX_PARTIAL, Kept, RunState, _pieces
+from .buffers import Kept
+from .lines import Entry, split_lines
+from .state import RunState
 
 RANK, NODE, ALL = "rank", "node", "all"
 PAGE_BYTES = 256 * 1024  # log data asked of a node per page (a few thousand lines)
@@ -149,7 +151,7 @@ def kept_lines(state: RunState, source: tuple, limit: int) -> tuple[list, dict]:
     entries = []
     for (ts, journal, node, rank, lines, first), skip in reversed(taken):
         ts, journal = ts or None, None if journal < 0 else journal
-        entries.extend([(ts, node, rank, lines[x], journal, first + x)
+        entries.extend([Entry(ts, node, rank, lines[x], journal, first + x)
                         for x in range(skip, len(lines))])
     return entries, floors
 
@@ -211,15 +213,14 @@ class Scrollback:
             tails = [n for n, lines in pending.items() if lines]
             if not tails:
                 break
-            node = max(tails, key=lambda n: pending[n][-1][0])
-            if pending[node][-1][0] < mark:
+            node = max(tails, key=lambda n: pending[n][-1].ts)
+            if pending[node][-1].ts < mark:
                 break
             out.append(pending[node].pop())
         out.reverse()
         for entry in out:
-            position = (entry[4], entry[5])
-            if position < self.floors[entry[1]]:
-                self.floors[entry[1]] = position
+            if entry.position < self.floors[entry.node]:
+                self.floors[entry.node] = entry.position
         return out
 
     async def _read(self, node: str, fetch: Fetch) -> None:
@@ -232,7 +233,7 @@ class Scrollback:
         self.fresh.discard(node)
         self.pending[node][:0] = entries
         if entries:
-            self.low[node] = min(self.low.get(node, float("inf")), min(e[0] for e in entries))
+            self.low[node] = min(self.low.get(node, float("inf")), min(e.ts for e in entries))
         self.before[node] = (start, 0)
         if start <= 0:
             self.done.add(node)
@@ -242,8 +243,7 @@ def page_entries(state: RunState, node: str, records: list, before: tuple,
                  keep_partial: bool) -> list:
     """A page of ``scrollback`` records as entries before position ``before``, oldest first.
 
-    Lines are cut as RunState cuts live data (a line spread over records is joined; pieces of
-    at most MAX_PARTIAL). The piece after a file's last newline is the start of a line the view
+    Lines are cut as RunState cuts live data (console/lines.py ``split_lines``). The piece after a file's last newline is the start of a line the view
     already holds when the page ends at the view's own floor (dropped), else a line of its own.
     """
     files = state.nodes[node].files
@@ -258,22 +258,16 @@ def page_entries(state: RunState, node: str, records: list, before: tuple,
         fi = files.get(fid)
         rank = None if fi is None else rank_of(fi.rank, fi.stream)
         head = partial.pop(fid, None)
-        joined = head[0] + text if head else text
-        lines = joined.split("\n")
-        rest = lines.pop()
-        if len(rest) > MAX_PARTIAL:
-            lines.append(rest)
-            rest = ""
-        if len(joined) > MAX_PARTIAL:
-            lines = [piece for line in lines for piece in _pieces(line)]
+        lines, rest = split_lines(head[0] if head else "", text, state.masker)
         limit = before[1] if journal == before[0] else len(lines)
-        out.extend((ts, node, rank, line, journal, k) for k, line in enumerate(lines[:limit]))
+        out.extend(Entry(ts, node, rank, line, journal, k)
+                   for k, line in enumerate(lines[:limit]))
         if rest:
             partial[fid] = (rest, ts, journal, len(lines), rank)
     if keep_partial:
-        out.extend((ts, node, rank, text, journal, k)
+        out.extend(Entry(ts, node, rank, state.masker.mask(text), journal, k)
                    for (text, ts, journal, k, rank) in partial.values())
-        out.sort(key=lambda e: (e[4], e[5]))
+        out.sort(key=lambda e: e.position)
     return out
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from .sanitize import clean
+
 _PYSPY_FRAME = re.compile(r"^\s+(\S+) \((.+?):\d+\)\s*$")
 _FH_FRAME = re.compile(r'^\s+File "(.+?)", line \d+ in (\S+)\s*$')
 
@@ -80,4 +82,4 @@ def render(node_results: dict) -> str:
             lines.append("    " + f)
     if odd:
         lines.append("odd rank(s) out: %s" % ", ".join(map(str, odd)))
-    return "\n".join(lines)
+    return "\n".join(clean(line) for line in lines)  # host text: no escapes reach the terminal

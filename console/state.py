@@ -1,30 +1,32 @@
 """RunState: what the console knows about a run, as plain data. No asyncio, no Textual.
 
-The RunController feeds it journal records and supervisor states from every node; the
-headless printer and the TUI read it and subscribe to :class:`LineBatch` callbacks. Every
-buffer is bounded: lines per rank, loss points per rank, events.
+The RunController feeds it journal records and supervisor states from every node
+(``apply_records``, ``apply_supervisor_state``: the reducer); the headless printer and the
+TUI read it and subscribe to :class:`LineBatch` callbacks. Every buffer is bounded (lines
+and loss points per rank in console/buffers.py, events here).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agent.protocol import text_to_bytes
+from .buffers import Kept, Series
+from .lines import MAX_PARTIAL, split_lines  # noqa: F401 (MAX_PARTIAL: for importers)
+from .sanitize import NO_SECRETS, Masker, clean
+from .text import human_bytes, kill_summary
 
 LINES_PER_RANK = 5000
 LINES_PER_NODE = 2000
-POINTS_PER_RANK = 4096
 EVENTS = 2000
-MAX_PARTIAL = 64 * 1024
 STALL_MIN_S = 60.0
 STALL_FACTOR = 5.0
 
-ENDED = ("exited", "failed", "stopped")
+ENDED = ("exited", "failed", "stopped")  # a node's end states
+RUN_ENDED = ("succeeded", "failed", "stopped")  # a run's end states (RunState.run_state)
 
 
 @dataclass
@@ -63,133 +65,6 @@ class LineBatch:
     journal: int | None = None
 
 
-# A line's position on its node: (journal offset of its record, index among the record's lines).
-AFTER_RECORD = 1 << 62  # as an index: just past every line of that record
-
-
-class Kept:
-    """A stream's newest ``cap`` lines, in chunks as they came: one per journal record.
-
-    A chunk is ``(ts, node, journal, lines, first)``: ``first`` is the index in its record of
-    ``lines[0]`` (above 0 once the front of the chunk was dropped). Lines go from the front
-    only, so what is kept from a node is everything of this stream from some position on, and
-    :meth:`floor` says which. Behaves as a sequence of line texts for simple readers.
-    """
-
-    __slots__ = ("chunks", "count", "cap", "evicted", "per_node")
-
-    def __init__(self, cap: int):
-        self.chunks: deque = deque()
-        self.count = 0
-        self.cap = cap
-        self.evicted: dict[str, tuple] = {}  # node -> newest dropped record's (offset, time)
-        self.per_node: dict[str, int] = {}  # node -> chunks kept from it
-
-    def add(self, ts: float, node: str, journal: int | None, lines: list[str]) -> None:
-        if not lines:
-            return
-        chunks = self.chunks
-        chunks.append((ts, node, journal, lines, 0))
-        self.count += len(lines)
-        self.per_node[node] = self.per_node.get(node, 0) + 1
-        while self.count > self.cap:
-            old_ts, old_node, old_journal, old_lines, first = chunks[0]
-            excess = self.count - self.cap
-            if excess >= len(old_lines):
-                chunks.popleft()
-                self.count -= len(old_lines)
-                self.evicted[old_node] = (old_journal, old_ts)
-                self.per_node[old_node] -= 1
-            else:
-                chunks[0] = (old_ts, old_node, old_journal, old_lines[excess:], first + excess)
-                self.count -= excess
-
-    def floor(self, node: str, start: int = 0) -> tuple:
-        """``(position, edge)``: from which position on this stream's lines from ``node`` are
-        all kept (None: unknown), and the time of the newest line dropped (None: none was).
-
-        ``start``: where the console's data from that node began (0 unless resumed).
-        """
-        if self.per_node.get(node):
-            for ts, chunk_node, journal, _lines, first in self.chunks:
-                if chunk_node == node:
-                    if first > 0:  # the front of this record went: same record, same time
-                        return (None if journal is None else (journal, first)), ts
-                    if node in self.evicted:
-                        return (None if journal is None else (journal, 0)), \
-                            self.evicted[node][1]
-                    return (start, 0), None
-        if node in self.evicted:
-            journal, ts = self.evicted[node]
-            return (None if journal is None else (journal, AFTER_RECORD)), ts
-        return (start, 0), None
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __iter__(self):
-        for chunk in self.chunks:
-            yield from chunk[3]
-
-    def __getitem__(self, i: int) -> str:
-        if i != -1:
-            raise IndexError("Kept supports [-1] only; iterate for the rest")
-        return self.chunks[-1][3][-1]
-
-    def newest_first(self):
-        """``(ts, node, journal, index, text)`` from the newest line back."""
-        for ts, node, journal, lines, first in reversed(self.chunks):
-            for k in range(len(lines) - 1, -1, -1):
-                yield ts, node, journal, first + k, lines[k]
-
-
-class Series:
-    """A rank's (step, loss) points in bounded memory for runs of any length.
-
-    When full, every other point is dropped and from then on only every 2nd (4th, ...) new
-    point is kept: the whole run's curve stays, coarser as it grows (64 KiB per rank). The
-    newest point is always part of the series.
-    """
-
-    __slots__ = ("steps", "values", "cap", "stride", "_skip", "last")
-
-    def __init__(self, cap: int = POINTS_PER_RANK):
-        self.steps = array("q")
-        self.values = array("d")
-        self.cap = cap
-        self.stride = 1
-        self._skip = 0
-        self.last: tuple[int, float] | None = None
-
-    def append(self, point: tuple[int, float]) -> None:
-        self.last = (int(point[0]), float(point[1]))
-        self._skip += 1
-        if self._skip < self.stride:
-            return
-        self._skip = 0
-        self.steps.append(int(point[0]))
-        self.values.append(float(point[1]))
-        if len(self.steps) >= self.cap:
-            self.steps, self.values = self.steps[::2], self.values[::2]
-            self.stride *= 2
-
-    def _last_extra(self) -> bool:
-        return self.last is not None and (not self.steps or self.steps[-1] != self.last[0])
-
-    def __len__(self) -> int:
-        return len(self.steps) + self._last_extra()
-
-    def __iter__(self):
-        yield from zip(self.steps, self.values)
-        if self._last_extra():
-            yield self.last
-
-    def __getitem__(self, i: int) -> tuple[int, float]:
-        if i == -1 and self.last is not None:
-            return self.last
-        return self.steps[i], self.values[i]
-
-
 @dataclass
 class RankState:
     rank: int
@@ -226,7 +101,6 @@ class NodeState:
     exit_code: int | None = None
     restarts: int = 0  # restarts rankdeck made (node restarts)
     max_restarts: int = 0
-    launched_at: float | None = None
     files: dict[int, FileInfo] = field(default_factory=dict)
     attempts: dict[str, int] = field(default_factory=dict)  # torchrun instance -> max attempt
     instance: str | None = None  # the newest torchrun start's log folder
@@ -234,7 +108,6 @@ class NodeState:
     data_from: int = 0  # journal offset from which its log lines were received (a resumed attach)
     lines: Kept = field(default_factory=lambda: Kept(LINES_PER_NODE))  # lines of no rank
     gpu: dict | None = None
-    kill_report: dict | None = None
 
     @property
     def torchrun_restarts(self) -> int:
@@ -282,11 +155,13 @@ class RunState:
         self.change_listeners: list[Callable[[str], None]] = []
         self.total_lines = 0
         self.world_size: int | None = None
+        # the run's secrets: masked in every line, event text and cause as they come in
+        self.masker: Masker = NO_SECRETS
 
     # -- feeding ---------------------------------------------------------------------------
     def add_event(self, node: str | None, kind: str, text: str, rank: int | None = None,
                   ts: float | None = None) -> None:
-        ev = Event(ts or time.time(), node, kind, text, rank)
+        ev = Event(ts or time.time(), node, kind, self.masker.mask(text), rank)
         self.events.append(ev)
         for cb in self.event_listeners:
             cb(ev)
@@ -297,6 +172,7 @@ class RunState:
 
     def set_node(self, node: str, state: str, cause: str | None = None) -> None:
         ns = self.nodes[node]
+        cause = clean(cause, self.masker) if cause else cause  # often a host's text
         if ns.state != state or ns.cause != cause:
             ns.state, ns.cause = state, cause
             self.changed(node)
@@ -358,14 +234,7 @@ class RunState:
         if fi is None:  # data for a file we never saw announced: keep it on the node
             fi = ns.files[meta.get("f")] = FileInfo(meta.get("f"), None, None, "unknown", None,
                                                     None, "")
-        joined = fi.partial + text if fi.partial else text
-        lines = joined.split("\n")
-        fi.partial = lines.pop()
-        if len(fi.partial) > MAX_PARTIAL:  # a line with no end in sight: pass it on in pieces
-            lines.append(fi.partial)
-            fi.partial = ""
-        if len(joined) > MAX_PARTIAL:  # a finished line can be huge too: store it in pieces
-            lines = [piece for line in lines for piece in _pieces(line)]
+        lines, fi.partial = split_lines(fi.partial, text, self.masker)
         self.total_lines += len(lines)
         ts, journal = meta.get("ts", 0.0), meta.get("j")
         if fi.rank is not None and fi.rank in self.ranks:
@@ -407,7 +276,6 @@ class RunState:
         what = meta.get("what")
         ts = meta.get("ts")
         if what == "launched":
-            ns.launched_at = ts
             ns.state = "starting"
             self.add_event(ns.name, "launched", "torchrun started (pid %s, launch %s)"
                            % (meta.get("pid"), meta.get("launch")), ts=ts)
@@ -416,7 +284,6 @@ class RunState:
             self.add_event(ns.name, "restarting", "restart requested", ts=ts)
         elif what == "killed":
             report = meta.get("report") or {}
-            ns.kill_report = report
             self.add_event(ns.name, "killed", kill_summary(report), ts=ts)
         elif what == "stopping":
             ns.state = "stopping"
@@ -424,9 +291,8 @@ class RunState:
         elif what == "ended":
             state = meta.get("state")
             ns.exit_code = meta.get("exit_code")
-            ns.kill_report = meta.get("kill")
             cause = meta.get("cause") or {}
-            ns.cause = cause.get("message") if cause else None
+            ns.cause = clean(cause.get("message") or "", self.masker) or None
             ns.state = state
             for rs in self.ranks.values():
                 if rs.node == ns.name and rs.state != "failed":
@@ -455,7 +321,7 @@ class RunState:
             ns.state = sup
             ns.exit_code = st.get("exit_code")
             cause = st.get("cause") or {}
-            ns.cause = cause.get("message") if cause else None
+            ns.cause = clean(cause.get("message") or "", self.masker) or None
         elif sup in ("restarting", "stopping"):
             ns.state = sup
         elif sup == "running" and ns.state in ("connecting", "unreachable", "lost"):
@@ -516,47 +382,3 @@ class RunState:
         return {"run_id": self.run_id, "state": self.run_state(), "nodes": nodes,
                 "started": self.started, "events": len(self.events),
                 "world_size": self.world_size}
-
-
-def _pieces(line: str) -> list[str]:
-    if len(line) <= MAX_PARTIAL:
-        return [line]
-    return [line[i:i + MAX_PARTIAL] for i in range(0, len(line), MAX_PARTIAL)]
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024.0
-    return "?"
-
-
-def kill_summary(report: dict) -> str:
-    if not report:
-        return "nothing to kill"
-    parts = ["%d process(es) signalled" % len(report.get("sigterm", []))]
-    if report.get("killed"):
-        parts.append("%d needed SIGKILL" % len(report["killed"]))
-    if report.get("dstate"):
-        parts.append("HOST NEEDS ATTENTION: %s stuck in uninterruptible sleep"
-                     % report["dstate"])
-    elif report.get("left"):
-        parts.append("LEFT RUNNING: %s" % report["left"])
-    else:
-        parts.append("none left")
-    gpu = report.get("gpu")
-    if gpu is not None:
-        if gpu.get("held"):
-            parts.append("GPU MEMORY STILL HELD: %s by %s" % (human_bytes(gpu["held"]),
-                                                              gpu.get("pids")))
-        else:
-            parts.append("GPU memory freed")
-    return ", ".join(parts)
-
-
-def raw_bytes(batch: LineBatch) -> bytes:
-    """The exact bytes a batch carried (log text is surrogate-escaped, see agent/protocol.py)."""
-    return text_to_bytes(batch.text)

@@ -11,10 +11,12 @@ laptop's environment is secret unless its explicit form says ``secret: false``.
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import ipaddress
 import os
 import re
+import stat
 from typing import Any, Mapping, NoReturn
 
 from . import toml_lines, yaml_lines
@@ -23,9 +25,10 @@ from .model import EnvValue, Host, Inventory, InventoryError
 
 TOP_KEYS = ("defaults", "hosts", "name", "transport")
 HOST_KEYS = ("addr", "env", "gpus", "name", "python", "slots", "ssh", "workdir")
-DEFAULT_KEYS = ("env", "gpus", "python", "slots", "workdir")
+DEFAULT_KEYS = ("env", "gpus", "python", "slots", "sync", "workdir")
 ENV_FORM_KEYS = ("secret", "value")
 TRANSPORTS = ("ssh", "local")
+MAX_BYTES = 1 << 20  # an inventory file; a larger one is refused unread
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 _DIGITS = re.compile(r"[0-9]+\Z")
@@ -102,18 +105,42 @@ def load_hostfile(path: str | os.PathLike, environ: Mapping[str, str] | None = N
 
 
 def _read(path: str) -> str:
+    """The text of the inventory file at ``path``: a regular file of at most MAX_BYTES, UTF-8.
+
+    A FIFO, a device (``/dev/zero``) or a huge file is refused before anything is read, and
+    a byte that is not UTF-8 is named with its line.
+    """
     try:
-        with open(path, encoding="utf-8-sig") as f:
-            return f.read()
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise InventoryError(path, None, "no such file") from None
-    except IsADirectoryError:
-        raise InventoryError(path, None, "is a directory, not an inventory file") from None
-    except UnicodeDecodeError as err:
-        raise InventoryError(path, None, f"cannot read: not UTF-8 text (byte {err.start})") \
-            from None
     except OSError as err:
         raise InventoryError(path, None, f"cannot read: {err.strerror or err}") from None
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise InventoryError(path, None, "is a directory, not an inventory file")
+        if not stat.S_ISREG(mode):
+            raise InventoryError(path, None, "is not a regular file (a pipe, socket or "
+                                             "device); write the inventory to a file")
+        try:
+            data = f.read(MAX_BYTES + 1)
+        except OSError as err:
+            raise InventoryError(path, None, f"cannot read: {err.strerror or err}") from None
+    if len(data) > MAX_BYTES:
+        raise InventoryError(path, None, f"larger than {MAX_BYTES >> 20} MiB; an inventory "
+                                         "lists hosts, so this is probably not one")
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise InventoryError(path, line, f"byte 0x{data[err.start]:02x} at column {column} is "
+                             "not UTF-8 text; save the file as UTF-8 (or remove that "
+                             "character)") from None
 
 
 def _show(value: Any, raw: str | None) -> str:
@@ -183,7 +210,8 @@ class _Reader:
                           "so give each host a distinct 'addr:'")
             by_name[host.name], by_addr[host.addr] = i, i
             hosts.append(host)
-        return Inventory(path=self.path, hosts=hosts, transport=transport, name=name)
+        return Inventory(path=self.path, hosts=hosts, transport=transport, name=name,
+                         sync=self.sync_dir(top.get("defaults")))
 
     def first(self, index: int, key: str) -> str:
         line = self.doc.line(("hosts", index, key))
@@ -253,6 +281,15 @@ class _Reader:
         self.check_keys(raw, DEFAULT_KEYS, "in defaults", path)
         return self.fields(raw, path, "defaults", base, transport, "defaults.env")
 
+    def sync_dir(self, raw: Any) -> str | None:
+        """``defaults.sync``: the folder a launch sends, absolute; a relative one is read
+        against the inventory file's folder (not where rankdeck happens to be started)."""
+        if not isinstance(raw, dict) or "sync" not in raw:
+            return None
+        value = self.text(raw, ("defaults",), "sync", "defaults: sync")
+        folder = os.path.dirname(os.path.abspath(self.path))
+        return os.path.normpath(os.path.join(folder, os.path.expanduser(value)))
+
     def fields(self, raw: dict, path: tuple, label: str, base: dict, transport: str,
                used_by: str) -> dict:
         """The keys a host shares with ``defaults``, over ``base``."""
@@ -272,6 +309,9 @@ class _Reader:
                             f"{_show(raw, None)}")
         name = raw.get("name")
         label = f"host {name!r}" if isinstance(name, str) and name else f"host #{i + 1}"
+        if "sync" in raw:
+            self.fail(path + ("sync",), f"{label}: sync is one folder for every host; move "
+                                        "'sync:' under defaults")
         self.check_keys(raw, HOST_KEYS, f"in {label}", path)
         if "name" not in raw:
             self.fail(path + ("name",), f"{label} has no name; add 'name: <name>' "

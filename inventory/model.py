@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 
@@ -45,12 +46,23 @@ class Inventory:
     hosts: list[Host]
     transport: str = "ssh"
     name: str = ""
+    # defaults.sync: the folder `launch` sends to every host's workdir (absolute; a relative
+    # one in the file is read against the inventory's folder). None: nothing is sent.
+    sync: str | None = None
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
             if h.name == name:
                 return h
         raise KeyError(name)
+
+    def resolve_local(self, base: str) -> Inventory:
+        """Local hosts: make relative workdirs absolute against ``base`` (the run folders
+        must not move when the console is started from another directory). Returns self."""
+        if self.transport == "local":
+            for h in self.hosts:
+                h.workdir = os.path.abspath(os.path.join(base, os.path.expanduser(h.workdir)))
+        return self
 
     @property
     def secrets(self) -> list[str]:

@@ -16,6 +16,9 @@ import yaml
 from .model import InventoryError
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+# values an inventory may expand to, aliases and merge keys counted at every use: far above
+# any real cluster, far below what a few nested `<<: *a` (doubling per level) reach
+MAX_VALUES = 100_000
 
 # Fix hints for the PyYAML problems people hit most; matched by substring of ``problem``.
 _HINTS = (
@@ -54,6 +57,47 @@ class LineList(list):
         super().__init__()
         self.line = line
         self.item_lines: list[int] = []
+
+
+class _TooBig(Exception):
+    def __init__(self, message: str, line: int):
+        super().__init__(message)
+        self.line = line
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Raise _TooBig if ``root`` expands to more than MAX_VALUES values once every alias and
+    merge key is replaced by what it names, or if an alias names a node it is inside of.
+    Each node's expanded size is computed once, so this costs the size of the text."""
+    sizes: dict[int, int] = {}
+    inside: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in inside:
+            raise _TooBig("an alias refers to the mapping or list it is in; inventories "
+                          "cannot be recursive", _line(node))
+        inside.add(key)
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > MAX_VALUES:
+                raise _TooBig(f"aliases and merge keys expand this to more than {MAX_VALUES} "
+                              "values; an inventory needs far fewer: write the hosts out or "
+                              "use fewer nested '<<: *anchor'", _line(node))
+        inside.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root)
 
 
 class _DuplicateKey(Exception):
@@ -149,7 +193,16 @@ def parse(path: str, text: str) -> YamlDoc:
     loader = None
     try:
         loader = _LineLoader(text)
-        return YamlDoc(loader.get_single_data())
+        node = loader.get_single_node()  # the node graph: aliases not yet expanded
+        if node is None:
+            return YamlDoc(None)
+        _check_expansion(node)
+        return YamlDoc(loader.construct_document(node))
+    except _TooBig as err:
+        raise InventoryError(path, err.line, str(err)) from None
+    except RecursionError:
+        raise InventoryError(path, None, "nested too deeply to be an inventory; an inventory "
+                                         "is a few levels of mappings and lists") from None
     except _DuplicateKey as dup:
         raise InventoryError(
             path, dup.line,

@@ -14,7 +14,8 @@ class HostUnreachable(Exception):
     """A host could not be reached or the agent could not be started there.
 
     ``cause`` is one short word a user can act on: dns, refused, timeout, auth, hostkey,
-    no-python, python-too-old, agent-failed, closed, error. ``str()`` is the full message.
+    no-python, python-too-old, agent-failed, closed, protocol (the agent sent something that
+    is not a well-formed message), error. ``str()`` is the full message.
     """
 
     def __init__(self, cause: str, message: str):
@@ -48,6 +49,12 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def open(self, host) -> AgentStream:
         """Start `serve` on ``host`` (an inventory Host); raise HostUnreachable with a cause."""
+
+    def expected_agent(self) -> tuple[str, str] | None:
+        """The agent version this transport starts on hosts and where that copy lives on them,
+        for NodeLink's hello check; None when the hosts run this console's own agent package
+        (the local transport), so there is no copy to go stale."""
+        return None
 
     async def close(self) -> None:
         """Release shared resources (SSH connections)."""

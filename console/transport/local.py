@@ -10,9 +10,10 @@ import asyncio
 import os
 import sys
 
+import agent
 from .base import AgentStream, HostUnreachable, Transport
 
-AGENT_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__import__("agent").__file__)))
+AGENT_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(agent.__file__)))
 STREAM_LIMIT = 16 * 1024 * 1024
 
 
@@ -24,7 +25,7 @@ class ProcessStream(AgentStream):
         try:
             return await self.proc.stdout.readline()
         except (ValueError, asyncio.LimitOverrunError):
-            raise HostUnreachable("agent-failed", "agent sent a line over the size limit")
+            raise HostUnreachable("protocol", "agent sent a line over the size limit")
 
     def write(self, data: bytes) -> None:
         self.proc.stdin.write(data)

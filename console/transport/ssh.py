@@ -20,6 +20,7 @@ import asyncssh
 
 from agent import protocol
 
+from ..sanitize import clean
 from .agent_copy import SEND_MARKER, AgentBundle
 from .base import AgentStream, HostUnreachable, Transport
 from .ssh_errors import connect_error, host_label, start_error
@@ -220,8 +221,9 @@ class SshTransport(Transport):
     async def open(self, host) -> SshAgentStream:
         """Connect (or reuse the connection), install the agent if missing, start ``serve``.
 
-        The agent's hello is checked here and handed on as the stream's first line. Raises
-        HostUnreachable; its cause says which step failed (see ssh_errors.py).
+        The agent's hello (told apart from a login script's output here) is handed on as the
+        stream's first line; NodeLink checks it. Raises HostUnreachable; its cause says which
+        step failed (see ssh_errors.py).
         """
         link = await self._link(host)
         command = self.bundle.remote_command(host.python or "python3", self.remote_cache)
@@ -232,7 +234,7 @@ class SshTransport(Transport):
                 self._await_hello(process, link.label, host, stderr), self.start_timeout)
         except asyncio.TimeoutError:
             process.close()
-            tail = (await stderr.text()).strip().splitlines()[-3:]
+            tail = [clean(line) for line in (await stderr.text()).strip().splitlines()[-3:]]
             raise HostUnreachable("agent-failed", "%s: the agent sent no hello within %g s%s"
                                   % (link.label, self.start_timeout,
                                      ": " + " | ".join(tail) if tail else "")) from None
@@ -269,25 +271,16 @@ class SshTransport(Transport):
                 except protocol.ProtocolError:
                     msg = None
                 if msg is not None and msg.get("t") == "hello":
-                    self._check_hello(msg, label)
-                    return line, copied
+                    return line, copied  # NodeLink checks what it says
             noise.append(line)  # a chatty login script; give up if it never stops
             if len(noise) > MAX_NOISE_LINES:
                 raise HostUnreachable("agent-failed", "%s: no agent hello, only other output: %s"
-                                      % (label, line[:200].decode("utf-8", "replace").strip()))
+                                      % (label, clean(line[:200].decode("utf-8", "replace")
+                                                      .strip())))
 
-    def _check_hello(self, hello: dict, label: str) -> None:
-        if hello.get("proto") != protocol.PROTOCOL_VERSION:
-            raise HostUnreachable("agent-failed", "%s: the agent speaks protocol %s, this console "
-                                  "speaks %s" % (label, hello.get("proto"),
-                                                 protocol.PROTOCOL_VERSION))
-        if hello.get("agent") != self.bundle.version:
-            raise HostUnreachable(
-                "agent-failed", "%s: agent version mismatch: host runs %s, console has %s; the "
-                "copy in %s/agent-%s on the host is damaged or another `agent` package shadows "
-                "it: remove that folder and retry" % (label, hello.get("agent"),
-                                                      self.bundle.version, self.remote_cache,
-                                                      self.bundle.version))
+    def expected_agent(self) -> tuple[str, str]:
+        version = self.bundle.version
+        return version, "%s/agent-%s" % (self.remote_cache.rstrip("/"), version)
 
     # -- commands --------------------------------------------------------------------------
     async def run_command(self, host, command, timeout: float | None = None,

@@ -15,6 +15,7 @@ import socket
 
 import asyncssh
 
+from ..sanitize import clean
 from .base import HostUnreachable
 
 _ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\]")
@@ -99,7 +100,8 @@ def connect_error(exc: BaseException, label: str, *, port: int | None, user: str
 def start_error(label: str, python: str, exit_status: int | None, stderr: str,
                 noise: str = "") -> HostUnreachable:
     """The agent did not say hello: no interpreter, too old a one, or a crash."""
-    tail = " | ".join(line for line in stderr.strip().splitlines()[-6:] if line.strip())
+    # the host's own text, printed and shown: cleaned of escapes like a log line
+    tail = " | ".join(clean(line) for line in stderr.strip().splitlines()[-6:] if line.strip())
     too_old = _TOO_OLD.search(stderr)
     if too_old:
         return HostUnreachable("python-too-old", "%s: %s is Python %s; the agent needs >= 3.8: "
@@ -110,6 +112,6 @@ def start_error(label: str, python: str, exit_status: int | None, stderr: str,
         return HostUnreachable("no-python", "%s: python %r not found on the host (exit %s: %s): "
                                "set `python:` in the inventory to the training interpreter's path"
                                % (label, python, exit_status, tail or "no output"))
-    detail = tail or (noise.strip().splitlines() or ["no output"])[-1]
+    detail = tail or clean((noise.strip().splitlines() or ["no output"])[-1])
     return HostUnreachable("agent-failed", "%s: the agent exited before its hello (exit %s): %s"
                            % (label, exit_status, detail))

@@ -10,6 +10,8 @@ import asyncssh
 from .base import AgentStream, HostUnreachable
 
 STDERR_TAIL = 8192
+MAX_MESSAGE = 16 * 1024 * 1024  # longest line taken from an agent (as the local transport)
+READ_CHUNK = 65536
 
 
 class StderrTail:
@@ -51,6 +53,8 @@ class SshAgentStream(AgentStream):
         self.hello = json.loads(hello_line)
         self.copied = copied
         self._first: list[bytes] = [hello_line]
+        self._buffer = bytearray()  # read but not yet handed out
+        self._scanned = 0  # how much of it is known to hold no newline
         self._stderr = stderr
         self._closed = False
 
@@ -59,12 +63,34 @@ class SshAgentStream(AgentStream):
                                % (self.label, exc))
 
     async def readline(self) -> bytes:
+        """One line, at most MAX_MESSAGE bytes: a longer one raises HostUnreachable
+        ("protocol") rather than filling the console's memory with one host's line."""
         if self._first:
             return self._first.pop()
-        try:
-            return await self.process.stdout.readline()
-        except (OSError, asyncssh.Error) as exc:
-            raise self._lost(exc) from exc
+        buffer = self._buffer
+        while True:
+            end = buffer.find(b"\n", self._scanned)
+            if end >= 0:
+                line = bytes(buffer[:end + 1])
+                del buffer[:end + 1]
+                self._scanned = 0
+                return line
+            self._scanned = len(buffer)
+            if len(buffer) > MAX_MESSAGE:
+                buffer.clear()
+                self._scanned = 0
+                raise HostUnreachable("protocol", "%s: the agent sent a line over %d KiB"
+                                      % (self.label, MAX_MESSAGE >> 10))
+            try:
+                chunk = await self.process.stdout.read(READ_CHUNK)
+            except (OSError, asyncssh.Error) as exc:
+                raise self._lost(exc) from exc
+            if not chunk:  # end of stream: what is left, then b""
+                line = bytes(buffer)
+                buffer.clear()
+                self._scanned = 0
+                return line
+            buffer += chunk
 
     def write(self, data: bytes) -> None:
         try:

@@ -23,13 +23,17 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from ..run import LaunchError, RunController
+from ..errors import EXIT_FAILED, EXIT_OK, LaunchError
+from ..run import RunController
+from ..sanitize import clean
+from ..state import RUN_ENDED
+from ..summary import control_lines, detach_hint, status_table
 from .confirm import control_confirm
 from .events import EventsLog
 from .feed import ALL, NODE, RANK, RunFeed
 from .gpu import GpuPanel
 from .header import RunHeader
-from .help import EXTRA_KEYS, HelpScreen
+from .help import HelpScreen, key_sections
 from .logs import LogPanes
 from .losschart import LossChart
 from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, RunChanged,
@@ -37,9 +41,7 @@ from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, Ru
 from .nodes import NodesTable
 from .palette import rankdeck_commands
 from .prompt import PromptBar
-from .summary import control_summary
 
-ENDED = ("succeeded", "failed", "stopped")
 FOCUS_ACTIONS = ("filter", "goto", "focus_pane")  # their keys are priority bindings
 GC_THRESHOLDS = tuple(int(x) for x in os.environ.get("RANKDECK_GC", "10000,10,10").split(","))
 
@@ -136,7 +138,7 @@ class RankdeckApp(App[int]):
         self.feed.close()
         if not self.owns_controller:
             return
-        if self.ctl.state.run_state() in ENDED and self.launch_error is None:
+        if self.ctl.state.run_state() in RUN_ENDED and self.launch_error is None:
             await self.ctl.stop_store()
         self.ctl.save_status()
         await self.ctl.close()
@@ -145,6 +147,11 @@ class RankdeckApp(App[int]):
     @work(exclusive=True, group="launch")
     async def run_launch(self) -> None:
         header = self.header
+
+        def sync_progress(line: str, final: bool) -> None:  # --sync: the header shows it
+            header.sync_line = None if final else line
+            header.update_info()
+        self.ctl.sync_listeners.append(sync_progress)
         try:
             await self.launch()
         except LaunchError as exc:
@@ -152,21 +159,30 @@ class RankdeckApp(App[int]):
             header.phase = "launch failed"
             for node, cause in exc.causes.items():
                 ns = self.ctl.state.nodes.get(node)
-                if ns is not None and ns.state not in ("unreachable", "failed"):
+                # a node that says why already ("sync failed", "preflight failed") keeps it
+                if ns is not None and ns.state != "unreachable" and \
+                        not ns.state.endswith("failed"):
                     self.ctl.state.set_node(node, "failed", str(cause))
             self.notify(str(exc), title="launch failed", severity="error", timeout=60)
         except Exception as exc:  # a bug or an unexpected transport error: show, don't die
-            self.launch_error = LaunchError(str(exc), 1)
+            self.launch_error = LaunchError(str(exc), EXIT_FAILED)
             header.phase = "launch failed"
             self.notify("%s: %s" % (type(exc).__name__, exc), title="launch failed",
                         severity="error", timeout=60)
         else:
             header.phase = None
         finally:
+            self.ctl.sync_listeners.remove(sync_progress)
+            header.sync_line = None
             self.launching = False
             header.record = self.ctl.record
             header.update_info()
             self.post_message(RunChanged())
+
+    def notify(self, message: str, *, markup: bool = False, **kwargs) -> None:
+        """Every toast is plain text by default: messages carry host and user text, and
+        ``[/opt/site/env.sh]`` or ``[rank0]:`` is markup that would end the app."""
+        super().notify(clean(message, limit=16384), markup=markup, **kwargs)
 
     # -- routing messages ------------------------------------------------------------------
     def on_log_lines(self, message: LogLines) -> None:
@@ -182,7 +198,7 @@ class RankdeckApp(App[int]):
         self.header.update_info()
         self.logs.refresh_titles()
         final = self.ctl.state.run_state()
-        if final in ENDED and not self._ended_seen and not self.launching:
+        if final in RUN_ENDED and not self._ended_seen and not self.launching:
             self._ended_seen = True
             self.notify("run %s %s; q quits" % (self.ctl.run_id, final), title="run ended",
                         severity="information" if final == "succeeded" else "error",
@@ -232,8 +248,7 @@ class RankdeckApp(App[int]):
         self.exit(self.exit_code)
 
     def action_help(self) -> None:
-        keys = [(b.key_display or b.key, b.description) for b in self.BINDINGS]
-        self.push_screen(HelpScreen([("Console", keys)] + EXTRA_KEYS))
+        self.push_screen(HelpScreen(key_sections(self)))
 
     def action_filter(self) -> None:
         pattern = self.logs.pattern
@@ -303,7 +318,9 @@ class RankdeckApp(App[int]):
         except Exception as exc:  # e.g. AgentError: tell the user, keep the console up
             self.notify("%s %s failed: %s" % (verb, what, exc), severity="error", timeout=30)
             return
-        text, failed = control_summary(verb, results)
+        lines = control_lines(verb, results)
+        text = "\n".join(line.text for line in lines) or "nothing to %s" % verb
+        failed = any(line.problem for line in lines)
         self.notify(text, title="%s %s" % (verb, what), severity="error" if failed else
                     "information", timeout=15 if failed else 6)
 
@@ -314,7 +331,7 @@ class RankdeckApp(App[int]):
     # -- the outcome -----------------------------------------------------------------------
     @property
     def run_ended(self) -> bool:
-        return self.ctl.state.run_state() in ENDED
+        return self.ctl.state.run_state() in RUN_ENDED
 
     @property
     def detached(self) -> bool:
@@ -328,8 +345,8 @@ class RankdeckApp(App[int]):
             return self.launch_error.code
         final = self.ctl.state.run_state()
         if final in ("failed", "stopped"):
-            return 1
-        return 0
+            return EXIT_FAILED
+        return EXIT_OK
 
 
 def tune_gc() -> None:
@@ -346,11 +363,6 @@ def tune_gc() -> None:
     gc.set_threshold(GC_THRESHOLDS[0], GC_THRESHOLDS[1], GC_THRESHOLDS[2])
 
 
-def detach_hint(run_id: str) -> str:
-    return ("rankdeck: detached; the run goes on. `rankdeck attach %s` to watch it again, "
-            "`rankdeck stop %s` to stop it." % (run_id, run_id))
-
-
 async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = None,
                   **run_kwargs) -> int:
     """Show ``ctl``'s run until the user quits; returns the exit code.
@@ -365,8 +377,17 @@ async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = N
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
-    if app.launch_error is not None:  # the screen that showed it is gone: say it again
-        print("rankdeck: launch failed: %s" % app.launch_error, file=sys.stderr)
+    # The screen that showed how it went is gone: say it again, as --no-tui does.
+    if app.launch_error is not None:
+        print(clean_lines("rankdeck: launch failed: %s" % app.launch_error, ctl),
+              file=sys.stderr)
     elif app.detached:
         print(detach_hint(ctl.run_id), file=sys.stderr)
+    else:  # the run ended: its status table, with each failed node's cause
+        print(clean_lines(status_table(ctl.status()), ctl))
     return app.exit_code
+
+
+def clean_lines(text: str, ctl: RunController) -> str:
+    """``text`` made safe for the terminal line by line, the run's secrets masked."""
+    return "\n".join(clean(line, ctl.state.masker) for line in text.split("\n"))

@@ -14,7 +14,7 @@ from textual.widgets import RichLog
 
 from ..sanitize import clean
 from ..state import EVENTS, Event, RunState
-from .summary import clock_text
+from ..text import clock_text
 
 KIND_STYLE = {
     "checkpoint": "green", "launched": "cyan", "rendezvous": "cyan", "restarting": "magenta",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
+from ..lines import Entry
 from ..sanitize import clean
 from ..scrollback import ALL, NODE, RANK, rank_of  # noqa: F401 (the source kinds, re-exported)
 from ..state import Event, LineBatch, RunState
@@ -32,7 +33,6 @@ class RunFeed:
         self._pending: dict[tuple, list] = defaultdict(list)
         self._flush_handle: asyncio.TimerHandle | None = None
         self._change_handle: asyncio.TimerHandle | None = None
-        self.lines_seen = 0
 
     def start(self) -> None:
         self.state.line_listeners.append(self._on_lines)
@@ -59,7 +59,6 @@ class RunFeed:
 
     # -- callbacks from RunState (on the event loop) -----------------------------------
     def _on_lines(self, batch: LineBatch) -> None:
-        self.lines_seen += len(batch.lines)
         watched = self.watched
         if not watched or not batch.lines:
             return
@@ -75,7 +74,7 @@ class RunFeed:
         secrets = self.secrets
         ts, node, journal = batch.ts or None, batch.node, batch.journal
         rank = rank_of(batch.rank, batch.stream)
-        entries = [(ts, node, rank, clean(line, secrets), journal, k)
+        entries = [Entry(ts, node, rank, clean(line, secrets), journal, k)
                    for k, line in enumerate(batch.lines)]
         for key in keys:
             pending = self._pending[key]
@@ -106,9 +105,3 @@ class RunFeed:
         self._change_handle = None
         self.target.post_message(RunChanged())
 
-
-def cleaned(entries: list, secrets=()) -> list:
-    """Entries with their text made safe to show (console/sanitize.py)."""
-    secrets = tuple(secrets or ())
-    return [(ts, node, rank, clean(text, secrets), journal, k)
-            for ts, node, rank, text, journal, k in entries]

@@ -12,7 +12,8 @@ from __future__ import annotations
 from ..sanitize import clean
 from ..state import RunState
 from .rowsview import RowsView
-from .summary import gib, rank_ranges, ranks_by_node
+from ..summary import ranks_by_node
+from ..text import gib, rank_ranges
 
 BAR = 8
 

@@ -1,4 +1,5 @@
-"""RunHeader: run id, run state or launch phase, elapsed time, step, steps/s and ETA.
+"""RunHeader: run id, run state or launch phase (with ``--sync`` progress while code goes
+to the hosts), elapsed time, step, steps/s and ETA.
 
 ETA needs the total number of steps, taken from the trainer's ``--steps N`` in the run spec;
 without it the ETA is "?". ``clock`` is injectable so snapshots can freeze elapsed time.
@@ -13,8 +14,9 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ..state import RunState
-from .summary import (eta_s, hms, launch_progress, run_step, state_style, steps_per_s,
-                      total_steps)
+from ..summary import eta_s, launch_progress, run_step, steps_per_s, total_steps
+from ..text import hms
+from .styles import state_style
 
 
 class RunHeader(Static):
@@ -29,6 +31,7 @@ class RunHeader(Static):
         self.record = record if record is not None else {}
         self.clock = clock
         self.phase: str | None = "launching"  # set by the app while launch() runs
+        self.sync_line: str | None = None  # --sync progress while code goes to the hosts
 
     def on_mount(self) -> None:
         self.update_info()
@@ -46,6 +49,8 @@ class RunHeader(Static):
         text.append("● %s" % shown, state_style(shown) or "cyan")
         if shown == "launching":
             text.append(" (%s)" % launch_progress(state), "cyan")
+            if self.sync_line:  # before the rest: the line is cut at the right edge
+                text.append("  %s" % self.sync_line, "cyan")
         text.append("  elapsed %s" % hms(self.clock() - state.started))
         step, total = run_step(state), total_steps(self.record)
         text.append("  step %s/%s" % ("-" if step is None else step,

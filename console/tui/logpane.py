@@ -14,12 +14,13 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from ..sanitize import cleaned
 from ..scrollback import Fetch, Scrollback, kept_lines
 from ..state import LINES_PER_RANK, RunState
-from .feed import ALL, NODE, RANK, cleaned
+from .feed import ALL, NODE, RANK
 from .logview import LogView
 from .messages import OlderWanted
-from .summary import state_style
+from .styles import state_style
 
 FIRST_PAINT = 300  # lines shown at once when a pane switches source; the rest follow
 
@@ -28,10 +29,8 @@ def refilled_to(entries: list) -> dict:
     """Per node, the position ``(journal, index)`` of the newest of ``entries`` there."""
     marks: dict = {}
     for entry in entries:
-        if entry[4] is not None:
-            position = (entry[4], entry[5])
-            if position > marks.get(entry[1], (-1, -1)):
-                marks[entry[1]] = position
+        if entry.journal is not None and entry.position > marks.get(entry.node, (-1, -1)):
+            marks[entry.node] = entry.position
     return marks
 
 
@@ -123,12 +122,11 @@ class LogPane(Vertical):
         marks = self._refilled_to
         fresh = []
         for entry in entries:
-            node, journal = entry[1], entry[4]
-            mark = marks.get(node)
-            if mark is not None and journal is not None:
-                if (journal, entry[5]) <= mark:
+            mark = marks.get(entry.node)
+            if mark is not None and entry.journal is not None:
+                if entry.position <= mark:
                     continue
-                del marks[node]  # lines of a node come in order: the rest are new
+                del marks[entry.node]  # lines of a node come in order: the rest are new
             fresh.append(entry)
         return fresh
 
@@ -154,15 +152,15 @@ class LogPane(Vertical):
             self._fetching = False
 
     async def _fetch_older(self, generation: int, to_start: bool) -> None:
-        view, state = self.view, self.state
-        if self._scrollback is None or self._scrollback_version != view.floor_version:
-            self._scrollback = Scrollback(state, self.source, view.floors)
-            self._scrollback_version = view.floor_version
+        view, state, window = self.view, self.state, self.view.window
+        if self._scrollback is None or self._scrollback_version != window.version:
+            self._scrollback = Scrollback(state, self.source, window.floors)
+            self._scrollback_version = window.version
         scroll = self._scrollback
         if scroll.exhausted:
             self._set_older_status(self._start_text(scroll))
             return
-        if view.entry_count() >= view.limit:
+        if len(window) >= view.limit:
             self._set_older_status("scrollback full: End follows again")
             return
         self._set_older_status("fetching older lines...")
@@ -174,10 +172,10 @@ class LogPane(Vertical):
             return
         if generation != self._generation or scroll is not self._scrollback:
             return  # the pane switched source meanwhile
-        version = view.floor_version
+        version = window.version
         view.prepend_older(cleaned(entries, self.secrets), scroll.floors, to_start)
-        if view.floor_version == version:
-            self._scrollback_version = view.floor_version
+        if window.version == version:  # the floors are the fetcher's: it carries on from them
+            self._scrollback_version = window.version
         self._set_older_status(self._start_text(scroll) if scroll.exhausted else None)
 
     def _start_text(self, scroll: Scrollback) -> str:

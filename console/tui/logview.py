@@ -4,33 +4,35 @@ Lines are plain text (cleaned by console/sanitize.py) and are never parsed as ma
 becomes segments of its literal text with only our own styles (timestamp, who, matches).
 Rendering is per visible row through ``render_line`` with an LRU cache of strips, so appending
 thousands of lines costs list appends, not layout. Entries arrive in batches (``add_entries``)
-and the view keeps at most ``max_lines`` of them while it follows, ``SCROLLBACK`` more while
-paused; changing an option rebuilds from those.
+into the view's :class:`~console.window.EntryWindow`, which holds at most ``max_lines`` of
+them while the view follows, ``SCROLLBACK`` more while paused; changing an option rebuilds
+the shown lines from it.
 
-Scrolling back: ``floors`` says, per node, from which position on (console/scrollback.py) the
-view holds every line of its source. Scrolling up at the top posts :class:`OlderWanted`; the
-pane fetches what lies before the floors and puts it in front (``prepend_older``).
+Scrolling back: the window's floors say, per node, from which position on the view holds
+every line of its source. Scrolling up at the top posts :class:`OlderWanted`; the pane
+fetches what lies before the floors and puts it in front (``prepend_older``).
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-from collections import deque
 
-from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
+from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.reactive import var
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from ..text import clock_text, rank_ranges
+from ..window import EntryWindow
+from .cells import fit, width_of
 from .messages import FollowChanged, OlderWanted
 from .scrolling import set_virtual_size
-from .summary import clock_text, rank_ranges
 
 CACHED_ROWS = 1024
 SCROLLBACK = 50_000  # lines a paused view may hold beyond max_lines (fetched older ones)
@@ -38,30 +40,6 @@ RECENT = 1024  # how far back an identical line from another rank is collapsed i
 NODE_STYLES = ("cyan", "yellow", "magenta", "green", "blue", "bright_red", "bright_cyan",
                "bright_yellow", "bright_magenta", "bright_green", "bright_blue", "red")
 _serial = itertools.count()
-
-
-def width_of(s: str) -> int:
-    return len(s) if s.isascii() else cell_len(s)
-
-
-def fit(segments: list[Segment], length: int, width: int, pad: Style) -> list[Segment]:
-    """Segments cut or padded to exactly ``width`` cells (no intermediate Strips)."""
-    if length == width:
-        return segments
-    if length < width:
-        return segments + [Segment(" " * (width - length), pad)]
-    out, used = [], 0
-    for segment in segments:
-        cells = width_of(segment.text)
-        if used + cells <= width:
-            out.append(segment)
-            used += cells
-            if used == width:
-                break
-        else:
-            out.append(Segment(set_cell_size(segment.text, width - used), segment.style))
-            break
-    return out
 
 
 class LogLine:
@@ -94,6 +72,20 @@ class LogView(ScrollView, can_focus=True):
     }
     """
 
+    HELP_TITLE = "Log panes"
+    # ScrollView's keys, described for what they do here (the help screen shows these).
+    BINDINGS = [
+        Binding("up", "scroll_up", "Scroll back a line (pauses following); at the top, "
+                "fetch older lines from the hosts", show=False),
+        Binding("down", "scroll_down", "Scroll down a line", show=False),
+        Binding("pageup", "page_up", "Scroll back a page (pauses following); at the top, "
+                "fetch older lines from the hosts", show=False),
+        Binding("pagedown", "page_down", "Scroll down a page", show=False),
+        Binding("home", "scroll_home", "The start of the log (fetched from the hosts)",
+                show=False),
+        Binding("end", "scroll_end", "The newest line, and follow again", show=False),
+    ]
+
     follow: var[bool] = var(True)
 
     def __init__(self, max_lines: int = 5000, multi_rank: bool = False, **kwargs):
@@ -105,9 +97,7 @@ class LogView(ScrollView, can_focus=True):
         self.timestamps = False
         self.collapse = False
         self.pattern: re.Pattern | None = None
-        self._entries: deque = deque()
-        self.floors: dict = {}  # node -> position from which every line is here (None: unknown)
-        self.floor_version = 0  # bumped whenever floors move for another reason than a fetch
+        self.window = EntryWindow()  # what is held; _lines/_rows: what of it is shown
         self._lines: list[LogLine] = []
         self._rows: list[tuple[LogLine, int]] = []
         self._recent: dict[str, LogLine] = {}
@@ -141,17 +131,13 @@ class LogView(ScrollView, can_focus=True):
 
     def set_entries(self, entries, floors: dict | None = None) -> None:
         """Replace everything shown (a pane switched source and refills from RunState)."""
-        self._entries = deque(entries)
-        self.floors = dict(floors or {})
-        self.floor_version += 1
-        self._trim_entries()
+        self.window.replace(entries, floors, self.limit)
         self._rebuild()
 
     def prepend_entries(self, entries: list) -> None:
         """Older kept entries in front of what is shown (a refill's backlog; floors include them)."""
         if entries:
-            self._entries.extendleft(reversed(entries))
-            self._trim_entries()
+            self.window.prepend(entries, self.limit)
             self._rebuild()
 
     def prepend_older(self, entries: list, floors: dict, to_start: bool = False) -> int:
@@ -159,48 +145,27 @@ class LogView(ScrollView, can_focus=True):
         (``to_start``: the view goes to the first line instead).
 
         ``floors``: the fetcher's, below what it handed out. Past the paused limit only the
-        newest entries that fit are taken (the floors then stop above the rest). Returns how
-        many were added.
+        newest entries that fit are taken (EntryWindow.prepend_older). Returns how many were
+        added.
         """
-        room = max(0, self.limit - len(self._entries))
-        floors = dict(floors)
-        if room < len(entries):
-            cut, entries = entries[:len(entries) - room], entries[len(entries) - room:]
-            for _ts, node, _rank, _text, journal, k in cut:
-                floors[node] = None if journal is None else (journal, k + 1)
-            self.floor_version += 1  # the fetcher's floors are not the view's any more
-        self.floors.update(floors)
-        if not entries:
+        taken = self.window.prepend_older(entries, floors, self.limit)
+        if not taken:
             return 0
         before = self.line_count
-        self._entries.extendleft(reversed(entries))
         y = self.scroll_y
         self._rebuild()
         y = 0 if to_start else y + self.line_count - before
         # After the next refresh, like the key's own scroll that may still be pending.
         self.scroll_to(y=y, animate=False)
-        return len(entries)
+        return len(taken)
 
     def add_entries(self, entries: list) -> None:
-        """Append a batch of ``(ts, node, rank, text, journal, index)`` entries."""
+        """Append a batch of entries (console/lines.py ``Entry``), oldest first."""
         if not entries:
             return
-        self._entries.extend(entries)
-        self._trim_entries()
+        self.window.add(entries, self.limit)
         dropped = self._ingest(entries)
         self._after_change(dropped)
-
-    def _trim_entries(self) -> None:
-        """Drop the oldest entries beyond ``limit``; the floors move past them."""
-        entries, floors = self._entries, self.floors
-        excess = len(entries) - self.limit
-        if excess <= 0:
-            return
-        for _ in range(excess):
-            _ts, node, _rank, _text, journal, k = entries.popleft()
-            if node not in floors or floors[node] is not None:  # None: unknown for good
-                floors[node] = None if journal is None else (journal, k + 1)
-        self.floor_version += 1
 
     @property
     def matches(self) -> int:
@@ -216,7 +181,8 @@ class LogView(ScrollView, can_focus=True):
         return [self._plain(line) for line in self._lines]
 
     def entry_count(self) -> int:
-        return len(self._entries)
+        """Entries held (shown or filtered out)."""
+        return len(self.window)
 
     # -- building lines ----------------------------------------------------------------
     def _rebuild(self) -> None:
@@ -225,7 +191,7 @@ class LogView(ScrollView, can_focus=True):
         self._cache.clear()
         self._wrap_width = max(1, self.scrollable_content_region.width) if self.is_mounted \
             else 80
-        self._ingest(self._entries)
+        self._ingest(self.window.entries)
         self._after_change(0, rebuilt=True)
 
     def _ingest(self, entries) -> int:
@@ -415,8 +381,8 @@ class LogView(ScrollView, can_focus=True):
 
     # -- follow / pause ------------------------------------------------------------------
     def watch_follow(self, follow: bool) -> None:
-        if follow and len(self._entries) > self.max_lines:  # back to the live limit
-            self._trim_entries()
+        if follow and len(self.window) > self.max_lines:  # back to the live limit
+            self.window.trim(self.limit)
             self._rebuild()
         if follow and self.is_mounted:
             self.scroll_end(animate=False, immediate=True, x_axis=False)

@@ -14,7 +14,8 @@ from textual.widget import Widget
 
 from ..state import RunState
 from .braille import bounds, plot, sample
-from .summary import fmt_float, run_step, steps_per_s
+from ..summary import run_step, steps_per_s
+from ..text import fmt_float
 
 REDRAW_S = 1.0
 MAX_SERIES = 32  # ranks drawn in "all" mode (evenly chosen); more would be one blur

@@ -1,8 +1,8 @@
 """Messages of the rankdeck app: one class per kind of event, flowing up to the app.
 
 A log source is a tuple: ``("rank", 5)``, ``("node", "node1")`` (a whole node merged) or
-``("all", None)`` (every rank merged). A log entry is ``(ts, node, rank, text)`` with ``text``
-already cleaned by console/sanitize.py (plain text, never markup).
+``("all", None)`` (every rank merged). Log lines travel as console/lines.py ``Entry`` with
+``text`` already cleaned by console/sanitize.py (plain text, never markup).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from ..state import Event
 
 @dataclass
 class LogLines(Message):
-    """New cleaned lines of the watched sources since the last flush (never coalesced)."""
+    """New cleaned lines of the watched sources since the last flush (never coalesced).
+
+    ``lines``: source -> list of ``Entry``, oldest first."""
 
     lines: dict
 

@@ -15,8 +15,9 @@ from ..state import RunState
 from .feed import NODE, RANK
 from .messages import SourceChosen
 from .rowsview import RowsView
-from .summary import (fmt_float, node_detail, node_phase, node_step, ranks_by_node,
-                      state_style)
+from ..summary import node_detail, node_phase, node_step, ranks_by_node
+from ..text import fmt_float
+from .styles import state_style
 
 STATE_W, STEP_W, RST_W = 13, 6, 5
 CAUSE_MAX = 400

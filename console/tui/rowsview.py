@@ -22,7 +22,7 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from .logview import width_of
+from .cells import width_of
 from .scrolling import set_virtual_size
 
 
@@ -54,13 +54,14 @@ class RowsView(ScrollView, can_focus=True):
     }
     """
     BINDINGS = [
-        Binding("up", "cursor(-1)", "Up", show=False),
-        Binding("down", "cursor(1)", "Down", show=False),
+        Binding("up", "cursor(-1)", "Row up", show=False),
+        Binding("down", "cursor(1)", "Row down", show=False),
         Binding("pageup", "page(-1)", "Page up", show=False),
         Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home", "edge(0)", "First", show=False),
-        Binding("end", "edge(1)", "Last", show=False),
-        Binding("enter", "choose", "Show", show=False),
+        Binding("home", "edge(0)", "First row", show=False),
+        Binding("end", "edge(1)", "Last row", show=False),
+        Binding("enter", "choose", "Show the row's rank (or node merged) in the active pane; "
+                "k/r then act on its node", show=False),
     ]
 
     def __init__(self, header: tuple | None = None, cursor: bool = True, **kwargs):

@@ -93,6 +93,18 @@ def test_replaced_attempt_folder_is_read_to_the_end_and_followed_anew(tmp_path):
     assert data_of(recs, new_fid) == b"new 1\n"
 
 
+def test_torchrun_starts_of_an_earlier_supervisor_are_not_followed_again(tmp_path):
+    base = str(tmp_path)
+    with open(make_rank_file(base, inst="run_old"), "wb") as out:
+        out.write(b"journaled by the node's earlier supervisor\n")
+    f = LogFollower(base, lambda attempt, lr: 0, ignore=os.listdir(base))
+    with open(make_rank_file(base, inst="run_new"), "wb") as out:
+        out.write(b"new\n")
+    recs = f.poll(final=True)
+    assert [m["instance"] for m, _d in recs if m["k"] == "file"] == ["run_new"]
+    assert data_of(recs) == b"new\n"
+
+
 def test_a_line_without_end_is_passed_on_in_bounded_pieces(tmp_path):
     path = make_rank_file(str(tmp_path))
     f = LogFollower(str(tmp_path), lambda attempt, lr: 0)

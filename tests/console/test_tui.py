@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import time
 
 import pytest
 from rich.cells import cell_len
+from rich.console import Console
+from textual.widgets import Static
 
 from console.sanitize import clean
 from console.tui.app import RankdeckApp, run_app
@@ -517,16 +520,52 @@ async def test_eta_unknown_without_total_steps(tmp_path):
         assert "step 24/?" in header and "ETA ?" in header
 
 
-async def test_help_lists_every_key(tmp_path):
+def help_rows(screen: HelpScreen) -> dict[str, set[str]]:
+    """What the help screen shows: description -> the keys on its lines."""
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(screen.query_one("#help-keys", Static).content)  # the table it draws
+    rows: dict[str, set[str]] = {}
+    for line in console.export_text().splitlines():
+        keys, _gap, description = line.strip().partition("  ")
+        if description.strip():
+            rows.setdefault(description.strip(), set()).update(keys.split(" / "))
+    return rows
+
+
+async def test_help_shows_every_key_of_every_widget(tmp_path):
+    """Each widget that can have the focus is focused in turn; every key Textual then
+    offers (its, its parents', the screen's, the app's) has its line in the help screen."""
     app, ctl, t = build(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
+        main = app.screen
+        active: dict[tuple, type] = {}
+        focusable = [w for w in main.walk_children() if w.can_focus]
+        assert {type(w).__name__ for w in focusable} >= {"NodesTable", "LogView", "EventsLog",
+                                                         "PromptBar"}
+        for widget in focusable:
+            if widget is app.prompt:
+                app.prompt.open("goto")  # shown only while typing
+            main.set_focus(widget)
+            await pilot.pause()
+            assert app.focused is widget
+            for key, held in app.active_bindings.items():
+                if not held.binding.system:
+                    label = held.binding.key_display or key
+                    active[(label, held.binding.description)] = type(held.node)
+            if widget is app.prompt:
+                app.prompt.close()
         await pilot.press("question_mark")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen))
-        keys = app.screen.keys()
-        for binding in app.BINDINGS:
-            assert (binding.key_display or binding.key) in keys
-        assert "ctrl+p" in keys
+        rows = help_rows(app.screen)
+        missing = [(key, description, node.__name__) for (key, description), node
+                   in active.items() if key not in rows.get(description, ())]
+        assert not missing, missing
+        # a sample of what a user looks for, said the way the widgets say it
+        assert "d" not in rows.get("Detach", ()) and "q" in rows["Detach"]
+        assert "ctrl+p" in rows["palette"]
+        assert "home" in rows["The start of the log (fetched from the hosts)"]
+        assert "esc" not in rows and "escape" in rows["Close"] and "y" in rows["Yes"]
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, HelpScreen))
 
@@ -597,6 +636,7 @@ async def test_run_app_reports_a_failed_launch_after_the_screen_is_gone(tmp_path
 async def test_log_view_keeps_at_most_max_lines_wrapped_or_not():
     from textual.app import App
 
+    from console.lines import Entry
     from console.tui.logview import LogView
 
     class One(App):
@@ -610,8 +650,9 @@ async def test_log_view_keeps_at_most_max_lines_wrapped_or_not():
             view.configure(wrap=wrap, collapse=True)
             view.set_entries([])
             for batch in range(5):
-                view.add_entries([(None, "n1", r, "line %d of batch %d %s" % (i, batch, "x" * i),
-                                   None, i) for i in range(30) for r in (0, 1)])
+                view.add_entries([Entry(None, "n1", r, "line %d of batch %d %s"
+                                        % (i, batch, "x" * i), None, i)
+                                  for i in range(30) for r in (0, 1)])
                 await pilot.pause()
                 assert len(view.lines_text()) == min(50, 30 * (batch + 1))
                 assert view.lines_text()[-1].startswith("ranks 0-1: line 29 of batch %d" % batch)

@@ -97,15 +97,15 @@ async def test_restart_a_node_from_the_tui_and_its_pane_goes_on(tmp_path):
             title = pane.query_one(".logpane--title")
             pages = 0
             while "start of log" not in str(title.render()):
-                had = len(pane.view._entries)
+                had = len(pane.view.window.entries)
                 await pilot.press("home")
-                await until(pilot, lambda: len(pane.view._entries) > had or
+                await until(pilot, lambda: len(pane.view.window.entries) > had or
                             "start of log" in str(title.render()), what="a page of older lines")
                 assert "older lines:" not in str(title.render()), str(title.render())
                 pages += 1
                 assert pages < 100
             assert pages >= 2 and pane._scrollback.fetches >= 2  # several pages, really fetched
-            shown = list(pane.view._entries)
+            shown = list(pane.view.window.entries)
     finally:
         await ctl.stop()
         await ctl.close()

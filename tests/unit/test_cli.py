@@ -80,3 +80,46 @@ def test_unknown_node_of_a_recorded_run_is_exit_2_before_connecting(tmp_path, ve
     assert out.returncode == 2, out
     assert "run 20260101-000000-abcd has no node 'node9'; nodes: node0" in out.stderr
     assert "unreachable" not in out.stderr  # refused before any connection was tried
+
+
+@pytest.mark.parametrize("nnodes, message", [
+    ("6", "--nnodes 6 asks for more nodes than there are hosts: the inventory %s has 4 "
+          "hosts and rankdeck starts one node on each; use --nnodes 4, or add hosts"),
+    ("2", "--nnodes 2 asks for fewer nodes than there are hosts: the inventory %s has 4 "
+          "hosts and rankdeck starts one node on each; use --nnodes 4, an elastic "
+          "--nnodes 2:4, or an inventory of 2 hosts"),
+    ("5:8", "--nnodes 5:8 needs at least 5 nodes, more than there are hosts"),
+    ("1:2", "--nnodes 1:2 allows at most 2 nodes, fewer than there are hosts"),
+    ("4:2", "--nnodes 4:2: MIN is above MAX; write MIN:MAX, e.g. --nnodes 2:4"),
+    ("0", "--nnodes 0: a run needs at least 1 node"),
+])
+def test_nnodes_must_fit_the_inventory(nnodes, message):
+    inv = os.path.join(REPO, "inventory", "local.yaml")  # 4 hosts
+    out = rankdeck("launch", "--no-tui", "-i", inv, "--nnodes", nnodes, "t.py")
+    assert out.returncode == 2, out
+    assert (message % inv if "%s" in message else message) in out.stderr
+    assert runs_recorded() == []
+
+
+def test_nnodes_that_fits_is_taken():
+    from console.commands import check_nnodes
+
+    for ok in ("4", "1:4", "4:4", "2:8"):
+        check_nnodes(ok, 4, "inv.yaml")  # no UsageError
+
+
+def test_sync_folder_that_is_not_there_is_exit_2(tmp_path):
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("transport: local\ndefaults:\n  workdir: %s\nhosts:\n"
+                   "  - {name: node0, addr: 127.0.0.2}\n" % tmp_path)
+    out = rankdeck("launch", "--no-tui", "-i", str(inv), "--sync", str(tmp_path / "nope"),
+                   "t.py")
+    assert out.returncode == 2, out
+    assert "--sync %s: not a folder on this machine" % (tmp_path / "nope") in out.stderr
+    inv.write_text("transport: local\ndefaults:\n  workdir: %s\n  sync: code\nhosts:\n"
+                   "  - {name: node0, addr: 127.0.0.2}\n" % tmp_path)
+    out = rankdeck("launch", "--no-tui", "-i", str(inv), "t.py")
+    assert out.returncode == 2, out
+    # a relative defaults.sync is read against the inventory's folder, and named as such
+    assert "defaults.sync in %s (%s): not a folder" % (inv, tmp_path / "code") in out.stderr
+    assert not (tmp_path / ".rankdeck").exists() and runs_recorded() == []

@@ -41,8 +41,16 @@ def test_agent_source_parses_as_python_3_8(name):
 def test_console_core_imports_no_textual():
     core = ["console.state", "console.run", "console.link", "console.headless",
             "console.history", "console.sanitize", "console.transport.base",
-            "console.transport.local"]
+            "console.transport.local", "console.summary", "console.text", "console.errors",
+            "console.preflight"]
     if os.path.exists(os.path.join(REPO, "console", "transport", "ssh.py")):
         core.append("console.transport.ssh")
     top = imported_after(core)
     assert "textual" not in top and "rich" not in top
+
+
+def test_cli_start_up_loads_neither_textual_nor_asyncssh():
+    # both are imported lazily where needed (the TUI, the SSH transport): `rankdeck --help`,
+    # `ls` and headless local runs do not pay for them
+    top = imported_after(["console.cli"])
+    assert "textual" not in top and "asyncssh" not in top

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,15 @@ def test_local_example_runs_four_nodes_on_loopback_with_the_console_python():
     ]
     for host in inv.hosts:
         assert (host.ssh, host.python, host.workdir, host.slots, host.env) == (None, "", ".", 1, {})
+
+
+def test_local_workdirs_are_fixed_against_the_launch_directory(tmp_path):
+    # a local run's folders must not move when a later command starts elsewhere
+    local = load_inventory(EXAMPLES / "local.yaml", {}).resolve_local(str(tmp_path))
+    assert {h.workdir for h in local.hosts} == {str(tmp_path)}
+    remote = load_inventory(EXAMPLES / "cluster.example.yaml", LAPTOP_ENV)
+    before = [h.workdir for h in remote.hosts]
+    assert [h.workdir for h in remote.resolve_local(str(tmp_path)).hosts] == before
 
 
 def test_hostfile_example_takes_python_workdir_and_gpus_from_defaults():
@@ -214,7 +224,7 @@ CATALOGUE = [
      "defaults, hosts, name, transport"),
     ("unknown-defaults", "inv.yaml", "defaults:\n  slot: 8\n" + HOST,
      "inv.yaml:2: unknown key 'slot' in defaults; did you mean 'slots'? Allowed: env, gpus, "
-     "python, slots, workdir"),
+     "python, slots, sync, workdir"),
     ("ssh-in-defaults", "inv.yaml", "defaults:\n  ssh: gw\n" + HOST,
      "inv.yaml:2: 'ssh' cannot be a default: every host has its own; set it on each host"),
     ("unknown-host", "inv.yaml", HOST + "  - name: node1\n    adr: 10.0.0.11\n",
@@ -338,3 +348,57 @@ def test_each_mistake_gets_file_line_and_fix(tmp_path, monkeypatch, name, text, 
     with pytest.raises(InventoryError) as err:
         load_inventory(name, {})
     assert str(err.value) == message
+
+
+# --- files that are not inventories --------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "cluster.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(InventoryError) as err:
+        load_inventory(fifo, {})
+    assert "not a regular file" in str(err.value) and str(fifo) in str(err.value)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", ["cluster.yaml", "hostfile"])
+def test_a_device_is_refused_unread(tmp_path, name):
+    (tmp_path / name).symlink_to("/dev/zero")
+    with pytest.raises(InventoryError) as err:
+        load_inventory(tmp_path / name, {})
+    assert "not a regular file" in str(err.value)
+
+
+def test_a_file_over_the_size_cap_is_refused(tmp_path):
+    (tmp_path / "cluster.yaml").write_text("# padding\n" * (1 << 17))
+    with pytest.raises(InventoryError) as err:
+        load_inventory(tmp_path / "cluster.yaml", {})
+    assert "larger than 1 MiB" in str(err.value)
+
+
+def test_a_byte_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    (tmp_path / "cluster.yaml").write_bytes(b"hosts:\n  - name: n\xe9ud0\n    ssh: a\n")
+    with pytest.raises(InventoryError) as err:
+        load_inventory(tmp_path / "cluster.yaml", {})
+    assert err.value.line == 2
+    assert "cluster.yaml:2:" in str(err.value) and "0xe9" in str(err.value)
+    assert "save the file as UTF-8" in str(err.value)
+
+
+@pytest.mark.timeout(30)
+def test_nested_merge_keys_are_bounded(tmp_path):
+    # each level merges the one before and names it twice more: 3^25 values if expanded
+    levels = ["l0: &l0 {k0: v}"] + ["l%d: &l%d {<<: *l%d, a%d: *l%d, b%d: *l%d}"
+                                    % (i, i, i - 1, i, i - 1, i, i - 1) for i in range(1, 26)]
+    text = "\n".join(levels) + "\nhosts:\n  - name: n0\n"
+    with pytest.raises(InventoryError) as err:
+        load_text(tmp_path, "cluster.yaml", text)
+    assert "expand this to more than" in str(err.value) and err.value.line is not None
+
+
+def test_an_alias_inside_itself_is_refused(tmp_path):
+    with pytest.raises(InventoryError) as err:
+        load_text(tmp_path, "cluster.yaml", "hosts: &h\n  - name: n0\n  - *h\n")
+    assert "recursive" in str(err.value)

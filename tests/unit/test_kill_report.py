@@ -1,7 +1,8 @@
 """What a user reads after a kill: processes left, D state, GPU memory freed or held."""
 
 from agent import supervisor
-from console.state import kill_summary
+from console.buffers import Series
+from console.text import kill_summary
 
 
 class FakeProbe:
@@ -45,8 +46,6 @@ def test_summaries():
 
 
 def test_loss_series_stays_bounded_and_keeps_the_whole_run():
-    from console.state import Series
-
     s = Series(cap=8)
     for step in range(1, 1001):
         s.append((step, 1.0 / step))

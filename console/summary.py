@@ -1,33 +1,24 @@
-"""What the views say about a run, derived from RunState: plain functions, no widgets.
+"""What the views say about a run, derived from RunState: plain text, no widgets.
 
-Launch phase of a node, run progress (step, steps/s, ETA), rank ranges ("ranks 0-7"), state
-colours and short number formats. Kept apart from the widgets so tests and the headless
-side can use them without a screen.
+A node's launch phase, run progress (step, steps/s, ETA), the end-of-run status table, the
+outcome of a stop or restart, the detach hint. The TUI (console/tui) and the headless
+printer and commands both use them; Rich styles and widgets stay in console/tui.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from typing import NamedTuple
 
-from ..state import NodeState, RunState
-
-STATE_STYLE = {
-    "connecting": "cyan", "connected": "cyan", "preflight": "cyan",
-    "preflight failed": "bold red", "bad preflight": "bold red", "starting": "cyan", "rendezvous": "cyan",
-    "running": "green", "stalled": "bold yellow", "restarting": "magenta",
-    "stopping": "magenta", "exited": "green", "stopped": "dim", "failed": "bold red",
-    "unreachable": "bold red", "lost": "bold red",
-}
+from .errors import AgentError
+from .state import NodeState, RunState
+from .text import columns, kill_summary
 
 STEP_FLAGS = ("--steps", "--max-steps", "--max_steps", "--total-steps", "--total_steps")
 
 
-def state_style(state: str) -> str:
-    """Style of a state, or of a phase with detail ("failed (1)")."""
-    return STATE_STYLE.get(state) or STATE_STYLE.get(state.split(" ")[0], "")
-
-
+# -- a node's phase ----------------------------------------------------------------------------
 def ranks_by_node(state: RunState) -> dict[str, list]:
     """Every node's ranks in rank order, in one pass (``ranks_of`` scans all ranks)."""
     out: dict[str, list] = {name: [] for name in state.nodes}
@@ -61,6 +52,7 @@ def node_detail(state: RunState, ns: NodeState, ranks: list | None = None) -> st
     return {"connecting": "connecting to agent", "connected": "agent ready",
             "preflight": "checking python, torch, GPUs, disk, rendezvous reachability",
             "starting": "starting torchrun", "rendezvous": "waiting for first step",
+            "syncing": "sending code into the workdir",
             "restarting": "restarting torchrun"}.get(phase, "")
 
 
@@ -74,7 +66,9 @@ def launch_progress(state: RunState) -> str:
     return ", ".join("%d %s" % (n, phase) for phase, n in counts.items())
 
 
+# -- progress ----------------------------------------------------------------------------------
 def node_step(state: RunState, name: str, ranks: list | None = None) -> int | None:
+    """The step every rank of node ``name`` has reached."""
     ranks = state.ranks_of(name) if ranks is None else ranks
     steps = [r.step for r in ranks if r.step is not None]
     return min(steps) if steps else None
@@ -115,6 +109,7 @@ def steps_per_s(state: RunState) -> float | None:
 
 
 def eta_s(state: RunState, record: dict | None, rate: float | None) -> float | None:
+    """Seconds to the last step at ``rate`` steps/s; None without a known total."""
     total = total_steps(record)
     step = run_step(state)
     if total is None or step is None or not rate:
@@ -122,57 +117,64 @@ def eta_s(state: RunState, record: dict | None, rate: float | None) -> float | N
     return max(0.0, (total - step) / rate)
 
 
-def hms(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(max(0, seconds))
-    h, rest = divmod(seconds, 3600)
-    return "%d:%02d:%02d" % (h, rest // 60, rest % 60)
+# -- texts at the end of a command ---------------------------------------------------------------
+def status_table(status: dict) -> str:
+    """The run's state, one row per rank, from a ``status`` document (RunState.status)."""
+    rows = [("node", "state", "restarts", "exit", "rank", "rank state", "step", "loss")]
+    for node in status["nodes"]:
+        used, left = node["restarts_used"], node["restarts_left"]
+        base = (node["name"], node["state"], "%d used, %d left" % (used, left),
+                "" if node["exit_code"] is None else str(node["exit_code"]))
+        if not node["ranks"]:
+            rows.append(base + ("-", "-", "-", "-"))
+        for r in node["ranks"]:
+            loss = "" if r["loss"] is None else "%.4f" % r["loss"]
+            rows.append(base + (str(r["rank"]), r["state"], str(r["step"] or ""), loss))
+            base = ("", "", "", "")
+    head = "run %s: %s (%.0f s)" % (status["run_id"], status["state"],
+                                    time.time() - status.get("started", time.time()))
+    causes = ["  %s: %s" % (n["name"], n["cause"]) for n in status["nodes"] if n.get("cause")]
+    code = [sync_text(status["sync"])] if status.get("sync") else []
+    return "\n".join([head] + code + columns(rows, rule=True) +
+                     (["causes:"] + causes if causes else []))
 
 
-def clock_text(ts: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "--:--:--"
+def sync_text(sync: dict) -> str:
+    """``code: tree 3f9a0c1d2e4b (112 files, 4.2 MB) from /home/me/proj`` (``--sync``)."""
+    return "code: tree %s (%d files, %.1f MB) from %s" % (
+        str(sync.get("tree", "?"))[:12], sync.get("files", 0), sync.get("bytes", 0) / 1e6,
+        sync.get("dir", "?"))
 
 
-def rank_ranges(ranks) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+class ControlLine(NamedTuple):
+    """One line about a node's answer to a stop or restart; ``problem`` is None, "failed"
+    or "unreachable" (the connection to the node is gone)."""
+
+    text: str
+    problem: str | None = None
+
+
+def control_lines(verb: str, results: dict) -> list[ControlLine]:
+    """What a stop/restart fan-out did, node by node (``results``: {node: answer or error})."""
     out = []
-    ordered = sorted(set(ranks))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        out.append(str(ordered[i]) if i == j else "%d-%d" % (ordered[i], ordered[j]))
-        i = j + 1
-    return ",".join(out)
-
-
-def fmt_float(v: float | None, digits: int = 4) -> str:
-    if v is None:
-        return "-"
-    if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-        return "%.2e" % v
-    return "%.*f" % (digits, v)
-
-
-def gib(n: float | None) -> str:
-    return "-" if n is None else "%.1f" % (n / 2 ** 30)
-
-
-def control_summary(verb: str, results: dict) -> tuple[str, bool]:
-    """One notification text for a stop/restart fan-out and whether any node failed."""
-    parts, failed = [], False
     for name, res in results.items():
         if isinstance(res, BaseException):
-            failed = True
-            parts.append("%s: %s" % (name, res))
+            closed = isinstance(res, AgentError) and res.kind == "closed"
+            out.append(ControlLine("%s: %s" % (name, res), "unreachable" if closed else "failed"))
         elif verb == "stop":
+            out.append(ControlLine("%s: %s (%s)" % (name, res.get("state", "stopped"),
+                                                   kill_summary(res.get("kill") or {}))))
             left = res.get("left") or []
-            failed = failed or bool(left)
-            parts.append("%s: %s%s" % (name, res.get("state", "stopped"),
-                                       " (processes left: %s)" % left if left else ""))
+            if left:
+                out.append(ControlLine("%s: processes still there: %s" % (name, left), "failed"))
         else:
-            parts.append("%s: %s (launch %s)" % (name, res.get("state", "restarted"),
-                                                 res.get("launches", "?")))
-    return "\n".join(parts) or "nothing to %s" % verb, failed
+            out.append(ControlLine("%s: %s (launch %s, restarts %s)" % (
+                name, res.get("state", "restarted"), res.get("launches", "?"),
+                res.get("restarts", "?"))))
+    return out
+
+
+def detach_hint(run_id: str) -> str:
+    """Said when the console lets go of a run that goes on."""
+    return ("rankdeck: detached; the run goes on. `rankdeck attach %s` to watch it again, "
+            "`rankdeck stop %s` to stop it." % (run_id, run_id))

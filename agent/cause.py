@@ -1,0 +1,102 @@
+"""Why a node's torchrun failed, in one line an operator can act on.
+
+In order of precision: torchrun's per-worker error file (only scripts decorated with torch's
+``@record`` write one); else the rank torchrun reports as the first to fail and the last
+exception in that rank's stderr (``rank 3: RuntimeError: credential rejected``); else the
+last exception torchrun itself printed. Causes travel to the console and into ``state.json``,
+so secret values of the run's environment are masked in them, as in every other output.
+"""
+
+import os
+import re
+
+from .runfiles import read_json
+
+MAX_CAUSE = 500
+MASK = "****"
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure)\b.*")
+
+
+def find_error_files(log_dir, instance):
+    """torchrun's per-worker error.json files of one torchrun start, oldest failure first."""
+    found = []
+    base = os.path.join(log_dir, instance)
+    for root, _dirs, files in os.walk(base):
+        if "error.json" in files:
+            path = os.path.join(root, "error.json")
+            data = read_json(path, {})
+            msg = data.get("message", {})
+            if isinstance(msg, dict):
+                text = msg.get("message", "")
+                ts = (msg.get("extraInfo") or {}).get("timestamp", "0")
+            else:
+                text, ts = str(msg), "0"
+            parts = root.rstrip("/").split("/")
+            try:
+                local_rank = int(parts[-1])
+                attempt = int(parts[-2].split("_")[1])
+            except (ValueError, IndexError):
+                local_rank, attempt = None, None
+            found.append((int(ts) if str(ts).isdigit() else 0, local_rank, attempt, text, path))
+    found.sort()
+    return found
+
+
+def last_exception(text):
+    """The last exception line of a Python traceback in ``text`` (``Type: message``), or None.
+
+    After the last ``Traceback (most recent call last):`` the first line that is not indented
+    is the exception (frames and source lines are indented; a chained exception has its own
+    later traceback). Without a traceback, the last line that names an exception type.
+    """
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            for line in lines[i + 1:]:
+                if line.strip() and not line[0].isspace():
+                    return line.strip()
+            break
+    for line in reversed(lines):
+        if _EXCEPTION.match(line.strip()):
+            return line.strip()
+    return None
+
+
+def masked(text, secrets):
+    """``text`` with every secret value replaced by ``****`` (longest first)."""
+    for value in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text
+
+
+def one_line(text, secrets):
+    text = masked(text, secrets).strip()
+    return text if len(text) <= MAX_CAUSE else text[:MAX_CAUSE] + " ..."
+
+
+def worker_failed(failure, stderr_text, secrets):
+    """``rank R: <exception>`` for the worker torchrun reported first (see agent/torchrun_log)."""
+    exc = last_exception(stderr_text or "")
+    if exc is None:
+        code = failure.get("exitcode")
+        if failure.get("signal"):
+            exc = "killed by %s" % failure["signal"]
+        elif code is not None and code < 0:
+            exc = "killed by signal %d" % -code
+        else:
+            exc = "exited with code %s and no exception in its stderr" % code
+    return one_line("rank %s: %s" % (failure.get("rank"), exc), secrets)
+
+
+def torchrun_failed(code, torchrun_text, started_workers, secrets):
+    """torchrun ended badly with no worker to blame: what it (or its start) last said."""
+    what = last_exception(torchrun_text or "")
+    if what is None:
+        tail = [l for l in (torchrun_text or "").splitlines() if l.strip()][-1:]
+        what = tail[0] if tail and tail[0].startswith("rankdeck:") else None
+    head = "torchrun exited with code %s%s" % (code, "" if started_workers else
+                                                " before starting workers")
+    if what:
+        return one_line("%s: %s" % (head, what), secrets)
+    return one_line("%s; no worker error file (see the rank logs and torchrun.log)" % head
+                    if started_workers else "%s; see torchrun.log" % head, secrets)

@@ -1,0 +1,170 @@
+"""A node's run on this host: its folder, its state, and its supervisor's lifecycle.
+
+`serve` answers ``start``, ``stop``, ``restart``, ``state`` and ``runs`` with these functions;
+the run itself belongs to the node's supervisor (agent/supervisor.py), which this module
+starts detached and then only signals: SIGTERM stops the node, SIGUSR1 restarts torchrun.
+Every answer is the node's ``state.json`` plus whether its supervisor still lives.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from . import procs, protocol
+from .hostpaths import host_path, host_spec
+from .protocol import RequestError
+from .runfiles import log_tail, read_json
+from .version import HERE
+
+AGENT_PARENT = os.path.dirname(HERE)
+SPAWN_TIMEOUT = 30.0
+LIVE_STATES = ("starting", "running", "restarting", "stopping")
+
+
+def node_dir(args):
+    """The node's run folder named by a request's ``run_root`` and ``node``."""
+    return os.path.join(host_path(args["run_root"]), args["node"])
+
+
+def supervisor_alive(state):
+    return bool(state) and procs.alive(state.get("pid", -1), state.get("starttime"))
+
+
+def node_state(ndir):
+    """state.json plus whether its supervisor still lives (``alive``); None without one."""
+    state = read_json(os.path.join(ndir, "state.json"))
+    if state is None:
+        return None
+    state["alive"] = supervisor_alive(state)
+    if not state["alive"] and state.get("state") in LIVE_STATES:
+        # The supervisor died without recording an end (SIGKILL, host reboot).
+        state["state"] = "lost"
+    return state
+
+
+def spawn_supervisor(ndir, spec):
+    """Start the node's supervisor detached, hand it the spec, wait until it has launched.
+
+    Raises RequestError: ``agent`` when the supervisor died first (usually means a broken
+    spec or an unwritable run folder; its log tail is in the message), ``timeout``.
+    """
+    os.makedirs(os.path.join(ndir, "torchrun"), exist_ok=True)
+    spec = host_spec(spec)
+    spec.setdefault("log_dir", os.path.join(ndir, "torchrun"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = AGENT_PARENT + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    before = read_json(os.path.join(ndir, "state.json"), {}) or {}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "supervisor", ndir],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, env=env, cwd=ndir,
+    )
+    # The spec (with secrets) goes through the pipe: never a file, never a command line.
+    proc.stdin.write(protocol.encode(spec))
+    proc.stdin.close()
+    deadline = time.monotonic() + SPAWN_TIMEOUT
+    while time.monotonic() < deadline:
+        state = node_state(ndir)
+        if state and state.get("pid") == proc.pid and state.get("launches", 0) > before.get(
+                "launches", 0):
+            threading.Thread(target=proc.wait, daemon=True).start()  # reap if it ends
+            return state
+        if proc.poll() is not None:
+            raise RequestError("supervisor exited with code %s: %s" % (
+                proc.returncode, log_tail(os.path.join(ndir, "supervisor.log"))), "agent")
+        time.sleep(0.02)
+    raise RequestError("supervisor did not report within %d s; see %s/supervisor.log"
+                       % (SPAWN_TIMEOUT, ndir), "timeout")
+
+
+def signal_and_wait(ndir, sig, done, timeout):
+    """Signal the node's supervisor and wait until ``done(old_state, new_state)``."""
+    state = node_state(ndir)
+    if not state:
+        raise RequestError("no such run or node here: %s" % ndir, "missing")
+    if not state["alive"]:
+        return state
+    os.kill(state["pid"], sig)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = node_state(ndir)
+        if now and done(state, now):
+            return now
+        time.sleep(0.05)
+    raise RequestError("node did not finish within %d s; state %s"
+                       % (timeout, (node_state(ndir) or {}).get("state")), "timeout")
+
+
+def start(args):
+    """Start the node's run; refused (``conflict``) while a supervisor of it lives."""
+    ndir = node_dir(args)
+    state = node_state(ndir)
+    if state and state["alive"]:
+        raise RequestError("node %s of run %s is already running (supervisor pid %s)"
+                           % (args["node"], state.get("run_id"), state.get("pid")),
+                           "conflict")
+    return spawn_supervisor(ndir, args["spec"])
+
+
+def stop(args):
+    """Stop the node's run and confirm none of its processes is left (``left``)."""
+    ndir = node_dir(args)
+    timeout = float(args.get("timeout", 90))
+    state = signal_and_wait(ndir, signal.SIGTERM, lambda old, new: not new["alive"], timeout)
+    # Belt and braces: anything still marked as this run's (the supervisor may have been
+    # SIGKILLed earlier) is killed here, and what is left is reported.
+    marker = "%s/%s" % (state.get("run_id"), state.get("node"))
+    report = procs.kill_run(None, marker, grace=2.0)
+    state["left"] = procs.run_pids(None, marker)
+    state["sweep"] = report
+    return state
+
+
+def restart(args):
+    """Restart torchrun through a live supervisor, or start a new one from ``spec``."""
+    ndir = node_dir(args)
+    state = node_state(ndir)
+    if state and state["alive"]:
+        return signal_and_wait(
+            ndir, signal.SIGUSR1,
+            lambda old, new: new.get("launches", 0) > old.get("launches", 0)
+            or not new["alive"], float(args.get("timeout", 90)))
+    if not args.get("spec"):
+        raise RequestError("node %s is not running here; restart needs the run spec"
+                           % args["node"], "missing")
+    marker = "%s/%s" % (args["spec"]["run_id"], args["node"])
+    procs.kill_run(None, marker, grace=2.0)
+    return spawn_supervisor(ndir, dict(args["spec"], restarted=True))
+
+
+def state_of(args):
+    """The node's state plus the size of its journal (``missing`` when never started)."""
+    ndir = node_dir(args)
+    out = node_state(ndir) or {"state": "missing"}
+    try:
+        out["journal_size"] = os.path.getsize(os.path.join(ndir, "journal"))
+    except OSError:
+        out["journal_size"] = 0
+    return out
+
+
+def runs(args):
+    """Every run under ``runs_dir`` with each node's state."""
+    root = host_path(args["runs_dir"])
+    out = []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return {"runs": []}
+    for run_id in names:
+        nodes = {}
+        for node in sorted(os.listdir(os.path.join(root, run_id))):
+            st = node_state(os.path.join(root, run_id, node))
+            if st:
+                nodes[node] = st.get("state")
+        out.append({"run_id": run_id, "nodes": nodes})
+    return {"runs": out}

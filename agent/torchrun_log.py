@@ -1,0 +1,175 @@
+"""What torchrun itself says about its workers: their global ranks, and which one failed first.
+
+A worker that lives for milliseconds is gone before its ``/proc/<pid>/environ`` can be read,
+so the rank of its output files is taken from torchrun's own record of the worker group. When
+a rendezvous completes, torchrun's agent logs (torch/distributed/elastic/agent/server/api.py,
+``_rendezvous``; unchanged since torch 1.9)::
+
+    [default] Rendezvous complete for workers. Result:
+      restart_count=0
+      ...
+      local_ranks=[0, 1]
+      global_ranks=[2, 3]
+      global_world_sizes=[4, 4]
+
+``restart_count`` is the number in the ``attempt_<n>`` folder of the files. It is logged at
+INFO, below the agent logger's default level, so rankdeck starts torchrun through
+:data:`BOOTSTRAP`, which lowers that one logger's level and then runs torchrun unchanged
+(setting ``LOGLEVEL`` instead would reach every worker's environment, and scripts read it).
+A membership change re-runs the rendezvous with the same ``restart_count`` and possibly other
+ranks: the newest record wins, and files are matched to it as soon as they appear.
+
+When workers fail, torchrun prints the first observed failure at exit::
+
+    Root Cause (first observed failure):
+    [0]:
+      ...
+      rank      : 3 (local_rank: 1)
+      exitcode  : 1 (pid: 9892)
+"""
+
+import collections
+import json
+import os
+import re
+
+TORCHRUN_MODULE = "torch.distributed.run"
+
+BOOTSTRAP = "\n".join((
+    "import logging, runpy, sys",
+    "try:",
+    "    from torch.distributed.elastic.agent.server import api as _api",
+    "    if not _api.logger.isEnabledFor(logging.INFO):",
+    "        _api.logger.setLevel(logging.INFO)  # rankdeck reads the worker group's ranks",
+    "except Exception:",
+    "    pass",
+    "runpy.run_module(%r, run_name='__main__', alter_sys=True)" % TORCHRUN_MODULE,
+))
+
+_GROUP_START = "Rendezvous complete for workers"
+_FAILURE_START = "Root Cause (first observed failure)"
+_FIELD = re.compile(r"(?:^|[\s\]])(restart_count|local_ranks|global_ranks|global_world_sizes)"
+                    r"=(\S.*?)\s*$")
+_RANK = re.compile(r"^\s*rank\s*:\s*(-?\d+)\s*\(local_rank:\s*(\d+)\)")
+_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_SIGNAL = re.compile(r"^\s*traceback\s*:\s*(Signal \d+ \(\w+\))")
+READ_SIZE = 1 << 20
+KEEP_LINES = 200  # of the current launch, for the cause of a failure
+
+
+def with_rank_record(argv):
+    """torchrun's command line started through :data:`BOOTSTRAP` (any other one unchanged)."""
+    if len(argv) >= 3 and argv[1] == "-m" and argv[2] == TORCHRUN_MODULE:
+        return [argv[0], "-c", BOOTSTRAP] + list(argv[3:])
+    return list(argv)
+
+
+class TorchrunLog(object):
+    """Reads torchrun's console output (``torchrun.log``) from where it last stopped.
+
+    :meth:`new_launch` forgets what earlier torchrun processes wrote to the same file.
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.offset = 0
+        self.pending = b""
+        self.groups = {}  # restart_count -> {local_rank: (global_rank, world_size)}
+        self.failure = None  # {"rank", "local_rank", "exitcode", "signal"} of the last report
+        self._group = None  # the record being read
+        self._in_failure = False
+        self.recent = collections.deque(maxlen=KEEP_LINES)
+
+    def new_launch(self):
+        self.refresh()
+        self.groups = {}
+        self.failure = None
+        self._group = None
+        self._in_failure = False
+        self.recent.clear()
+
+    def refresh(self):
+        """Read what torchrun wrote since the last call."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            if os.fstat(fd).st_size < self.offset:  # truncated: start again
+                self.offset, self.pending = 0, b""
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            while True:
+                chunk = os.read(fd, READ_SIZE)
+                if not chunk:
+                    break
+                self.offset += len(chunk)
+                data = self.pending + chunk
+                cut = data.rfind(b"\n") + 1
+                self.pending = data[cut:]
+                for line in data[:cut].decode("utf-8", "replace").splitlines():
+                    self._line(line)
+        finally:
+            os.close(fd)
+
+    def rank_of(self, attempt, local_rank):
+        """``(global_rank, world_size)`` of a worker of restart ``attempt``, or None."""
+        self.refresh()
+        return self.groups.get(attempt, {}).get(local_rank)
+
+    def first_failure(self):
+        """The worker torchrun reported as the first to fail, or None."""
+        self.refresh()
+        return self.failure
+
+    def recent_text(self):
+        """The last lines the current torchrun (or its failed start) wrote."""
+        self.refresh()
+        return "\n".join(self.recent)
+
+    # -- parsing ---------------------------------------------------------------------------
+    def _line(self, line):
+        self.recent.append(line)
+        if _GROUP_START in line:
+            self._group = {}
+            self._in_failure = False
+            return
+        if _FAILURE_START in line:
+            self.failure = {"rank": None, "local_rank": None, "exitcode": None, "signal": None}
+            self._in_failure = True
+            self._group = None
+            return
+        if self._group is not None:
+            m = _FIELD.search(line)
+            if m:
+                try:
+                    self._group[m.group(1)] = json.loads(m.group(2))
+                except ValueError:
+                    pass
+                if m.group(1) == "global_world_sizes" or len(self._group) == 4:
+                    self._take_group()
+            return
+        if self._in_failure:
+            m = _RANK.match(line)
+            if m:
+                self.failure["rank"], self.failure["local_rank"] = int(m.group(1)), int(
+                    m.group(2))
+                return
+            m = _EXIT.match(line)
+            if m:
+                self.failure["exitcode"] = int(m.group(1))
+                return
+            m = _SIGNAL.match(line)
+            if m:
+                self.failure["signal"] = m.group(1)
+            elif line.startswith("====="):
+                self._in_failure = False
+
+    def _take_group(self):
+        group, self._group = self._group, None
+        try:
+            attempt = int(group["restart_count"])
+            local, ranks = group["local_ranks"], group["global_ranks"]
+            sizes = group.get("global_world_sizes") or [None] * len(ranks)
+            self.groups[attempt] = {int(lr): (int(r), s) for lr, r, s in zip(local, ranks, sizes)}
+        except (KeyError, TypeError, ValueError):
+            pass  # a record this version of rankdeck cannot read: /proc is the other source

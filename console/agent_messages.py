@@ -1,0 +1,144 @@
+"""What an agent sends, checked before the console believes it.
+
+A host is not trusted to be well-formed: a broken or hostile agent can send JSON nested a
+million deep, ``recs: [5]``, a record without its file id, a non-integer request id or a
+supervisor state no agent has. :func:`parse` turns one line into a message whose every field
+that RunState and NodeLink use has the type they expect, or raises
+``protocol.ProtocolError`` with the reason (NodeLink shows it as the node's ``protocol
+error`` and reconnects). Message kinds and fields: docs/PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+from agent import protocol
+
+# a supervisor's states (state.json ``state``; agent/supervisor.py, agent/node.py "lost")
+SUPERVISOR_STATES = ("starting", "running", "stopping", "restarting", "exited", "failed",
+                     "stopped", "lost")
+ENDED_STATES = ("exited", "failed", "stopped")
+_INT, _NUM, _STR, _DICT = "a whole number", "a number", "text", "an object"
+
+
+def parse(line: bytes) -> dict:
+    """One message from an agent's line; ProtocolError (with the reason) if it is malformed.
+
+    Usually means the host runs something that is not a matching rankdeck agent, or the
+    agent is broken; the node's connection is dropped and made again.
+    """
+    msg = protocol.decode(line)  # ProtocolError for JSON nested too deeply too
+    check(msg)
+    return msg
+
+
+def check(msg: dict) -> None:
+    """Raise ProtocolError unless ``msg`` (a decoded message) is well-formed."""
+    kind = msg.get("t")
+    if kind == "res":
+        _field(msg, "id", _INT, "an answer")
+        if not isinstance(msg.get("ok"), bool):
+            _bad("an answer's ok is %s, not true or false" % _what(msg.get("ok")))
+        if msg["ok"]:
+            _field(msg, "data", _DICT, "an answer", optional=True)
+        else:
+            _field(msg, "kind", _STR, "an error answer", optional=True)
+    elif kind == "journal":
+        _field(msg, "end", _INT, "a journal message")
+        recs = msg.get("recs")
+        if not isinstance(recs, list):
+            _bad("a journal message's recs is %s, not a list" % _what(recs))
+        for rec in recs:
+            _record(rec)
+    elif kind == "state":
+        st = msg.get("state")
+        if st is not None:
+            _supervisor_state(st)
+    elif kind == "gpu":
+        snap = msg.get("snap")
+        if snap is not None:
+            if not isinstance(snap, dict):
+                _bad("a gpu snapshot is %s, not an object" % _what(snap))
+            gpus = snap.get("gpus")
+            if gpus is not None and not (isinstance(gpus, list)
+                                         and all(isinstance(g, dict) for g in gpus)):
+                _bad("a gpu snapshot's gpus is not a list of objects")
+    # other kinds (a newer agent's) are ignored by NodeLink
+
+
+def _record(rec) -> None:
+    if not isinstance(rec, list) or not 1 <= len(rec) <= 2:
+        _bad("a journal record is %s, not [meta] or [meta, text]" % _what(rec))
+    meta = rec[0]
+    if not isinstance(meta, dict):
+        _bad("a journal record's meta is %s, not an object" % _what(meta))
+    if len(rec) == 2 and not isinstance(rec[1], str):
+        _bad("a journal record's text is %s, not text" % _what(rec[1]))
+    kind = meta.get("k")
+    what = "a %r record" % kind if isinstance(kind, str) else "a journal record"
+    for key in ("j", "o"):
+        _field(meta, key, _INT, what, optional=True)
+    _field(meta, "ts", _NUM, what, optional=True)
+    if kind in ("file", "data", "metric"):
+        _field(meta, "f", _INT, what)
+    if kind == "file":
+        for key in ("rank", "local_rank", "attempt", "world_size", "pid"):
+            _field(meta, key, _INT, what, optional=True)
+        for key in ("stream", "instance", "path"):
+            _field(meta, key, _STR, what, optional=True)
+    elif kind == "metric":
+        _field(meta, "step", _INT, what, optional=True)
+        for key in ("loss", "lr", "step_time", "tok_s"):
+            _field(meta, key, _NUM, what, optional=True)
+    elif kind == "ckpt":
+        _field(meta, "f", _INT, what, optional=True)
+        _field(meta, "bytes", _NUM, what, optional=True)
+    elif kind == "event":
+        _field(meta, "what", _STR, what)
+        _field(meta, "report", _DICT, what, optional=True)
+        if meta["what"] == "ended":
+            if meta.get("state") not in ENDED_STATES:
+                _bad("an 'ended' event with the unknown state %s" % _what(meta.get("state")))
+            _field(meta, "exit_code", _INT, what, optional=True)
+            _cause(meta.get("cause"), what)
+
+
+def _supervisor_state(st) -> None:
+    if not isinstance(st, dict):
+        _bad("a node's state is %s, not an object" % _what(st))
+    if st.get("state") not in SUPERVISOR_STATES:
+        _bad("a node's state is the unknown state %s" % _what(st.get("state")))
+    for key in ("restarts", "max_restarts", "exit_code"):
+        _field(st, key, _INT, "a node's state", optional=True)
+    _cause(st.get("cause"), "a node's state")
+
+
+def _cause(cause, what: str) -> None:
+    if cause is None:
+        return
+    if not isinstance(cause, dict):
+        _bad("%s has a cause that is %s, not an object" % (what, _what(cause)))
+    _field(cause, "message", _STR, what + "'s cause", optional=True)
+    _field(cause, "rank", _INT, what + "'s cause", optional=True)
+
+
+def _field(obj: dict, key: str, kind: str, what: str, optional: bool = False) -> None:
+    value = obj.get(key)
+    if value is None and optional:
+        return
+    ok = {
+        _INT: isinstance(value, int) and not isinstance(value, bool),
+        _NUM: isinstance(value, (int, float)) and not isinstance(value, bool),
+        _STR: isinstance(value, str),
+        _DICT: isinstance(value, dict),
+    }[kind]
+    if not ok:
+        _bad("%s has %s %s, not %s" % (what, key, "no value" if value is None
+                                       else "= " + _what(value), kind))
+
+
+def _what(value) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _bad(reason: str):
+    raise protocol.ProtocolError(reason)

@@ -1,0 +1,69 @@
+"""LaunchSpec: what a run starts, and the command line it becomes on each host.
+
+Plain data and string building, no I/O: the run id, each node's run folder under its workdir
+(as the user wrote the workdir; the agent expands it on the host), torchrun's argv.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets as _secrets
+import sys
+import time
+from dataclasses import dataclass, field
+
+from inventory.model import Host
+
+RDZV_CONF = "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3"
+
+
+@dataclass
+class LaunchSpec:
+    """What to run. ``nnodes`` is "N" or "MIN:MAX" (default: every host of the inventory)."""
+
+    script: str
+    args: list[str] = field(default_factory=list)
+    nproc_per_node: int | None = None
+    max_restarts: int = 3
+    nnodes: str | None = None
+    grace: float = 10.0
+    metrics_regex: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    module: bool = False  # script is a module name (torchrun -m)
+    sync: str | None = None  # a folder sent into every host's workdir before the start
+    # An argv that replaces torchrun (benchmarks, non-torch launchers). It must write each
+    # rank's output as torchrun's --log-dir layout under $RANKDECK_LOG_DIR.
+    launcher: list[str] | None = None
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + _secrets.token_hex(2)
+
+
+def run_root(host: Host, run_id: str) -> str:
+    return os.path.join(host.workdir, ".rankdeck", "runs", run_id)
+
+
+def torchrun_argv(host: Host, spec: LaunchSpec, run_id: str, nnodes: str, endpoint: str,
+                  log_dir: str) -> list[str]:
+    python = host.python or sys.executable
+    if spec.launcher:
+        return list(spec.launcher) + [spec.script] + list(spec.args)
+    argv = [
+        python, "-m", "torch.distributed.run",
+        "--nnodes", nnodes,
+        "--nproc-per-node", str(spec.nproc_per_node or host.slots),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoint,
+        "--rdzv-id", run_id,
+        # an elastic run proceeds 5 s after its last node arrived (FACTS.md)
+        "--rdzv-conf", RDZV_CONF + (",last_call_timeout=5" if ":" in nnodes else ""),
+        "--local-addr", host.addr,
+        "--max-restarts", str(spec.max_restarts),
+        "--monitor-interval", "1",
+        "--log-dir", log_dir,
+        "--redirects", "3",
+    ]
+    if spec.module:
+        argv.append("-m")
+    return argv + [spec.script] + list(spec.args)

@@ -1,0 +1,94 @@
+"""The view under text it does not control: markup typed into a prompt or sent by a host
+must show as text, never end the app; an invalid regex keeps the prompt open and says why."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from console.tui.app import RankdeckApp
+
+from tests.console.pilot import until
+from tests.console.scripted import controller, host_names, standard_script
+
+SIZE = (160, 48)
+MARKUP = "[/x]"
+HOST_MARKUP = "cannot source [/opt/site/env.sh] [bold]x[/]"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def build(tmp_path, **transport):
+    script = standard_script(host_names(4), t0=time.time())
+    ctl, launch = controller(str(tmp_path), script.transport(**transport), steps=40)
+    return RankdeckApp(ctl, launch), ctl
+
+
+async def running(pilot, app) -> None:
+    await until(pilot, lambda: not app.launching, what="launch")
+    await until(pilot, lambda: app.logs.panes[0].view.lines_text(), what="pane lines")
+
+
+def messages(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def test_markup_typed_into_goto_is_shown_as_text(tmp_path):
+    app, ctl = build(tmp_path)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await running(pilot, app)
+        await pilot.press("g", *MARKUP, "enter")
+        await until(pilot, lambda: any(MARKUP in m for m in messages(app)),
+                    what="the goto error")
+        await pilot.pause(0.2)  # the toast is drawn: a markup error would end the app here
+        assert app.is_running
+        await pilot.press("q")
+
+
+async def test_markup_typed_into_the_filter_is_a_filter(tmp_path):
+    app, ctl = build(tmp_path)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await running(pilot, app)
+        await pilot.press("slash", *MARKUP, "enter")
+        await pilot.pause(0.2)
+        assert app.is_running
+        assert app.logs.pattern is not None and app.logs.pattern.pattern == MARKUP
+        await pilot.press("q")
+
+
+async def test_an_invalid_regex_shows_and_enter_keeps_the_prompt_open(tmp_path):
+    app, ctl = build(tmp_path)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await running(pilot, app)
+        await pilot.press("slash", "[")
+        await pilot.pause(0.1)
+        assert app.prompt.has_class("-invalid")
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert app.prompt.has_class("-shown"), "Enter on an invalid regex closed the prompt"
+        assert app.focused is app.prompt
+        assert app.prompt.has_class("-invalid")
+        assert any("not a valid regular expression" in m for m in messages(app))
+        assert app.is_running
+        await pilot.press("backspace", "enter")  # now valid (empty): Enter closes it
+        await pilot.pause(0.1)
+        assert not app.prompt.has_class("-shown")
+        await pilot.press("q")
+
+
+async def test_a_host_message_with_markup_during_launch_is_shown_as_text(tmp_path):
+    app, ctl = build(tmp_path, unreachable={"node3": ("agent-failed",
+                                                      "node3: " + HOST_MARKUP)})
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await until(pilot, lambda: not app.launching, what="launch to fail")
+        await until(pilot, lambda: any("/opt/site/env.sh" in m for m in messages(app)),
+                    what="the launch error")
+        await pilot.pause(0.2)
+        assert app.is_running
+        assert any(HOST_MARKUP in m for m in messages(app))
+        await pilot.press("q")

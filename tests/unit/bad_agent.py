@@ -1,0 +1,40 @@
+"""A fake agent `serve` that speaks the protocol until it is asked something, then answers
+with one malformed line (chosen by argv[1]). Standard library only, like the real agent."""
+
+import json
+import sys
+
+DEEP = 200000
+BAD = {
+    "deep": '{"t":"journal","end":1,"recs":' + "[" * DEEP + "]" * DEEP + "}",
+    "recs5": '{"t":"journal","end":10,"recs":[5]}',
+    "meta": '{"t":"journal","end":10,"recs":[["not an object","text"]]}',
+    "file-no-f": '{"t":"journal","end":10,"recs":[[{"k":"file","rank":0,"stream":"stdout"}]]}',
+    "id": '{"t":"res","id":"1","ok":true,"data":{}}',
+    "state": '{"t":"state","state":{"state":"exploded"}}',
+    "ended": '{"t":"journal","end":10,"recs":[[{"k":"event","what":"ended","state":"gone"}]]}',
+    "escape": '{"t":"res","id":1,"ok":false,"error":"bad \\u001b[2J\\u001b]0;pwned\\u0007 [/x]"}',
+}
+
+
+def send(line):
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "hello-deep":
+        send(BAD["deep"])
+        return
+    send(json.dumps({"t": "hello", "proto": 1, "agent": "fake", "host": "h", "python": "3",
+                     "pid": 1}))
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req.get("op") == "subscribe":
+            send(json.dumps({"t": "res", "id": req["id"], "ok": True, "data": {}}))
+        send(BAD[mode])
+
+
+if __name__ == "__main__":
+    main()
