@@ -6,7 +6,7 @@ line). It outlives the SSH connection and the laptop. Its files, in the node's r
 
 - ``state.json``  written atomically on every change: pid, state, launches, exit code, cause;
 - ``journal``     every rank's output, metrics, checkpoints and events (agent/journal.py);
-- ``torchrun.log`` torchrun's own console output; ``torchrun/`` torchrun's ``--log-dir``;
+- ``torchrun.log`` torchrun's own console output; ``torchrun-ranks.log`` its worker-group records; ``torchrun/`` torchrun's ``--log-dir``;
 - ``supervisor.log`` this process's own errors.
 
 Signals: SIGTERM stops the node's run (verified kill, see procs.kill_run); SIGUSR1 restarts
@@ -29,7 +29,7 @@ from .journal import JournalWriter
 from .metrics import MetricParser
 from .runfiles import read_json, write_json_atomic
 from .tail import LogFollower
-from .torchrun_log import TorchrunLog, with_rank_record
+from .torchrun_log import RANK_RECORD, TorchrunLog, with_rank_record
 
 POLL = 0.02
 ORPHAN_GRACE = 3.0
@@ -90,7 +90,8 @@ class Supervisor(object):
         self.requests = []
         self.ranks = {}  # fid -> (rank, local_rank, attempt, instance, stream)
         self.stderr_tails = {}  # fid -> the last bytes of a worker's stderr
-        self.torchrun_log = TorchrunLog(os.path.join(self.node_dir, "torchrun.log"))
+        self.torchrun_log = TorchrunLog(os.path.join(self.node_dir, "torchrun.log"),
+                                        os.path.join(self.node_dir, RANK_RECORD))
         env = spec.get("env") or {}
         self.secrets = [env[k] for k in spec.get("secret_env") or () if env.get(k)]
 
@@ -181,7 +182,7 @@ class Supervisor(object):
         out = os.open(os.path.join(self.node_dir, "torchrun.log"),
                       os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         devnull = os.open(os.devnull, os.O_RDONLY)
-        argv = with_rank_record(self.spec["argv"])
+        argv = with_rank_record(self.spec["argv"], os.path.join(self.node_dir, RANK_RECORD))
         pid = os.fork()
         if pid == 0:  # child: torchrun in its own process group, output to the file
             try:

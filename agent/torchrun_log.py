@@ -14,8 +14,10 @@ a rendezvous completes, torchrun's agent logs (torch/distributed/elastic/agent/s
 
 ``restart_count`` is the number in the ``attempt_<n>`` folder of the files. It is logged at
 INFO, below the agent logger's default level, so rankdeck starts torchrun through
-:data:`BOOTSTRAP`, which lowers that one logger's level and then runs torchrun unchanged
-(setting ``LOGLEVEL`` instead would reach every worker's environment, and scripts read it).
+:data:`BOOTSTRAP`, which lets that one record of that one logger through to a file of its own
+(``torchrun-ranks.log``) and shows torchrun's console exactly what it showed before (setting
+``LOGLEVEL`` instead would reach every worker's environment, and scripts read it; letting the
+logger's INFO lines through filled every node's log pane with torchrun's chatter).
 A membership change re-runs the rendezvous with the same ``restart_count`` and possibly other
 ranks: the newest record wins, and files are matched to it as soon as they appear.
 
@@ -34,13 +36,22 @@ import os
 import re
 
 TORCHRUN_MODULE = "torch.distributed.run"
+RANK_RECORD = "torchrun-ranks.log"  # in the node's run folder, beside torchrun.log
 
 BOOTSTRAP = "\n".join((
     "import logging, runpy, sys",
+    "record = sys.argv.pop(1)",
     "try:",
     "    from torch.distributed.elastic.agent.server import api as _api",
-    "    if not _api.logger.isEnabledFor(logging.INFO):",
-    "        _api.logger.setLevel(logging.INFO)  # rankdeck reads the worker group's ranks",
+    "    shown = _api.logger.getEffectiveLevel()",
+    "    class _RankRecord(logging.Filter):",
+    "        def filter(self, rec):",
+    "            if 'Rendezvous complete for workers' in rec.getMessage():",
+    "                with open(record, 'a') as f:",
+    "                    f.write(rec.getMessage() + '\\n')",
+    "            return rec.levelno >= shown",
+    "    _api.logger.addFilter(_RankRecord())",
+    "    _api.logger.setLevel(min(shown, logging.INFO))",
     "except Exception:",
     "    pass",
     "runpy.run_module(%r, run_name='__main__', alter_sys=True)" % TORCHRUN_MODULE,
@@ -57,43 +68,30 @@ READ_SIZE = 1 << 20
 KEEP_LINES = 200  # of the current launch, for the cause of a failure
 
 
-def with_rank_record(argv):
-    """torchrun's command line started through :data:`BOOTSTRAP` (any other one unchanged)."""
+def with_rank_record(argv, record_path):
+    """torchrun's command line started through :data:`BOOTSTRAP`, its worker-group records
+    going to ``record_path`` (any other command line unchanged)."""
     if len(argv) >= 3 and argv[1] == "-m" and argv[2] == TORCHRUN_MODULE:
-        return [argv[0], "-c", BOOTSTRAP] + list(argv[3:])
+        return [argv[0], "-c", BOOTSTRAP, record_path] + list(argv[3:])
     return list(argv)
 
 
-class TorchrunLog(object):
-    """Reads torchrun's console output (``torchrun.log``) from where it last stopped.
-
-    :meth:`new_launch` forgets what earlier torchrun processes wrote to the same file.
-    """
+class _Reader(object):
+    """One file read from where it last stopped, with its own place in a multi-line record."""
 
     def __init__(self, path):
         self.path = path
         self.offset = 0
         self.pending = b""
-        self.groups = {}  # restart_count -> {local_rank: (global_rank, world_size)}
-        self.failure = None  # {"rank", "local_rank", "exitcode", "signal"} of the last report
-        self._group = None  # the record being read
-        self._in_failure = False
-        self.recent = collections.deque(maxlen=KEEP_LINES)
+        self.group = None  # the worker-group record being read
+        self.in_failure = False
 
-    def new_launch(self):
-        self.refresh()
-        self.groups = {}
-        self.failure = None
-        self._group = None
-        self._in_failure = False
-        self.recent.clear()
-
-    def refresh(self):
-        """Read what torchrun wrote since the last call."""
+    def new_lines(self):
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError:
-            return
+            return []
+        lines = []
         try:
             if os.fstat(fd).st_size < self.offset:  # truncated: start again
                 self.offset, self.pending = 0, b""
@@ -106,10 +104,41 @@ class TorchrunLog(object):
                 data = self.pending + chunk
                 cut = data.rfind(b"\n") + 1
                 self.pending = data[cut:]
-                for line in data[:cut].decode("utf-8", "replace").splitlines():
-                    self._line(line)
+                lines += data[:cut].decode("utf-8", "replace").splitlines()
         finally:
             os.close(fd)
+        return lines
+
+
+class TorchrunLog(object):
+    """Reads torchrun's console output (``torchrun.log``) and the worker-group records
+    :data:`BOOTSTRAP` writes (``record_path``) from where it last stopped.
+
+    :meth:`new_launch` forgets what earlier torchrun processes wrote to the same files.
+    """
+
+    def __init__(self, path, record_path=None):
+        self.readers = [_Reader(p) for p in (path, record_path) if p]
+        self.console = self.readers[0]
+        self.groups = {}  # restart_count -> {local_rank: (global_rank, world_size)}
+        self.failure = None  # {"rank", "local_rank", "exitcode", "signal"} of the last report
+        self.recent = collections.deque(maxlen=KEEP_LINES)
+
+    def new_launch(self):
+        self.refresh()
+        self.groups = {}
+        self.failure = None
+        for reader in self.readers:
+            reader.group, reader.in_failure = None, False
+        self.recent.clear()
+
+    def refresh(self):
+        """Read what torchrun wrote since the last call."""
+        for reader in self.readers:
+            for line in reader.new_lines():
+                if reader is self.console:
+                    self.recent.append(line)
+                self._line(reader, line)
 
     def rank_of(self, attempt, local_rank):
         """``(global_rank, world_size)`` of a worker of restart ``attempt``, or None."""
@@ -127,28 +156,28 @@ class TorchrunLog(object):
         return "\n".join(self.recent)
 
     # -- parsing ---------------------------------------------------------------------------
-    def _line(self, line):
-        self.recent.append(line)
+    def _line(self, reader, line):
         if _GROUP_START in line:
-            self._group = {}
-            self._in_failure = False
+            reader.group = {}
+            reader.in_failure = False
             return
         if _FAILURE_START in line:
             self.failure = {"rank": None, "local_rank": None, "exitcode": None, "signal": None}
-            self._in_failure = True
-            self._group = None
+            reader.in_failure = True
+            reader.group = None
             return
-        if self._group is not None:
+        if reader.group is not None:
             m = _FIELD.search(line)
             if m:
                 try:
-                    self._group[m.group(1)] = json.loads(m.group(2))
+                    reader.group[m.group(1)] = json.loads(m.group(2))
                 except ValueError:
                     pass
-                if m.group(1) == "global_world_sizes" or len(self._group) == 4:
-                    self._take_group()
+                if m.group(1) == "global_world_sizes" or len(reader.group) == 4:
+                    group, reader.group = reader.group, None
+                    self._take_group(group)
             return
-        if self._in_failure:
+        if reader.in_failure:
             m = _RANK.match(line)
             if m:
                 self.failure["rank"], self.failure["local_rank"] = int(m.group(1)), int(
@@ -162,10 +191,9 @@ class TorchrunLog(object):
             if m:
                 self.failure["signal"] = m.group(1)
             elif line.startswith("====="):
-                self._in_failure = False
+                reader.in_failure = False
 
-    def _take_group(self):
-        group, self._group = self._group, None
+    def _take_group(self, group):
         try:
             attempt = int(group["restart_count"])
             local, ranks = group["local_ranks"], group["global_ranks"]

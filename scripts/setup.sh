@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make .venv with rankdeck (editable), the reference trainer's torch (pinned: an unpinned
 # torch pulls GBs of CUDA packages) and, with --test, what the test suite needs: Debian's
-# openssh-server, pdsh, tmux and iproute2 (as root), and the Python test tools.
+# openssh-server, pdsh, tmux, iproute2, rsync and python3-venv (as root), and the Python test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
@@ -14,6 +14,9 @@ if [ "$want_test" = 1 ] && [ "$(id -u)" = 0 ]; then
   command -v pdsh >/dev/null 2>&1 || missing+=(pdsh)
   command -v tmux >/dev/null 2>&1 || missing+=(tmux)
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  command -v rsync >/dev/null 2>&1 || missing+=(rsync)  # bench/sync.py's baseline
+  # the SSH test hosts' own Python is a venv made from Debian's python3 (tests/e2e/sshhosts.py)
+  /usr/bin/python3 -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)
   if [ "${#missing[@]}" -gt 0 ]; then
     echo "installing ${missing[*]} ..."
     apt-get update -qq

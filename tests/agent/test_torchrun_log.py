@@ -28,7 +28,8 @@ def failed_torchrun(tmp_path_factory):
     console = base / "torchrun.log"
     argv = with_rank_record([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              "--nproc-per-node", "2", "--max-restarts", "0",
-                             "--log-dir", str(base / "logs"), "--redirects", "3", str(script)])
+                             "--log-dir", str(base / "logs"), "--redirects", "3", str(script)],
+                            str(base / "ranks.log"))
     with open(str(console), "wb") as out:
         code = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(base),
                                env=dict(os.environ, API_TOKEN="s3cr3t", PYTHONUNBUFFERED="1"),
@@ -38,16 +39,21 @@ def failed_torchrun(tmp_path_factory):
 
 def test_bootstrap_leaves_other_command_lines_alone():
     argv = ["bench-launcher", "--x", "1", "train.py"]
-    assert with_rank_record(argv) == argv
-    wrapped = with_rank_record(["py", "-m", "torch.distributed.run", "--nnodes", "2", "t.py"])
-    assert wrapped[:2] == ["py", "-c"] and wrapped[3:] == ["--nnodes", "2", "t.py"]
+    assert with_rank_record(argv, "/r") == argv
+    wrapped = with_rank_record(["py", "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
+                               "/r")
+    assert wrapped[:2] == ["py", "-c"] and wrapped[3:] == ["/r", "--nnodes", "2", "t.py"]
 
 
 @pytest.mark.e2e
 def test_ranks_and_first_failure_of_workers_that_are_gone(failed_torchrun):
     code, base = failed_torchrun
     assert code == 1
-    log = TorchrunLog(str(base / "torchrun.log"))
+    # torchrun's console shows what it showed before: the record went to a file of its own
+    assert "Rendezvous complete" not in (base / "torchrun.log").read_text()
+    assert "global_ranks=[0, 1]" in (base / "ranks.log").read_text()
+    assert TorchrunLog(str(base / "torchrun.log")).rank_of(0, 0) is None
+    log = TorchrunLog(str(base / "torchrun.log"), str(base / "ranks.log"))
     # the workers ended long ago: torchrun's record is the only place their ranks are left
     assert log.rank_of(0, 0) == (0, 2)
     assert log.rank_of(0, 1) == (1, 2)
