@@ -89,7 +89,7 @@ async def _reachability(links: dict[str, NodeLink], rdzv: NodeLink, checks: dict
             pass
 
 
-def _judge(checks: dict[str, HostCheck], hosts: dict) -> None:
+def _judge(checks: dict[str, HostCheck], hosts: dict, launching: bool) -> None:
     live = [c for c in checks.values() if c.reachable and c.facts]
     torch = Counter(c.facts.get("torch") for c in live if c.facts.get("torch"))
     common = torch.most_common(1)[0][0] if torch else None
@@ -111,7 +111,7 @@ def _judge(checks: dict[str, HostCheck], hosts: dict) -> None:
             why = "" if found else " (%s)" % (f.get("gpu_reason") or "none found")
             c.problems.append("%d GPU(s) found, the inventory expects %d%s"
                               % (found, host.gpus, why))
-        _judge_paths(c, f, host.python)
+        _judge_paths(c, f, host.python, launching)
         if f.get("disk_free") is not None and f["disk_free"] < MIN_DISK:
             c.problems.append("only %s free in %s" % (human_bytes(f["disk_free"]),
                                                        f.get("workdir")))
@@ -123,11 +123,16 @@ def _judge(checks: dict[str, HostCheck], hosts: dict) -> None:
             c.warnings.append("clock differs from this laptop's by %.1f s" % c.skew_s)
 
 
-def _judge_paths(c: HostCheck, f: dict, python: str) -> None:
-    """The workdir, python and script as the host found them (agent/preflight.py facts)."""
+def _judge_paths(c: HostCheck, f: dict, python: str, launching: bool) -> None:
+    """The workdir, python and script as the host found them (agent/preflight.py facts).
+    ``launching``: for a launch (a missing workdir is a problem), not `check`."""
     before = len(c.problems)
     workdir = f.get("workdir")
-    if not f.get("workdir_exists"):
+    if not f.get("workdir_exists") and not launching:
+        # `check` before the first launch: `launch --sync` makes the workdir, so not a problem
+        c.warnings.append("workdir %s is not there yet; `rankdeck launch --sync DIR` creates "
+                          "it" % workdir)
+    elif not f.get("workdir_exists"):
         c.problems.append("workdir %s does not exist on the host; create it, or use "
                           "`rankdeck launch --sync DIR`, which creates it" % workdir)
     elif f.get("workdir_writable") is False:
@@ -156,7 +161,7 @@ def _judge_paths(c: HostCheck, f: dict, python: str) -> None:
 
 async def run_preflight(links: dict[str, NodeLink], hosts: dict, failed: dict,
                         rdzv_name: str, script: str | None = None,
-                        module: bool = False) -> list[HostCheck]:
+                        module: bool = False, launching: bool = False) -> list[HostCheck]:
     """Check every host of ``hosts`` ({name: Host}); ``failed``: {name: error} of the ones
     that could not be reached. ``script``/``module``: also check the run's script is there."""
     checks = {name: HostCheck(name) for name in hosts}
@@ -172,7 +177,7 @@ async def run_preflight(links: dict[str, NodeLink], hosts: dict, failed: dict,
             checks[name].problems.append("preflight failed: %s" % res)
     if rdzv_name in live:
         await _reachability(live, live[rdzv_name], checks)
-    _judge(checks, hosts)
+    _judge(checks, hosts, launching)
     return [checks[n] for n in hosts]
 
 

@@ -252,7 +252,7 @@ class RunController:
         script = spec.script if spec is not None and not spec.launcher else None
         self.preflight_checks = await run_preflight(
             self.links, {h.name: h for h in hosts}, failed or {}, hosts[0].name,
-            script=script, module=bool(spec and spec.module))
+            script=script, module=bool(spec and spec.module), launching=spec is not None)
         return self.preflight_checks
 
     async def _launch_preflight(self, hosts: list[Host], spec: LaunchSpec) -> None:

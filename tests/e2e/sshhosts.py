@@ -1,21 +1,36 @@
-"""Real OpenSSH hosts in network namespaces, for e2e tests and benchmarks (root only).
+"""Real OpenSSH hosts that are not the laptop, for e2e tests and benchmarks (root only).
 
-``create_hosts(n)`` builds, on this machine:
+``create_hosts(n)`` builds, on this machine, ``n`` hosts that share none of the laptop's
+files, home, login user or Python - only its kernel and process table:
 
 - a Linux bridge ``rdk<id>br`` in the root namespace with ``10.77.X.1/24`` (X picked free, under
   a lock, so parallel sessions do not collide; ``<id>`` is random per session);
-- per host a namespace ``rdk<id>-nodeK``, a veth pair (``eth0`` inside, on the bridge outside)
-  with ``10.77.X.(11+K)``, ``lo`` up;
-- per host one ``sshd -D`` (own ed25519 host key, key-only root login, port 22 and an extra
-  port), run in its own UTS and mount namespace so that its hostname is ``nodeK``, its
-  ``/etc/hosts`` maps every ``nodeK`` to its address, and its agent cache folder
-  (``remote_cache``) is private to it: the namespaces share this machine's filesystem, so
-  without that every "host" would see the others' agent copies;
+- per host a network namespace ``rdk<id>-nodeK``, a veth pair (``eth0`` inside, on the bridge
+  outside) with ``10.77.X.(11+K)``, ``lo`` up;
+- per host a *holder* process (``sleep infinity``) that owns the host's own UTS and mount
+  namespace: hostname ``nodeK``, an ``/etc/hosts`` naming every host, and private tmpfs
+  mounts on ``/home`` (with the login user's empty home), ``/tmp``, ``/dev/shm`` and
+  ``/root``, and over the project checkout and the laptop's venv, so a test that passes only
+  because host and laptop share a disk fails. The holder keeps the host's files while its
+  sshd is stopped and started again, as a real machine keeps its disk;
+- per host one ``sshd -D`` entered into that host's namespaces (own ed25519 host key,
+  key-only, ``AllowUsers rdkuser``, ``PermitRootLogin no``); its config, keys and the
+  authorized_keys live in a per-session folder under ``/srv`` (outside every private mount);
+- a login user ``rdkuser`` (not root, not the laptop's user), made once per machine;
+- the hosts' training Python: a venv from ``/usr/bin/python3`` at ``/opt/rankdeck-hostpy``
+  with torch, numpy and py-spy, built once per machine (under a lock, about 30 s) and reused;
 - a throwaway client key, a known_hosts with every host key, and an ssh_config with ``nodeK``
-  and ``nodeK-alt`` (extra port) aliases. The real ``~/.ssh`` is never read or written.
+  and ``nodeK-alt`` (extra port) aliases and ``User rdkuser``. The real ``~/.ssh`` is never
+  read or written.
+
+A host's private files are reached with ``local_path`` (through ``/proc/<holder>/root``, to
+read) and ``run_on`` / ``put_tree`` / ``put_text`` (``nsenter`` into the host as its user, to
+write: files the agent later replaces must be the user's).
 
 ``SshHosts.close()`` kills only what it started (each sshd by PID, then what ``ip netns pids``
-lists in its own namespaces), deletes the namespaces and the bridge, and removes its folder.
+lists in its own namespaces, holders included, which takes the private mounts with them),
+deletes the namespaces, the bridge and its ``/srv`` folder. The user and the ``/opt`` venv
+are left for the next session to reuse.
 """
 
 from __future__ import annotations
@@ -35,9 +50,20 @@ import time
 from dataclasses import dataclass, field
 
 SSHD = "/usr/sbin/sshd"
-TOOLS = ("ip", "unshare", "ssh-keygen", "mount", "hostname")
+TOOLS = ("ip", "unshare", "nsenter", "setpriv", "ssh-keygen", "mount", "hostname", "useradd",
+         "usermod", "tar")
 LOCK = "/tmp/rankdeck-testnet.lock"
 ALT_PORT = 2222
+USER = "rdkuser"
+SRV = "/srv/rankdeck-test"  # per-session folders: sshd config, keys, authorized_keys
+HOST_PY_DIR = "/opt/rankdeck-hostpy"
+HOST_PY_BASE = "/usr/bin/python3"  # Debian's: a venv from the pyenv python points into /root
+HOST_PY_PACKAGES = ("torch==2.13.0", "numpy", "py-spy")
+HOST_PY_LOCK = "/opt/rankdeck-hostpy.lock"
+AGENT_CACHE = "~/.cache/rankdeck"  # the transport's default: each host has its own home
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A real Python 3.6, shown to the hosts (at <session>/py36) when this machine has one
+OLD_PYTHON_PREFIX = "/root/.pyenv/versions/3.6.15"
 
 
 def missing_requirements() -> str | None:
@@ -46,9 +72,11 @@ def missing_requirements() -> str | None:
         return "needs root for network namespaces: run the e2e tests as root"
     if not os.access(SSHD, os.X_OK):
         return "needs OpenSSH's sshd at %s (apt-get install openssh-server)" % SSHD
+    if not os.access(HOST_PY_BASE, os.X_OK):
+        return "needs %s to build the hosts' Python" % HOST_PY_BASE
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
-        return "needs %s on PATH for network namespaces" % ", ".join(missing)
+        return "needs %s on PATH for namespace hosts" % ", ".join(missing)
     return None
 
 
@@ -64,10 +92,16 @@ class NodeHost:
     addr: str
     ns: str
     veth: str
-    dir: str
-    cache_dir: str  # this host's private agent cache, as seen from the root namespace
+    dir: str  # its sshd's config, keys and log (in the session's /srv folder)
     host_key_pub: str
+    holder: subprocess.Popen | None = None  # owns the host's mount and UTS namespaces
     sshd: subprocess.Popen | None = None
+    cache_dir: str = ""  # its agent cache (the transport's default place), seen from here
+
+    @property
+    def root(self) -> str:
+        """This host's / as seen from this machine (its holder's root)."""
+        return "/proc/%d/root" % self.holder.pid
 
 
 @dataclass
@@ -81,7 +115,11 @@ class SshHosts:
     ssh_config: str
     authorized_keys: str
     hosts_file: str
-    remote_cache: str  # the cache path to give SshTransport(remote_cache=...)
+    user: str = USER
+    home: str = "/home/" + USER  # the login user's home on every host (each its own)
+    python: str = HOST_PY_DIR + "/bin/python"  # the hosts' training interpreter
+    remote_cache: str = AGENT_CACHE  # to give SshTransport(remote_cache=...)
+    old_python: str | None = None  # a real Python 3.6 on every host, when there is one
     alt_port: int = ALT_PORT
     _closed: bool = field(default=False, repr=False)
 
@@ -100,11 +138,69 @@ class SshHosts:
         from inventory.model import Host
 
         return [Host(name=h.name, addr=h.addr, ssh=h.name + alias_suffix,
-                     python=python or sys.executable) for h in self.hosts]
+                     python=python or self.python) for h in self.hosts]
 
     def unused_addr(self) -> str:
         """An address in the bridge's subnet that no host has."""
         return "%s.250" % self.subnet
+
+    # -- a host's private files ------------------------------------------------------------
+    def expand(self, path: str) -> str:
+        """``~`` and ``~/x`` as the login user's home on the hosts."""
+        if path == "~" or path.startswith("~/"):
+            return self.home + path[1:]
+        return path
+
+    def local_path(self, name: str, path: str) -> str:
+        """The path on this machine that reaches ``path`` in host ``name``'s own files."""
+        return self[name].root + self.expand(path)
+
+    def run_on(self, name: str, argv, user: bool = True, **kw) -> subprocess.CompletedProcess:
+        """Run argv on host ``name`` (its files, hostname and network) as its login user, or
+        as root with ``user=False``; a clean environment, HOME the user's home."""
+        h = self[name]
+        cmd = ["nsenter", "-t", str(h.holder.pid), "-m", "-u", "-n", "--"]
+        if user:
+            pw = pwd.getpwnam(self.user)
+            cmd += ["setpriv", "--reuid", str(pw.pw_uid), "--regid", str(pw.pw_gid),
+                    "--init-groups", "env", "-i", "HOME=" + self.home, "USER=" + self.user,
+                    "LOGNAME=" + self.user, "PATH=/usr/local/bin:/usr/bin:/bin"]
+        kw.setdefault("capture_output", True)
+        return subprocess.run(cmd + list(argv), cwd="/", **kw)
+
+    def sh(self, name: str, script: str, user: bool = True) -> str:
+        """Run a shell script on host ``name`` as its user; its stdout (raises on failure)."""
+        res = self.run_on(name, ["sh", "-c", script], user=user, text=True)
+        if res.returncode != 0:
+            raise RuntimeError("on %s: %s: exit %d: %s" % (name, script, res.returncode,
+                                                            res.stderr.strip()))
+        return res.stdout
+
+    def put_tree(self, name: str, src: str, dest: str) -> None:
+        """Copy the folder ``src`` of this machine to ``dest`` on host ``name``, as its user
+        (``__pycache__`` left out)."""
+        data = _run_bytes(["tar", "-C", src, "--exclude=__pycache__", "-cf", "-", "."])
+        dest = self.expand(dest)
+        res = self.run_on(name, ["sh", "-c", 'mkdir -p "$1" && tar -C "$1" -xf -', "put",
+                                 dest], input=data)
+        if res.returncode != 0:
+            raise RuntimeError("copy to %s:%s failed: %s" % (name, dest, res.stderr.decode()))
+
+    def put_text(self, name: str, dest: str, text: str, mode: int = 0o644) -> None:
+        """Write ``text`` to the file ``dest`` on host ``name``, as its user."""
+        dest = self.expand(dest)
+        res = self.run_on(name, ["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1" && '
+                                 'chmod "$2" "$1"', "put", dest, "%o" % mode],
+                          input=text.encode())
+        if res.returncode != 0:
+            raise RuntimeError("write %s:%s failed: %s" % (name, dest, res.stderr.decode()))
+
+    def mkdirs(self, path: str) -> str:
+        """Make the folder ``path`` (``~`` allowed) on every host, as the user; its path."""
+        path = self.expand(path)
+        for name in self.names:
+            self.sh(name, "mkdir -p %s" % shlex.quote(path))
+        return path
 
     # -- helpers for tests -----------------------------------------------------------------
     def run_in(self, ns: str, argv, **kw) -> subprocess.CompletedProcess:
@@ -119,7 +215,7 @@ class SshHosts:
         _run(["ip", "-n", self[name].ns, "link", "set", "eth0", "up"])
 
     def stop_sshd(self, name: str) -> None:
-        """Kill the host's sshd listener (sessions already open live on)."""
+        """Kill the host's sshd listener (sessions already open live on; files stay)."""
         h = self[name]
         if h.sshd is not None:
             _stop(h.sshd)
@@ -131,24 +227,49 @@ class SshHosts:
             h.sshd = self._launch(h)
             _wait_ports([(h.addr, 22), (h.addr, self.alt_port)], [h.sshd])
 
+    def _hold(self, h: NodeHost) -> subprocess.Popen:
+        """Start the process that owns host ``h``'s own mounts and hostname."""
+        pw = pwd.getpwnam(self.user)
+        hide = []  # the project and the laptop's venv (not one inside the other)
+        for p in sorted({REPO, sys.prefix}):
+            if os.path.isdir(p) and p != "/" and not any(p.startswith(q + "/") for q in hide):
+                hide.append(p)
+        lines = ["set -e",
+                 "mount --bind %s /etc/hosts" % shlex.quote(self.hosts_file)]
+        if self.old_python:  # before /root is hidden
+            lines.append("mount --bind %s %s/py36" % (OLD_PYTHON_PREFIX, self.base))
+        lines += [
+            "mount -t tmpfs -o mode=755 tmpfs /home",
+            "mkdir -m 700 {home}",
+            "mkdir -p {home}/{cache}",
+            "chown -R {uid}:{gid} {home}",
+            "mount -t tmpfs -o mode=1777 tmpfs /tmp",
+            "mount -t tmpfs -o mode=1777 tmpfs /dev/shm",
+            "mount -t tmpfs -o mode=700 tmpfs /root"]
+        lines = [line.format(home=shlex.quote(self.home), cache=AGENT_CACHE[2:],
+                             uid=pw.pw_uid, gid=pw.pw_gid) for line in lines]
+        lines += ["mount -t tmpfs -o mode=755,size=1m tmpfs %s" % shlex.quote(p)
+                  for p in hide if not p.startswith(("/root/", "/home/", "/tmp/"))]
+        lines += ["hostname %s" % h.name, "echo ready", "exec sleep infinity"]
+        return subprocess.Popen(["ip", "netns", "exec", h.ns, "unshare", "--uts", "--mount",
+                                 "--propagation", "private", "sh", "-c", "\n".join(lines)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd="/")
+
     def _launch(self, h: NodeHost) -> subprocess.Popen:
         conf = os.path.join(h.dir, "sshd_config")
         log = os.path.join(h.dir, "sshd.log")
-        # Each host a clean login: this machine's own shell startup files are masked (they
-        # are shared by every "host" here; pyenv's init, for one, takes a lock in the home).
-        masks = "".join("mount --bind /dev/null %s && " % shlex.quote(f) for f in _rc_files())
-        script = ("mount --bind {hosts} /etc/hosts && mount --bind {cache} {mnt} && {masks}"
-                  "hostname {name} && exec {sshd} -D -f {conf} -E {log}").format(
-            hosts=self.hosts_file, cache=h.cache_dir, mnt=self.remote_cache, masks=masks,
-            name=h.name, sshd=SSHD, conf=conf, log=log)
-        # ip netns exec, unshare and sh all exec: the Popen's pid is sshd's.
+        # nsenter execs sshd without a fork (no PID namespace): the Popen's pid is sshd's.
         with open(log + ".err", "wb") as err:
-            return subprocess.Popen(["ip", "netns", "exec", h.ns, "unshare", "--uts",
-                                     "--mount", "sh", "-c", script], stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=err)
+            return subprocess.Popen(["nsenter", "-t", str(h.holder.pid), "-m", "-u", "-n",
+                                     "--", SSHD, "-D", "-f", conf, "-E", log],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=err, cwd="/")
 
     # -- teardown --------------------------------------------------------------------------
     def close(self) -> None:
+        """Kill what this session started, delete its namespaces, bridge and /srv folder
+        (the user and the /opt venv stay for reuse)."""
         if self._closed:
             return
         self._closed = True
@@ -164,17 +285,18 @@ class SshHosts:
                     os.kill(int(pid), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
                     pass
+            if h.holder is not None:
+                if h.holder.poll() is None:
+                    h.holder.kill()
+                h.holder.wait()
         for h in self.hosts:
             subprocess.run(["ip", "netns", "del", h.ns], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def _rc_files() -> list[str]:
-    """Shell startup files of the login user (root) that sshd sessions would run."""
-    home = pwd.getpwuid(0).pw_dir
-    names = (".bashrc", ".profile", ".bash_profile", ".bash_login", ".zshenv", ".zshrc")
-    return [os.path.join(home, n) for n in names if os.path.isfile(os.path.join(home, n))]
+def _run_bytes(argv) -> bytes:
+    return subprocess.run(argv, check=True, capture_output=True).stdout
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -218,17 +340,67 @@ def _keygen(path: str, comment: str) -> subprocess.Popen:
                              "-f", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def ensure_user(name: str = USER) -> pwd.struct_passwd:
+    """The hosts' login user, made once per machine (call under LOCK).
+
+    ``useradd`` leaves the password locked (``!``), which OpenSSH with ``UsePAM no`` refuses
+    even with a valid key ("Permission denied (publickey)"): ``*`` means no password but
+    not locked. No home is made here: each host mounts its own.
+    """
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        _run(["useradd", "--no-create-home", "--home-dir", "/home/" + name,
+              "--shell", "/bin/bash", "--user-group", name])
+        pw = pwd.getpwnam(name)
+    _run(["usermod", "-p", "*", name])
+    return pw
+
+
+def _host_python_works(prefix: str) -> bool:
+    probe = ("import numpy, torch, torch.distributed.run; "
+             "assert torch.__version__.split('+')[0] == %r"
+             % HOST_PY_PACKAGES[0].split("==")[1])
+    py = os.path.join(prefix, "bin", "python")
+    if not (os.access(py, os.X_OK) and os.access(os.path.join(prefix, "bin", "py-spy"),
+                                                 os.X_OK)):
+        return False
+    return subprocess.run([py, "-c", probe], capture_output=True).returncode == 0
+
+
+def ensure_host_python(prefix: str = HOST_PY_DIR) -> str:
+    """The hosts' training Python (torch, numpy, py-spy), built once per machine and reused.
+
+    Built in place under a lock from ``/usr/bin/python3`` (about 30 s from the local wheel
+    cache); a half-built one (a build that was killed) fails the check and is built again.
+    """
+    python = os.path.join(prefix, "bin", "python")
+    with open(HOST_PY_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _host_python_works(prefix):
+            return python
+        shutil.rmtree(prefix, ignore_errors=True)
+        _run([HOST_PY_BASE, "-m", "venv", prefix])
+        res = subprocess.run([python, "-m", "pip", "install", "-q", *HOST_PY_PACKAGES],
+                             capture_output=True, text=True)
+        if res.returncode != 0 or not _host_python_works(prefix):
+            raise RuntimeError("cannot build the hosts' Python at %s: %s"
+                               % (prefix, (res.stderr or res.stdout)[-2000:]))
+    return python
+
+
 SSHD_CONFIG = """\
 ListenAddress {addr}:22
 ListenAddress {addr}:{alt}
 HostKey {dir}/ssh_host_ed25519_key
 PidFile {dir}/sshd.pid
 AuthorizedKeysFile {authorized}
-PermitRootLogin prohibit-password
+AllowUsers {user}
+PermitRootLogin no
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
-StrictModes no
+StrictModes yes
 UseDNS no
 MaxStartups 100:30:200
 MaxSessions 50
@@ -245,23 +417,22 @@ def create_hosts(count: int = 4, alt_port: int = ALT_PORT) -> SshHosts:
         raise RuntimeError(reason)
     if count > 200:
         raise ValueError("at most 200 hosts fit the /24")
+    python = ensure_host_python()
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    os.makedirs(SRV, mode=0o755, exist_ok=True)
     sid = "%04x" % random.getrandbits(16)
     while os.path.exists("/run/netns/rdk%s-node0" % sid):
         sid = "%04x" % random.getrandbits(16)
-    base = tempfile.mkdtemp(prefix="rdk%s-" % sid)
-    os.chmod(base, 0o755)
+    base = tempfile.mkdtemp(prefix="rdk%s-" % sid, dir=SRV)
+    os.chmod(base, 0o755)  # sshd reads authorized_keys as the user
     client_key = os.path.join(base, "client_key")
-    mount_point = os.path.join(base, "agent-cache")
-    os.mkdir(mount_point)
     keygens = [_keygen(client_key, "rankdeck-test-client")]
     hosts: list[NodeHost] = []
     for k in range(count):
         d = os.path.join(base, "node%d" % k)
-        os.makedirs(os.path.join(d, "cache"))
+        os.makedirs(d)
         hosts.append(NodeHost(name="node%d" % k, addr="", ns="rdk%s-node%d" % (sid, k),
-                              veth="rdk%sv%d" % (sid, k), dir=d,
-                              cache_dir=os.path.join(d, "cache"), host_key_pub=""))
+                              veth="rdk%sv%d" % (sid, k), dir=d, host_key_pub=""))
         keygens.append(_keygen(os.path.join(d, "ssh_host_ed25519_key"), "node%d" % k))
     for p in keygens:
         if p.wait() != 0:
@@ -270,8 +441,7 @@ def create_hosts(count: int = 4, alt_port: int = ALT_PORT) -> SshHosts:
                    client_key=client_key, known_hosts=os.path.join(base, "known_hosts"),
                    ssh_config=os.path.join(base, "ssh_config"),
                    authorized_keys=os.path.join(base, "authorized_keys"),
-                   hosts_file=os.path.join(base, "hosts"), remote_cache=mount_point,
-                   alt_port=alt_port)
+                   hosts_file=os.path.join(base, "hosts"), python=python, alt_port=alt_port)
     try:
         _build(env, alt_port)
     except BaseException:
@@ -283,11 +453,20 @@ def create_hosts(count: int = 4, alt_port: int = ALT_PORT) -> SshHosts:
 def _build(env: SshHosts, alt_port: int) -> None:
     with open(LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        pw = ensure_user(env.user)
         x = _free_subnet()
         env.subnet = "10.77.%d" % x
         _run(["ip", "link", "add", env.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", env.subnet + ".1/24", "dev", env.bridge])
         _run(["ip", "link", "set", env.bridge, "up"])
+    env.home = pw.pw_dir
+    if os.access(os.path.join(OLD_PYTHON_PREFIX, "bin", "python3.6"), os.X_OK):
+        os.mkdir(os.path.join(env.base, "py36"))  # the mount point, filled in each host
+        env.old_python = os.path.join(env.base, "python3.6")
+        with open(env.old_python, "w") as f:  # its libpython is found through its old prefix
+            f.write('#!/bin/sh\nLD_LIBRARY_PATH={d}/lib exec {d}/bin/python3.6 "$@"\n'.format(
+                d=os.path.join(env.base, "py36")))
+        os.chmod(env.old_python, 0o755)
     batch = []
     for k, h in enumerate(env.hosts):
         h.addr = "%s.%d" % (env.subnet, 11 + k)
@@ -302,6 +481,7 @@ def _build(env: SshHosts, alt_port: int) -> None:
         client_pub = f.read()
     with open(env.authorized_keys, "w") as f:
         f.write(client_pub)
+    os.chmod(env.authorized_keys, 0o644)
     with open(env.hosts_file, "w") as f:
         f.write("127.0.0.1 localhost\n::1 localhost\n")
         f.writelines("%s %s\n" % (h.addr, h.name) for h in env.hosts)
@@ -313,15 +493,26 @@ def _build(env: SshHosts, alt_port: int) -> None:
         config.append("Host %s\n  HostName %s\nHost %s-alt\n  HostName %s\n  Port %d\n"
                       % (h.name, h.addr, h.name, h.addr, alt_port))
         with open(os.path.join(h.dir, "sshd_config"), "w") as f:
-            f.write(SSHD_CONFIG.format(addr=h.addr, alt=alt_port, dir=h.dir,
+            f.write(SSHD_CONFIG.format(addr=h.addr, alt=alt_port, dir=h.dir, user=env.user,
                                        authorized=env.authorized_keys))
-    config.append("Host *\n  User root\n  IdentityFile %s\n  IdentitiesOnly yes\n"
+    config.append("Host *\n  User %s\n  IdentityFile %s\n  IdentitiesOnly yes\n"
                   "  UserKnownHostsFile %s\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
-                  "  LogLevel ERROR\n" % (env.client_key, env.known_hosts))
+                  "  LogLevel ERROR\n" % (env.user, env.client_key, env.known_hosts))
     with open(env.known_hosts, "w") as f:
         f.writelines(known)
     with open(env.ssh_config, "w") as f:
         f.writelines(config)
+    for h in env.hosts:
+        h.holder = env._hold(h)
+    for h in env.hosts:
+        line = h.holder.stdout.readline()
+        h.holder.stdout.close()
+        if line.strip() != b"ready":
+            h.holder.wait()
+            raise RuntimeError("host %s did not come up: %s"
+                               % (h.name, h.holder.stderr.read().decode().strip()))
+        h.holder.stderr.close()
+        h.cache_dir = env.local_path(h.name, env.remote_cache)
     for h in env.hosts:
         h.sshd = env._launch(h)
     _wait_ports([(h.addr, p) for h in env.hosts for p in (22, alt_port)],

@@ -1,14 +1,16 @@
 """Twenty kill/restart cycles over real SSH, then a stop that must leave nothing behind.
 
 Four OpenSSH hosts in network namespaces (``ssh_hosts``), the reference trainer under real
-torchrun. Cycles go round the nodes and alternate ``restart(node)`` (the supervisor kills
-torchrun and starts it again) with ``stop(node)`` then ``restart(node)`` (a new supervisor).
+torchrun, sent by the launch's sync into a ``~/proj-...`` workdir. Cycles go round the nodes
+and alternate ``restart(node)`` (the supervisor kills torchrun and starts it again) with
+``stop(node)`` then ``restart(node)`` (a new supervisor).
 Each is verified: the node's ``launches`` went up and no process of the killed torchrun is
 left. After the stop: no process of the run, no listening port the run opened, no temporary
 folder or file of the run.
 
-The hosts share this machine's filesystem and process table, so /proc and /tmp are read
-directly; ports are read inside each namespace.
+The hosts share only this machine's process table, so /proc is read directly; each host's own
+/tmp and /dev/shm and its run folder are read through ``local_path``; ports are read inside
+each namespace.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from inventory.model import Host, Inventory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from spine.helpers import TINY, TRAINER, processes_of, wait_for  # noqa: E402
+from spine.helpers import TINY, wait_for, wind_down  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
+SCRIPT = "trainer/train.py"  # in the workdir, where --sync puts the project
 CYCLES = 20
 RECOVER_EVERY = 5  # cycles 5, 10 and 15 wait for the job to train again first
 CLK = os.sysconf("SC_CLK_TCK")
@@ -43,6 +46,16 @@ def stepping_since(ctl: RunController, since: float) -> bool:
     """Every one of the 4 ranks has made a step since ``since`` (wall clock)."""
     ranks = ctl.state.ranks
     return len(ranks) == 4 and all((r.last_progress or 0) > since for r in ranks.values())
+
+
+async def wait_stepping(ctl: RunController, since: float, what: str) -> None:
+    """Wait until every rank steps again; on a timeout say where each node and rank is."""
+    try:
+        await wait_for(lambda: stepping_since(ctl, since), TIMEOUT, what)
+    except AssertionError as exc:
+        events = ["%s %s %s" % (e.node, e.kind, e.text) for e in list(ctl.state.events)[-25:]]
+        raise AssertionError("%s\nstatus: %s\nlast events:\n%s" % (
+            exc, ctl.state.status(), "\n".join(events))) from None
 
 
 def marked(run_id: str, node: str) -> dict[int, int]:
@@ -78,13 +91,13 @@ def listening(ssh_hosts) -> dict[str, set[str]]:
     return out
 
 
-def tmp_entries() -> set[str]:
+def tmp_entries(ssh_hosts) -> set[str]:
+    """Every entry of every host's own /tmp and /dev/shm (paths as seen from here)."""
     out = set()
-    for d in TMP_DIRS:
-        try:
+    for name in ssh_hosts.names:
+        for d in TMP_DIRS:
+            d = ssh_hosts.local_path(name, d)
             out.update(os.path.join(d, n) for n in os.listdir(d))
-        except OSError:
-            pass
     return out
 
 
@@ -103,26 +116,18 @@ def names_under(path: str, depth: int = 3) -> list[str]:
     return found
 
 
-def left_in_tmp(before: set[str], run_id: str) -> tuple[list[str], list[str]]:
-    """New entries in /tmp and /dev/shm: (the run's, others') - pytest's own are ignored.
+def left_in_tmp(ssh_hosts, before: set[str]) -> list[str]:
+    """New entries in the hosts' own /tmp and /dev/shm, with a few names inside each.
 
-    The machine is shared, so a new entry is the run's when its name or a name inside it
-    carries the run id, or when it is a torchelastic_* folder (torchrun makes one only without
-    --log-dir, and rankdeck always passes one). Other rankdeck-named entries (a benchmark
-    running beside the test) are not the run's.
+    Nothing but the run uses those hosts' /tmp during the test, so whatever is new there
+    the run left behind (a torchelastic_* folder would mean a torchrun without --log-dir),
+    except torch's per-user compile cache folder, which ``import torch`` makes and keeps
+    across runs by design.
     """
-    ours, others = [], []
-    for path in sorted(tmp_entries() - before):
-        name = os.path.basename(path)
-        if name.startswith("pytest-of-"):
-            continue
-        inside = names_under(path)
-        if (name.startswith("torchelastic_") or run_id in name
-                or any(run_id in n for n in inside)):
-            ours.append("%s %s" % (path, inside[:5]))
-        else:
-            others.append(path)
-    return ours, others
+    torch_cache = "torchinductor_" + ssh_hosts.user
+    return ["%s %s" % (path, names_under(path)[:5])
+            for path in sorted(tmp_entries(ssh_hosts) - before)
+            if os.path.basename(path) != torch_cache]
 
 
 def temp_files_in(folder: str) -> list[str]:
@@ -133,17 +138,17 @@ def temp_files_in(folder: str) -> list[str]:
     return out
 
 
-async def test_twenty_restart_cycles_over_ssh_then_stop_leaves_nothing(ssh_hosts, tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    hosts = [Host(name=h.name, addr=h.addr, ssh=h.name, python=sys.executable,
-                  workdir=str(work)) for h in ssh_hosts.hosts]
+async def test_twenty_restart_cycles_over_ssh_then_stop_leaves_nothing(ssh_hosts, host_workdir,
+                                                                        project):
+    work = host_workdir  # ~/proj-..., read on each host; the trainer arrives by --sync
+    hosts = [Host(name=h.name, addr=h.addr, ssh=h.name, python=ssh_hosts.python,
+                  workdir=work) for h in ssh_hosts.hosts]
     inv = Inventory(path="<test>", hosts=hosts, transport="ssh")
     transport = SshTransport(ssh_config=ssh_hosts.ssh_config, known_hosts=ssh_hosts.known_hosts,
                              client_keys=[ssh_hosts.client_key],
                              remote_cache=ssh_hosts.remote_cache)
     ports_before = listening(ssh_hosts)
-    tmp_before = tmp_entries()
+    tmp_before = tmp_entries(ssh_hosts)
     ctl = RunController(inv, transport, History())
     run_id = ctl.run_id
     names = [h.name for h in hosts]
@@ -152,7 +157,7 @@ async def test_twenty_restart_cycles_over_ssh_then_stop_leaves_nothing(ssh_hosts
     try:
         # max_restarts: a node restart makes the other nodes' workers stop too (they agree
         # to stop, exit 143), which torchrun counts as a failure on those nodes.
-        await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=100, grace=3,
+        await ctl.launch(LaunchSpec(script=SCRIPT, sync=str(project), max_restarts=100, grace=3,
                                     args=TINY + ["--steps", "100000", "--term-grace", "2"]))
         ranks = ctl.state.ranks
         await wait_for(lambda: len(ranks) == 4 and all((r.step or 0) >= 2
@@ -167,8 +172,8 @@ async def test_twenty_restart_cycles_over_ssh_then_stop_leaves_nothing(ssh_hosts
             if i % RECOVER_EVERY == 0 and i:
                 # now and then the job recovers first, so that the kill hits live workers
                 # mid-training; the other cycles kill whatever is there at that moment
-                await wait_for(lambda: stepping_since(ctl, last_ack), TIMEOUT,
-                               "every rank stepping again before cycle %d" % i)
+                await wait_stepping(ctl, last_ack, "every rank stepping again before cycle %d"
+                                    % i)
             old = marked(run_id, node)
             workers = [p for p in old if "RANK" in procs.environ(p)]
             if i % RECOVER_EVERY == 0:
@@ -196,9 +201,15 @@ async def test_twenty_restart_cycles_over_ssh_then_stop_leaves_nothing(ssh_hosts
             log.append((i, node, kind, len(old), took))
         t_cycles = time.monotonic()
         # after all that the run still trains: every rank steps again
-        await wait_for(lambda: stepping_since(ctl, last_ack), TIMEOUT,
-                       "every rank stepping again after %d cycles" % CYCLES)
+        await wait_stepping(ctl, last_ack, "every rank stepping again after %d cycles" % CYCLES)
         t_recovered = time.monotonic()
+        # stacks as the hosts' user: py-spy from the hosts' venv reads the user's own workers
+        stacks = await ctl.stacks()
+        dumped = [r for res in stacks.values() for r in res["ranks"]]
+        assert sorted(r["rank"] for r in dumped) == [0, 1, 2, 3], stacks
+        assert all(r["method"] == "py-spy" and "train.py" in r["stack"] for r in dumped), \
+            [(r["rank"], r["method"], r.get("error")) for r in dumped]
+        t_stacks = time.monotonic()
 
         results = await ctl.stop()
         t_stopped = time.monotonic()
@@ -206,21 +217,12 @@ async def test_twenty_restart_cycles_over_ssh_then_stop_leaves_nothing(ssh_hosts
         assert all(r["state"] == "stopped" and r["left"] == [] for r in results.values()), \
             results
     finally:
-        if any(l.stream is not None for l in ctl.links.values()) and \
-                ctl.state.run_state() not in ("stopped", "failed", "succeeded"):
-            await ctl.stop()
-        await ctl.close()
-        left = processes_of(run_id)
-        for pid, _cmd in left:  # never leave a run behind, even when the test failed
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        left = await wind_down(ctl)
     print("\nlaunch to stepping %.1f s; %d cycles %.1f s (%s); recovered in %.1f s; stop "
           "%.1f s" % (t_stepping - t0, CYCLES, t_cycles - t_stepping,
                       ", ".join("%s %s %.1fs/%d procs" % (n, k[:4], s, c)
                                 for _i, n, k, c, s in log),
-                      t_recovered - t_cycles, t_stopped - t_recovered), file=sys.stderr)
+                      t_recovered - t_cycles, t_stopped - t_stacks), file=sys.stderr)
     assert all(count > 0 for _i, _n, _k, count, _s in log[len(names):]), (
         "a cycle found no process of the node's run to kill", log)
 
@@ -236,11 +238,9 @@ async def test_twenty_restart_cycles_over_ssh_then_stop_leaves_nothing(ssh_hosts
             name, "new:", ports_after[name] - ports_before[name],
             "gone:", ports_before[name] - ports_after[name])
     # no temporary folder or file of the run
-    ours, others = left_in_tmp(tmp_before, run_id)
-    if others:
-        print("new in /tmp, not the run's (the machine is shared): %s" % others,
-              file=sys.stderr)
-    assert ours == [], "temporary files of the run left behind: %s" % ours
-    run_dir = work / ".rankdeck" / "runs" / run_id
-    assert run_dir.is_dir()
-    assert temp_files_in(str(run_dir)) == []
+    left_tmp = left_in_tmp(ssh_hosts, tmp_before)
+    assert left_tmp == [], "temporary files of the run left behind: %s" % left_tmp
+    for name in names:
+        run_dir = ssh_hosts.local_path(name, "%s/.rankdeck/runs/%s" % (work, run_id))
+        assert os.path.isdir(run_dir), name
+        assert temp_files_in(run_dir) == [], name

@@ -1,7 +1,9 @@
-"""Real training over real SSH: 4 namespace hosts with OpenSSH, the reference trainer, torchrun.
+"""Real training over real SSH: 4 hosts that are not the laptop, the reference trainer, torchrun.
 
-The hosts share this machine's filesystem and process table (only the network differs), so
-the tests can read every host's run folder and /proc directly.
+Each host has its own home, /tmp, login user and Python (see sshhosts.py); they share only
+this machine's process table. As in the field, every run's workdir is a ``~/proj-...`` path
+read on the host, and the trainer gets there by ``--sync`` of a laptop folder (``project``).
+A test reads a host's run folder through ``local_path`` and /proc directly.
 """
 
 from __future__ import annotations
@@ -29,14 +31,18 @@ from inventory.loader import load_inventory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from spine.helpers import TINY, TRAINER, processes_of, rank_log_files, wait_for  # noqa: E402
+from spine.helpers import TINY, processes_of, rank_log_files, wait_for, wind_down  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
+SCRIPT = "trainer/train.py"  # in the workdir, where --sync puts the project
 
 
-def write_inventory(path, ssh_hosts, workdir, python=sys.executable, addrs=None, pythons=None):
-    lines = ["transport: ssh", "defaults:", "  python: %s" % python, "  workdir: %s" % workdir,
+def write_inventory(path, ssh_hosts, workdir, addrs=None, pythons=None):
+    """An inventory of the 4 hosts with ``workdir`` (a ``~/proj-...`` path, read on each
+    host) and one secret in every rank's environment."""
+    lines = ["transport: ssh", "defaults:", "  python: %s" % ssh_hosts.python,
+             "  workdir: %s" % workdir,
              "  env:", "    SECRET_TOKEN: ${RDK_TEST_SECRET}", "hosts:"]
     for h in ssh_hosts.hosts:
         lines.append("  - name: %s" % h.name)
@@ -56,13 +62,12 @@ def secret(monkeypatch):
 
 
 @pytest.fixture
-def user_ssh(ssh_hosts, clean_home, monkeypatch):
+def user_ssh(ssh_hosts, clean_home):
     """The test hosts as a user would have them: ~/.ssh/config (with IdentityFile and
-    UserKnownHostsFile) in the (temporary) home; the agent cache kept in the fixture's dir."""
+    UserKnownHostsFile) in the (temporary) home; the agent cache in each host's home."""
     ssh_dir = clean_home / ".ssh"
     ssh_dir.mkdir(exist_ok=True)
     (ssh_dir / "config").write_text(open(ssh_hosts.ssh_config).read())
-    monkeypatch.setenv("RANKDECK_REMOTE_CACHE", ssh_hosts.remote_cache)
     return ssh_hosts
 
 
@@ -77,10 +82,20 @@ def files_under(folder):
             yield os.path.join(root, name)
 
 
-def ssh_controller(user_ssh, tmp_path):
-    """A controller over the 4 SSH hosts, a workdir, and every chunk it receives per file."""
-    work = tmp_path / "work"
-    work.mkdir()
+def rank_logs(hosts, work, run_id, node) -> dict[str, str]:
+    """A node's rank log files: {path on its host: the same file seen from here}."""
+    root = hosts[node].root
+    return {p[len(root):]: p
+            for p in rank_log_files(hosts.local_path(node, work), run_id, node)}
+
+
+def read(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def ssh_controller(user_ssh, tmp_path, work):
+    """A controller over the 4 SSH hosts and every chunk it receives per file."""
     inv = load_inventory(write_inventory(tmp_path / "hosts.yaml", user_ssh, work))
     transport = SshTransport(ssh_config=user_ssh.ssh_config, known_hosts=user_ssh.known_hosts,
                              client_keys=[user_ssh.client_key],
@@ -89,13 +104,15 @@ def ssh_controller(user_ssh, tmp_path):
     got = defaultdict(list)
     ctl.state.line_listeners.append(
         lambda b: got[(b.node, b.path)].append((b.offset, text_to_bytes(b.text))))
-    return ctl, work, got
+    return ctl, got
 
 
-async def test_training_over_ssh_every_line_once_and_secrets_kept(user_ssh, tmp_path, secret):
-    ctl, work, got = ssh_controller(user_ssh, tmp_path)
+async def test_training_over_ssh_every_line_once_and_secrets_kept(user_ssh, tmp_path, secret,
+                                                                  host_workdir, project):
+    work = host_workdir
+    ctl, got = ssh_controller(user_ssh, tmp_path, work)
     try:
-        await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0,
+        await ctl.launch(LaunchSpec(script=SCRIPT, sync=str(project), max_restarts=0,
                                     args=TINY + ["--steps", "30", "--ckpt-every", "10"]),
                          inventory_path=str(tmp_path / "hosts.yaml"))
         assert all(c.ok for c in ctl.preflight_checks)
@@ -125,31 +142,29 @@ async def test_training_over_ssh_every_line_once_and_secrets_kept(user_ssh, tmp_
             back[:0] = recs
             pages += 1
     finally:
-        if ctl.state.run_state() not in ("succeeded", "failed", "stopped"):
-            await ctl.stop()
-        await ctl.close()
+        left = await wind_down(ctl)
     assert final == "succeeded", ctl.state.status()
     assert pages > 2
     for fid in fids:
-        with open(ctl.state.nodes[node0].files[fid].path, "rb") as f:
-            assert b"".join(text_to_bytes(r[1]) for r in back if r[0]["f"] == fid) == f.read()
-    run_dir = work / ".rankdeck" / "runs" / ctl.run_id
-    for path in files_under(run_dir):
-        with open(path, "rb") as f:
-            assert secret.encode() not in f.read(), "secret written to %s" % path
+        on_host = user_ssh.local_path(node0, ctl.state.nodes[node0].files[fid].path)
+        assert b"".join(text_to_bytes(r[1]) for r in back if r[0]["f"] == fid) == read(on_host)
+    seen = 0
+    for node in user_ssh.names:
+        run_dir = user_ssh.local_path(node, "%s/.rankdeck/runs/%s" % (work, ctl.run_id))
+        for path in files_under(run_dir):
+            seen += 1
+            assert secret.encode() not in read(path), "secret written to %s" % path
+    assert seen
     for path in files_under(os.environ["XDG_STATE_HOME"]):
-        with open(path, "rb") as f:
-            assert secret.encode() not in f.read(), "secret in the laptop's history %s" % path
+        assert secret.encode() not in read(path), "secret in the laptop's history %s" % path
     for node in ctl.state.nodes:
-        files = rank_log_files(work, ctl.run_id, node)
+        files = rank_logs(user_ssh, work, ctl.run_id, node)
         assert files
-        for path in files:
-            with open(path, "rb") as f:
-                on_disk = f.read()
-            assert b"".join(d for _o, d in sorted(got[(node, path)])) == on_disk, path
+        for path, here in files.items():
+            assert b"".join(d for _o, d in sorted(got[(node, path)])) == read(here), path
             offsets = [o for o, _d in got[(node, path)]]
             assert offsets == sorted(set(offsets)), "a chunk arrived twice: %s" % path
-    assert processes_of(ctl.run_id) == []
+    assert left == [], "processes left behind: %s" % left
 
 
 def console_lines(text: str) -> dict:
@@ -162,21 +177,26 @@ def console_lines(text: str) -> dict:
     return out
 
 
-def disk_lines(work, run_id, node) -> Counter:
+def disk_lines(hosts, work, run_id, node) -> Counter:
     lines = Counter()
-    for path in rank_log_files(work, run_id, node):
-        with open(path, "rb") as f:
-            lines.update(f.read().decode("utf-8", "replace").splitlines())
+    for path in rank_logs(hosts, work, run_id, node).values():
+        lines.update(read(path).decode("utf-8", "replace").splitlines())
     return lines
 
 
-def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp_path, secret):
-    work = tmp_path / "work"
-    work.mkdir()
+def node0_steps(hosts, work, run_id) -> int:
+    return len(re.findall(rb"step=", b"".join(
+        read(p) for p in rank_logs(hosts, work, run_id, "node0").values())))
+
+
+def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp_path, secret,
+                                                                    host_workdir, project):
+    work = host_workdir
     inv = write_inventory(tmp_path / "hosts.yaml", user_ssh, work)
     first = tmp_path / "first.out"
     with open(first, "wb") as out:
-        console = rankdeck("launch", "--no-tui", "--skip-preflight", "-i", inv, TRAINER, "--",
+        console = rankdeck("launch", "--no-tui", "--skip-preflight", "-i", inv,
+                           "--sync", str(project), SCRIPT, "--",
                            *TINY, "--steps", "60", "--ckpt-every", "20",
                            stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -191,18 +211,11 @@ def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp
         if console.poll() is None:
             console.kill()
     run_id = re.search(rb"run (\S+) started", first.read_bytes()).group(1).decode()
-    node_dir = work / ".rankdeck" / "runs" / run_id
-    steps_then = len(re.findall(rb"step=", b"".join(
-        open(p, "rb").read() for n in ("node0",) for p in rank_log_files(work, run_id, n))))
+    steps_then = node0_steps(user_ssh, work, run_id)
     deadline = time.time() + 60
-    while True:
-        steps_now = len(re.findall(rb"step=", b"".join(
-            open(p, "rb").read() for p in rank_log_files(work, run_id, "node0"))))
-        if steps_now > steps_then:
-            break
+    while node0_steps(user_ssh, work, run_id) <= steps_then:
         assert time.time() < deadline, "training stopped when the console died"
         time.sleep(0.5)
-    assert node_dir.exists()
 
     attach = subprocess.run([sys.executable, "-m", "console", "attach", "--no-tui", run_id],
                             cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
@@ -216,24 +229,25 @@ def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp
     assert status["state"] == "succeeded"
     for node in status["nodes"]:
         (rank,) = [r["rank"] for r in node["ranks"]]
-        assert seen[(node["name"], rank)] == disk_lines(work, run_id, node["name"]), node["name"]
+        assert seen[(node["name"], rank)] == disk_lines(user_ssh, work, run_id, node["name"]), \
+            node["name"]
     assert processes_of(run_id) == []
 
 
-def test_preflight_catches_torch_mismatch_and_unreachable_rendezvous(user_ssh, tmp_path, secret):
-    fake = tmp_path / "faketorch"
-    (fake / "torch").mkdir(parents=True)
-    (fake / "torch" / "__init__.py").write_text(
-        "__version__ = '2.0.0-fake'\nclass version:\n    cuda = None\n")
-    wrapper = tmp_path / "python-oldtorch"
-    wrapper.write_text("#!/bin/sh\nPYTHONPATH=%s${PYTHONPATH:+:$PYTHONPATH} exec %s \"$@\"\n"
-                       % (fake, sys.executable))
-    wrapper.chmod(0o755)
-    work = tmp_path / "work"
-    work.mkdir()
+def test_preflight_catches_torch_mismatch_and_unreachable_rendezvous(user_ssh, tmp_path, secret,
+                                                                   host_workdir, project):
+    work = host_workdir
+    user_ssh.mkdirs(work)  # `rankdeck check` wants the workdir there already
+    fake = work + "/faketorch"  # on node2 only: the python in its inventory line (a ~ path)
+    user_ssh.put_text("node2", fake + "/torch/__init__.py",
+                      "__version__ = '2.0.0-fake'\nclass version:\n    cuda = None\n")
+    wrapper = work + "/python-oldtorch"
+    user_ssh.put_text("node2", wrapper,
+                      "#!/bin/sh\nPYTHONPATH=%s${PYTHONPATH:+:$PYTHONPATH} exec %s \"$@\"\n"
+                      % (user_ssh.expand(fake), user_ssh.python), mode=0o755)
     # node0's addr is a loopback address: it listens there, but only inside its own host
     inv = write_inventory(tmp_path / "hosts.yaml", user_ssh, work,
-                          addrs={"node0": "127.0.0.2"}, pythons={"node2": str(wrapper)})
+                          addrs={"node0": "127.0.0.2"}, pythons={"node2": wrapper})
     check = subprocess.run([sys.executable, "-m", "console", "check", "--json", "-i", inv],
                            cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
                            capture_output=True, text=True, timeout=TIMEOUT)
@@ -245,18 +259,23 @@ def test_preflight_catches_torch_mismatch_and_unreachable_rendezvous(user_ssh, t
         assert any("cannot reach the rendezvous host node0 (127.0.0.2:" in p
                    for p in rows[name]["problems"]), rows[name]
     launch = subprocess.run([sys.executable, "-m", "console", "launch", "--no-tui", "-i", inv,
-                             TRAINER], cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+                             "--sync", str(project), SCRIPT], cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=REPO),
                             capture_output=True, text=True, timeout=TIMEOUT)
-    assert launch.returncode == 1
+    assert launch.returncode == 1, launch.stderr
     assert "preflight found problems; nothing was started" in launch.stderr
-    assert not (work / ".rankdeck").exists()
+    for node in user_ssh.names:  # the code was sent before the check; nothing ran
+        assert os.path.isfile(user_ssh.local_path(node, work + "/" + SCRIPT)), node
+        assert not os.path.exists(user_ssh.local_path(node, work + "/.rankdeck/runs")), node
 
 
-async def test_cut_link_is_reported_then_streams_resume_exactly_once(user_ssh, tmp_path, secret):
-    ctl, work, got = ssh_controller(user_ssh, tmp_path)
+async def test_cut_link_is_reported_then_streams_resume_exactly_once(user_ssh, tmp_path, secret,
+                                                                    host_workdir, project):
+    work = host_workdir
+    ctl, got = ssh_controller(user_ssh, tmp_path, work)
     st = ctl.state
     try:
-        await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=3,
+        await ctl.launch(LaunchSpec(script=SCRIPT, sync=str(project), max_restarts=3,
                                     args=TINY + ["--steps", "80", "--ckpt-every", "10",
                                                  "--pg-timeout", "300"]), preflight=False)
         await wait_for(lambda: len(st.ranks) == 4 and all((r.step or 0) >= 3
@@ -279,15 +298,13 @@ async def test_cut_link_is_reported_then_streams_resume_exactly_once(user_ssh, t
         await ctl.stop_store()
         await asyncio.sleep(1)
     finally:
-        if st.run_state() not in ("succeeded", "failed", "stopped"):
-            await ctl.stop()
-        await ctl.close()
+        left = await wind_down(ctl)
     for node in st.nodes:
-        for path in rank_log_files(work, ctl.run_id, node):
-            with open(path, "rb") as f:
-                on_disk = f.read()
+        files = rank_logs(user_ssh, work, ctl.run_id, node)
+        assert files
+        for path, here in files.items():
             chunks = sorted(got[(node, path)])
             offsets = [o for o, _d in chunks]
             assert offsets == sorted(set(offsets)), "a chunk arrived twice: %s" % path
-            assert b"".join(d for _o, d in chunks) == on_disk, path
-    assert processes_of(ctl.run_id) == []
+            assert b"".join(d for _o, d in chunks) == read(here), path
+    assert left == [], "processes left behind: %s" % left

@@ -1,7 +1,8 @@
-"""The SSH transport against real OpenSSH hosts in network namespaces (root only).
+"""The SSH transport against real OpenSSH hosts that are not the laptop (root only).
 
-Each test builds its own SshTransport with the fixture's ssh_config / known_hosts / client key
-and a per-host private agent cache, so nothing touches the real ~/.ssh or home.
+Each test builds its own SshTransport with the fixture's ssh_config / known_hosts / client key;
+the agent cache is the transport's default (``~/.cache/rankdeck``) in each host's own home, so
+nothing touches the real ~/.ssh or home. What a test puts on a host it puts as the host's user.
 """
 
 import asyncio
@@ -17,13 +18,13 @@ import pytest
 
 from agent import protocol
 from agent.version import agent_version
+from console.link import NodeLink
 from console.transport.base import HostUnreachable
 from console.transport.ssh import SshTransport, open_all
 from inventory.model import Host
+from sshhosts import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
-
-OLD_PYTHON = "/root/.pyenv/versions/3.6.15/bin/python3.6"  # used when this machine has one
 
 FAKE_PY36 = r'''
 import runpy, sys
@@ -143,10 +144,9 @@ async def test_close_ends_serve(ssh_hosts, transports):
 async def test_half_copied_folder_is_redone(ssh_hosts, transports):
     h = ssh_hosts.hosts[2]
     clear_caches(ssh_hosts)
-    half = os.path.join(h.cache_dir, "agent-" + agent_version(), "agent")
-    os.makedirs(half)
-    with open(os.path.join(half, "serve.py"), "w") as f:
-        f.write("raise SystemExit('half a file')")  # no .complete marker
+    folder = "%s/agent-%s" % (ssh_hosts.remote_cache, agent_version())
+    ssh_hosts.put_text(h.name, folder + "/agent/serve.py",
+                       "raise SystemExit('half a file')")  # no .complete marker
     s = await transports().open(ssh_hosts.inventory()[2])
     assert s.copied and json.loads(await s.readline())["t"] == "hello"
 
@@ -155,14 +155,14 @@ async def test_tampered_copy_is_a_version_mismatch(ssh_hosts, transports):
     h = ssh_hosts.hosts[3]
     clear_caches(ssh_hosts)
     version = agent_version()
+    on_host = "%s/agent-%s" % (ssh_hosts.remote_cache, version)
+    ssh_hosts.put_tree(h.name, os.path.dirname(protocol.__file__), on_host + "/agent")
+    ssh_hosts.sh(h.name, "cd %s && echo '# edited on the host' >> agent/version.py && "
+                 "touch .complete" % ssh_hosts.expand(on_host))
     folder = os.path.join(h.cache_dir, "agent-" + version)
-    shutil.copytree(os.path.dirname(protocol.__file__), os.path.join(folder, "agent"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    with open(os.path.join(folder, "agent", "version.py"), "a") as f:
-        f.write("\n# edited on the host\n")
-    open(os.path.join(folder, ".complete"), "w").close()
-    with pytest.raises(HostUnreachable) as err:
-        await transports().open(ssh_hosts.inventory()[3])
+    link = NodeLink(ssh_hosts.inventory()[3], transports(), None, "", reconnect=False)
+    with pytest.raises(HostUnreachable) as err:  # the link checks the hello
+        await link.connect()
     assert err.value.cause == "agent-failed"
     assert "agent version mismatch" in str(err.value) and version in str(err.value)
     shutil.rmtree(folder)
@@ -230,7 +230,7 @@ async def test_stopped_sshd_is_refused_others_open(ssh_hosts, transports):
 
 async def test_silent_address_times_out_without_blocking_others(ssh_hosts, transports):
     ghost = Host(name="ghost", addr=ssh_hosts.unused_addr(), ssh=ssh_hosts.unused_addr(),
-                 python=sys.executable)
+                 python=ssh_hosts.python)
     t = transports(connect_timeout=2)
     started = time.monotonic()
     results = await open_all(t, [ghost] + ssh_hosts.inventory()[:1])
@@ -254,7 +254,7 @@ async def test_cut_link_times_out_and_comes_back(ssh_hosts, transports):
 
 
 async def test_unresolvable_name_is_dns(transports, ssh_hosts):
-    host = Host(name="nowhere", addr="x", ssh="no-such-host.invalid", python=sys.executable)
+    host = Host(name="nowhere", addr="x", ssh="no-such-host.invalid", python=ssh_hosts.python)
     with pytest.raises(HostUnreachable) as err:
         await transports().open(host)
     assert err.value.cause == "dns" and str(err.value).startswith("nowhere")
@@ -269,11 +269,12 @@ async def test_missing_python_is_no_python(ssh_hosts, transports):
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
-async def test_old_python_is_too_old(ssh_hosts, transports, tmp_path, warm):
-    fake = tmp_path / "python3.6"
-    (tmp_path / "fakepy36.py").write_text(FAKE_PY36)
-    fake.write_text("#!/bin/sh\nexec %s %s \"$@\"\n" % (sys.executable, tmp_path / "fakepy36.py"))
-    fake.chmod(0o755)
+async def test_old_python_is_too_old(ssh_hosts, transports, warm):
+    node0 = ssh_hosts.names[0]
+    fake = ssh_hosts.expand("~/fakepy36/python3.6")
+    ssh_hosts.put_text(node0, "~/fakepy36/fakepy36.py", FAKE_PY36)
+    ssh_hosts.put_text(node0, fake, "#!/bin/sh\nexec %s %s \"$@\"\n" % (
+        ssh_hosts.python, ssh_hosts.expand("~/fakepy36/fakepy36.py")), mode=0o755)
     clear_caches(ssh_hosts)
     if warm:  # the agent is already there, copied by a good interpreter
         s = await transports().open(ssh_hosts.inventory()[0])
@@ -284,11 +285,12 @@ async def test_old_python_is_too_old(ssh_hosts, transports, tmp_path, warm):
     assert "Python 3.6" in str(err.value) and ">= 3.8" in str(err.value)
 
 
-@pytest.mark.skipif(not os.access(OLD_PYTHON, os.X_OK), reason="no real Python 3.6 here")
 async def test_real_old_python_is_too_old(ssh_hosts, transports):
+    if not ssh_hosts.old_python:
+        pytest.skip("no real Python 3.6 on this machine to show the hosts")
     clear_caches(ssh_hosts)
     with pytest.raises(HostUnreachable) as err:
-        await transports().open(ssh_hosts.inventory(python=OLD_PYTHON)[1])
+        await transports().open(ssh_hosts.inventory(python=ssh_hosts.old_python)[1])
     assert err.value.cause == "python-too-old" and "Python 3.6" in str(err.value)
 
 
@@ -301,7 +303,7 @@ async def test_ssh_config_alias_other_port_user_identity(ssh_hosts, transports):
     conn, user, hostname = out.split("\n")[:3]
     assert status == 0
     assert conn.split()[2:] == [ssh_hosts["node3"].addr, str(ssh_hosts.alt_port)]
-    assert (user, hostname) == ("root", "node3")
+    assert (user, hostname) == (ssh_hosts.user, "node3")
     s = await t.open(host)
     assert json.loads(await s.readline())["host"] == "node3"
 
@@ -318,6 +320,34 @@ def test_fixture_knows_each_sshd_pid(ssh_hosts):
         assert h.sshd is not None and h.sshd.poll() is None
         out = subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True, text=True)
         assert str(h.sshd.pid) in out.stdout.split()
+
+
+def test_hosts_are_not_the_laptop(ssh_hosts, tmp_path):
+    """The fixture itself: another user, key-only, no root, its own home, /tmp and Python,
+    and none of the project's files."""
+    ssh = ["ssh", "-F", ssh_hosts.ssh_config]
+    script = ("id -u; echo $HOME; hostname; ls -A {repo} | wc -l; "
+              "test -e {laptop_py} && echo laptop-python || echo no-laptop-python; "
+              "{py} -c 'import sys, torch; print(sys.prefix)'").format(
+        repo=REPO, laptop_py=sys.executable, py=ssh_hosts.python)
+    out = subprocess.run(ssh + ["node1", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    uid, home, hostname, repo_entries, laptop_py, prefix = out.stdout.split("\n")[:6]
+    assert int(uid) not in (0, os.getuid()) and home == ssh_hosts.home
+    assert hostname == "node1" and repo_entries == "0" and laptop_py == "no-laptop-python"
+    assert prefix != sys.prefix and ssh_hosts.python != sys.executable
+    root = subprocess.run(ssh + ["-l", "root", "node1", "true"], capture_output=True,
+                          text=True, timeout=60)
+    assert root.returncode == 255 and "Permission denied" in root.stderr
+    # files are private to each host: its home and /tmp; the laptop's are not there
+    (tmp_path / "mine").write_text("laptop")
+    for path in ("~/only-on-node2", "/tmp/only-on-node2"):
+        ssh_hosts.put_text("node2", path, "node2")
+        assert open(ssh_hosts.local_path("node2", path)).read() == "node2"
+        assert not os.path.exists(ssh_hosts.local_path("node1", path))
+        assert not os.path.exists(ssh_hosts.expand(path))
+    assert not os.path.exists(ssh_hosts.local_path("node2", str(tmp_path / "mine")))
+    ssh_hosts.sh("node2", "rm ~/only-on-node2 /tmp/only-on-node2")
 
 
 def jump_config(ssh_hosts, tmp_path, via="node0") -> str:

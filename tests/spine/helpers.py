@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 
 from agent import procs
@@ -11,6 +12,7 @@ from inventory.model import Host, Inventory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINER = os.path.join(REPO, "trainer", "train.py")
+ENDED = ("succeeded", "failed", "stopped")  # a run in one of these needs no stop
 # A tiny model: a step is milliseconds, so the run's time is torch's start-up.
 TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
         "--batch-size", "4", "--synthetic-samples", "2048", "--pg-timeout", "30"]
@@ -64,3 +66,25 @@ async def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
             return
         await asyncio.sleep(poll)
     raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
+
+
+async def wind_down(ctl) -> list[tuple[int, str]]:
+    """A test's teardown of its run: stop what still runs, close the controller, then kill
+    every process of the run still alive (never leave a run behind, even when the test
+    failed). Returns what was left before that kill, for the test to assert empty.
+
+    Leftovers usually mean a stop that reported success while a worker or torchrun lived on.
+    """
+    try:
+        if (any(link.stream is not None for link in ctl.links.values())
+                and ctl.state.run_state() not in ENDED):
+            await ctl.stop()
+    finally:
+        await ctl.close()
+        left = processes_of(ctl.run_id)
+        for pid, _cmd in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return left

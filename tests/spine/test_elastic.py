@@ -8,7 +8,7 @@ from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
-from .helpers import TINY, TRAINER, local_inventory, processes_of, wait_for
+from .helpers import TINY, TRAINER, local_inventory, wait_for, wind_down
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
@@ -42,6 +42,5 @@ async def test_elastic_run_loses_and_regains_a_node(tmp_path):
         sizes = [e.text for e in st.events if e.kind == "world"]
         assert sizes[:2] == ["world size 4 -> 3", "world size 3 -> 4"], sizes
     finally:
-        await ctl.stop()
-        await ctl.close()
-    assert processes_of(ctl.run_id) == []
+        left = await wind_down(ctl)
+    assert left == [], "processes left behind: %s" % left

@@ -12,7 +12,7 @@ from console.run import LaunchSpec, RunController
 from console.stacks import group
 from console.transport.local import LocalTransport
 
-from .helpers import TINY, TRAINER, local_inventory, processes_of, wait_for
+from .helpers import TINY, TRAINER, local_inventory, wait_for, wind_down
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
@@ -60,6 +60,5 @@ async def test_hung_rank_is_found_by_stacks_and_a_node_restart_recovers(tmp_path
         killed = [e for e in ctl.state.events if e.kind == "killed" and e.node == hung_node]
         assert re.search(r"none left", killed[-1].text), killed[-1].text
     finally:
-        await ctl.stop()
-        await ctl.close()
-    assert processes_of(ctl.run_id) == []
+        left = await wind_down(ctl)
+    assert left == [], "processes left behind: %s" % left

@@ -26,7 +26,7 @@ from console.run import LaunchSpec, RunController
 from console.state import MAX_PARTIAL
 from console.transport.local import LocalTransport
 
-from .helpers import local_inventory, processes_of, rank_log_files
+from .helpers import ENDED, local_inventory, rank_log_files, wind_down
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
@@ -38,7 +38,6 @@ SLACK = 64  # a stored line may exceed MAX_PARTIAL by this much at most
 CLEAN_SLACK = 30  # sanitize.clean's " … [+N chars]" marker
 MAX_RSS_GROWTH = 600 * 1024 * 1024
 SEQ = re.compile(r"^seq=(\d+) rank=(\d+) t=")
-ENDED = ("succeeded", "failed", "stopped")
 
 
 def reset_peak_rss() -> bool:
@@ -206,15 +205,7 @@ async def test_hostile_rank_output_console_stays_up_bounded_and_exact(tmp_path):
         await asyncio.wait_for(caught_up(ctl, broken), TIMEOUT)
         await ctl.stop_store()
     finally:
-        if ctl.state.run_state() not in ENDED:
-            await ctl.stop()
-        await ctl.close()
-        left = processes_of(ctl.run_id)
-        for pid, _cmd in left:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        left = await wind_down(ctl)
     peak_growth = (vm_status("VmHWM") if hwm_reset else maxrss()) - rss_before
     maxrss_growth = maxrss() - maxrss_before
     print("\nhostile rank: %d batches, largest %d chars; longest stored line %s; "

@@ -23,7 +23,7 @@ from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
 from .helpers import (REPO, TINY, TRAINER, local_inventory, node_dir, processes_of,
-                      rank_log_files, wait_for)
+                      rank_log_files, wait_for, wind_down)
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT = 300
@@ -35,15 +35,7 @@ async def controller(tmp_path):
     ctl = RunController(local_inventory(tmp_path / "work"), LocalTransport(),
                         History())  # under the test's XDG_STATE_HOME, as the CLI finds it
     yield ctl
-    if any(l.stream is not None for l in ctl.links.values()):
-        await ctl.stop()
-    await ctl.close()
-    left = processes_of(ctl.run_id)
-    for pid, _cmd in left:  # never leave a run behind, even when the test failed
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+    left = await wind_down(ctl)
     assert not left, "processes left behind: %s" % left
 
 

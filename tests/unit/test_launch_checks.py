@@ -65,6 +65,17 @@ async def test_paths_the_host_lacks_are_exit_2_with_the_fix(tmp_path, facts, sai
     assert t.ops("start") == []
 
 
+async def test_check_before_the_first_launch_only_warns_of_a_missing_workdir(tmp_path):
+    # `rankdeck check` on fresh hosts: `launch --sync` will make the workdir
+    ctl, t = scripted(tmp_path, {"node1": {"workdir": "/home/u/proj", "workdir_exists": False}})
+    async with ctl:
+        await ctl.connect_all()
+        checks = {c.name: c for c in await ctl.preflight()}
+    assert checks["node1"].ok and not checks["node1"].problems
+    assert checks["node1"].warnings == [
+        "workdir /home/u/proj is not there yet; `rankdeck launch --sync DIR` creates it"]
+
+
 async def test_a_host_problem_that_is_not_a_path_stays_exit_1(tmp_path):
     ctl, t = scripted(tmp_path, {"node2": {"torch": "2.0.0"}})
     err = await launch_refused(ctl)

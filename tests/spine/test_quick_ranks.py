@@ -1,0 +1,164 @@
+"""Ranks named from the first byte: workers that live for milliseconds, on 4 local nodes.
+
+A worker that prints one line and exits is gone before its /proc/<pid>/environ can be read;
+its files still carry its global rank (from torchrun's own record of the worker group). A
+rank that raises at import is named in its node's cause with its exception, secrets masked.
+The same quick script also runs from workdirs written as `~/proj`, `proj` and `~`, which the
+agent reads on the host. No script imports torch: these runs take torchrun's start-up only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import textwrap
+from collections import defaultdict
+
+import pytest
+
+from console.history import History
+from console.run import LaunchSpec, RunController
+from console.transport.local import LocalTransport
+from inventory.model import EnvValue
+
+from .helpers import local_inventory, node_dir, wait_for, wind_down
+
+pytestmark = pytest.mark.e2e
+RUN_TIMEOUT = 300
+SECRET = "tok-5ecret-93b1"
+
+
+def write_script(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+@pytest.fixture
+async def make_controller():
+    """Controllers over 4 local nodes; on the way out, stop whatever is still running."""
+    made = []
+
+    def make(inv):
+        for host in inv.hosts:  # a secret in every node's environment
+            host.env = {"API_TOKEN": EnvValue(SECRET, secret=True)}
+        made.append(RunController(inv, LocalTransport(), History()))
+        return made[-1]
+    yield make
+    left = [await wind_down(ctl) for ctl in made]  # never leave a run behind
+    assert not any(left), "processes left behind: %s" % left
+
+
+@pytest.fixture
+def controller(make_controller, tmp_path):
+    return make_controller(local_inventory(tmp_path / "work"))
+
+
+def worker_batches(ctl):
+    got = []
+    ctl.state.line_listeners.append(
+        lambda b: got.append(b) if b.stream in ("stdout", "stderr") else None)
+    return got
+
+
+async def test_workers_of_milliseconds_carry_their_global_rank(controller, tmp_path):
+    ctl = controller
+    script = write_script(tmp_path, "quick.py", """\
+        import os
+        print("hello from rank", os.environ["RANK"])
+    """)
+    got = worker_batches(ctl)
+    await ctl.launch(LaunchSpec(script=script, nproc_per_node=2, max_restarts=0),
+                     preflight=False)
+    final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
+    await ctl.stop_store()
+    assert final == "succeeded", ctl.state.status()
+
+    printed = defaultdict(list)
+    for b in got:
+        assert b.rank is not None, (b.node, b.path, b.lines)
+        for line in b.lines:
+            m = re.match(r"hello from rank (\d+)", line)
+            if m:
+                printed[b.node].append((int(m.group(1)), b.rank))
+    pairs = [p for node in printed.values() for p in node]
+    assert sorted(r for r, _ in pairs) == list(range(8)), printed
+    assert all(said == tagged for said, tagged in pairs), printed
+    assert sorted(ctl.state.ranks) == list(range(8))
+    for rank in ctl.state.ranks.values():
+        assert rank.node in printed and rank.rank in [r for r, _ in printed[rank.node]]
+    # the ranks came from torchrun's record of its worker group (started through
+    # agent/torchrun_log.BOOTSTRAP), which outlives the workers
+    for node in ctl.state.nodes:
+        folder = node_dir(tmp_path / "work", ctl.run_id, node)
+        with open(os.path.join(folder, "torchrun-ranks.log")) as f:
+            said = f.read()
+        assert "Rendezvous complete for workers" in said and "global_ranks=[" in said, node
+        with open(os.path.join(folder, "torchrun.log")) as f:
+            assert "Rendezvous complete" not in f.read(), node  # the view is not flooded
+
+
+async def test_rank_raising_at_import_is_named_with_its_exception(controller, tmp_path):
+    ctl = controller
+    script = write_script(tmp_path, "crash.py", """\
+        import os, time
+        if os.environ["RANK"] == "3":
+            raise RuntimeError("credential rejected: " + os.environ["API_TOKEN"])
+        print("rank", os.environ["RANK"], "waiting", flush=True)
+        time.sleep(120)
+    """)
+    got = worker_batches(ctl)
+    await ctl.launch(LaunchSpec(script=script, max_restarts=0), preflight=False)
+
+    def failed():
+        return [n for n in ctl.state.nodes.values() if n.state == "failed"]
+    await wait_for(lambda: failed(), RUN_TIMEOUT, "the node of rank 3 to fail")
+    await ctl.stop()
+
+    bad = failed()
+    assert len(bad) == 1, [(n.name, n.state, n.cause) for n in ctl.state.nodes.values()]
+    node = bad[0]
+    assert node.cause == "rank 3: RuntimeError: credential rejected: ****", node.cause
+    assert ctl.state.ranks[3].node == node.name
+    assert ctl.state.ranks[3].state == "failed"
+    # every line, the traceback of the quick rank 3 included, carries its global rank
+    assert all(b.rank is not None for b in got), [(b.node, b.path) for b in got
+                                                   if b.rank is None]
+    assert any(b.rank == 3 and "credential rejected" in b.text for b in got)
+    # the cause is masked where it is kept too: the node's state.json and the status
+    with open(os.path.join(node_dir(tmp_path / "work", ctl.run_id, node.name),
+                           "state.json")) as f:
+        state = json.load(f)
+    assert state["cause"]["rank"] == 3 and SECRET not in json.dumps(state)
+    assert SECRET not in json.dumps(ctl.state.status())
+
+
+async def test_workdirs_with_tilde_and_relative_are_read_on_the_host(make_controller, tmp_path,
+                                                                     monkeypatch):
+    home = tmp_path / "home"
+    (home / "proj").mkdir(parents=True)
+    body = "import os\nprint('hello from rank', os.environ['RANK'], 'in', os.getcwd())\n"
+    (home / "proj" / "quick.py").write_text(body)
+    (home / "quick.py").write_text(body)
+    monkeypatch.setenv("HOME", str(home))  # the agents (local transport) inherit it
+    inv = local_inventory(tmp_path / "unused")
+    workdirs = {"node0": "~/proj", "node1": "proj", "node2": "~", "node3": "~/proj/"}
+    for host in inv.hosts:
+        host.workdir = workdirs[host.name]
+    ctl = make_controller(inv)
+    got = worker_batches(ctl)
+    await ctl.launch(LaunchSpec(script="quick.py", max_restarts=0), preflight=False)
+    final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
+    await ctl.stop_store()
+    assert final == "succeeded", ctl.state.status()
+    said = {b.node: line for b in got for line in b.lines if line.startswith("hello")}
+    expect = {"node0": home / "proj", "node1": home / "proj", "node2": home,
+              "node3": home / "proj"}
+    for node, where in expect.items():
+        assert said[node].endswith(" in %s" % where), said
+        # the run folder and torchrun's --log-dir are under the expanded workdir too
+        files = os.listdir(os.path.join(str(where), ".rankdeck", "runs", ctl.run_id, node,
+                                        "torchrun"))
+        assert files, node
