@@ -118,6 +118,10 @@ async def run_headless(ctl: RunController, launch: Callable[[], Awaitable] | Non
             saved[node] = offset
             ctl.history.save_offsets(ctl.run_id, saved)
     ctl.state.change_listeners.append(keep_offsets)
+    detach = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if resumed:  # attach: lines print while it subscribes, so Ctrl-C may come that early
+        loop.add_signal_handler(signal.SIGINT, detach.set)
     if launch is not None:
         ctl.sync_listeners.append(SyncProgressLine())
         await launch()
@@ -125,9 +129,8 @@ async def run_headless(ctl: RunController, launch: Callable[[], Awaitable] | Non
             print("[rankdeck] run %s started on %d nodes; Ctrl-C detaches, `rankdeck attach %s` "
                   "comes back" % (ctl.run_id, len(ctl.links), ctl.run_id), file=printer.out,
                   flush=True)
-    detach = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, detach.set)
+    if not resumed:  # a new run: Ctrl-C during the launch itself still interrupts it
+        loop.add_signal_handler(signal.SIGINT, detach.set)
     done = asyncio.ensure_future(ctl.wait_done())
     waiter = asyncio.ensure_future(detach.wait())
     await asyncio.wait([done, waiter], return_when=asyncio.FIRST_COMPLETED)
