@@ -46,6 +46,8 @@ import stat
 import threading
 import time
 
+from .hostpaths import host_path
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on Linux/macOS
@@ -105,11 +107,9 @@ def norm_mode(st_mode):
 
 # -- paths ----------------------------------------------------------------------------------
 def expand_workdir(workdir):
-    """``~``, ``~/x`` and relative workdirs against the login home, as scp and rsync read them."""
-    path = os.path.expanduser(str(workdir or "~"))
-    if not os.path.isabs(path):
-        path = os.path.join(os.path.expanduser("~"), path)
-    return os.path.normpath(path)
+    """``~``, ``~/x`` and relative workdirs against the login home, as scp and rsync read them
+    (agent/hostpaths.py; ``str`` because the value comes from the console, untrusted)."""
+    return host_path(str(workdir or "~"))
 
 
 def check_relpath(path):
