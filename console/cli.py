@@ -8,11 +8,35 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 
+from inventory.loader import MAX_SLOTS
 from inventory.model import InventoryError
 from .commands import COMMANDS
 from .errors import EXIT_INTERRUPTED, EXIT_USAGE, LaunchError, UnknownRun, UsageError
+
+
+def bounded(kind: type, low: float, high: float = math.inf, low_open: bool = False):
+    """An argparse type: a ``kind`` number in [low, high] ((low, high] with ``low_open``)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not a %s" % (
+                text, "whole number" if kind is int else "number")) from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError("%s is not a finite number" % text)
+        too_low = value <= low if low_open else value < low
+        if too_low or value > high:
+            edge = "above %g" % low if low_open else "at least %g" % low
+            raise argparse.ArgumentTypeError("%s must be %s%s" % (
+                text, edge, "" if high == math.inf else " and at most %g" % high))
+        return value
+    return parse
+
+
+SECONDS = bounded(float, 0, low_open=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     def run_opts(sp, tui=True):
-        sp.add_argument("--stall-after", type=float, default=60.0, metavar="SECONDS",
+        sp.add_argument("--stall-after", type=SECONDS, default=60.0, metavar="SECONDS",
                         help="a rank is stalled after max(SECONDS, 5 x its median step time) "
                         "without a step (default 60)")
         if tui:
@@ -33,16 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     la = sub.add_parser("launch", help="start a run on every host of an inventory")
     la.add_argument("-i", "--inventory", required=True, help="inventory file (YAML, TOML or "
                     "a DeepSpeed hostfile)")
-    la.add_argument("--nproc-per-node", type=int, help="processes per node (default: the "
-                    "host's slots)")
+    la.add_argument("--nproc-per-node", type=bounded(int, 1, MAX_SLOTS),
+                    help="processes per node (default: the host's slots)")
     la.add_argument("--nnodes", help="N or MIN:MAX for an elastic run (default: all hosts)")
-    la.add_argument("--max-restarts", type=int, default=3, help="torchrun --max-restarts")
+    la.add_argument("--max-restarts", type=bounded(int, 0), default=3,
+                    help="torchrun --max-restarts")
     la.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for every rank (repeatable)")
     la.add_argument("--metrics-regex", help="regex with named groups step, loss, lr, "
                     "step_time, tok_s for your own log format")
-    la.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and "
-                    "SIGKILL when stopping")
+    la.add_argument("--grace", type=bounded(float, 0), default=10.0,
+                    help="seconds between SIGTERM and SIGKILL when stopping")
     la.add_argument("--detach", action="store_true", help="return once every node started")
     la.add_argument("--skip-preflight", action="store_true",
                     help="start without checking the hosts first (`rankdeck check`)")
@@ -58,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_opts(la)
 
     de = sub.add_parser("demo", help="the reference trainer on 4 local nodes (no SSH)")
-    de.add_argument("--steps", type=int, default=2000)
+    de.add_argument("--steps", type=bounded(int, 1), default=2000)
     de.add_argument("--nodes", type=int, default=4, choices=range(1, 5), metavar="1-4")
     de.add_argument("--nproc-per-node", type=int, default=1)
     de.add_argument("--detach", action="store_true", help="return once every node started")
@@ -72,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="per node and per rank: state, step, loss, restarts")
     st.add_argument("run_id")
     st.add_argument("--json", action="store_true", help="machine-readable (docs/STATUS.md)")
-    st.add_argument("--stall-after", type=float, default=60.0, metavar="SECONDS")
+    st.add_argument("--stall-after", type=SECONDS, default=60.0, metavar="SECONDS")
 
     lg = sub.add_parser("logs", help="print a run's lines with `[node r]` prefixes")
     lg.add_argument("run_id")
@@ -106,11 +131,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def own_option_after_script(parser: argparse.ArgumentParser, argv: list[str],
+                            args: argparse.Namespace) -> str | None:
+    """A launch option of rankdeck's written after the script without ``--`` before it.
+
+    argparse hands everything after the script to the script, so ``launch train.py --detach``
+    would give ``--detach`` to train.py: almost always a mistake, refused with the fix.
+    """
+    if args.cmd != "launch" or not args.args or argv[-len(args.args) - 1] == "--":
+        return None
+    tail = args.args
+    launch = parser._subparsers._group_actions[0].choices["launch"]  # noqa: SLF001 (argparse)
+    ours = {flag for action in launch._actions for flag in action.option_strings}  # noqa: SLF001
+    for token in tail[:tail.index("--")] if "--" in tail else tail:
+        if token.split("=", 1)[0] in ours:
+            return token
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if not args.cmd:
         parser.print_help()
+        return EXIT_USAGE
+    misplaced = own_option_after_script(parser, argv, args)
+    if misplaced:
+        print("rankdeck: %s comes after the script %s, so it would go to the script, not to "
+              "rankdeck; put rankdeck's options before the script, or write `%s -- %s` if the "
+              "script takes it" % (misplaced, args.script, args.script, misplaced),
+              file=sys.stderr)
         return EXIT_USAGE
     try:
         return asyncio.run(COMMANDS[args.cmd](args))

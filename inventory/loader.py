@@ -32,6 +32,7 @@ MAX_BYTES = 1 << 20  # an inventory file; a larger one is refused unread
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 _DIGITS = re.compile(r"[0-9]+\Z")
+MAX_SLOTS = 1024  # processes per node; more is a typo (torchrun would start them all)
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
@@ -83,9 +84,9 @@ def load_hostfile(path: str | os.PathLike, environ: Mapping[str, str] | None = N
             if key != "slots" or not eq or slots is not None:
                 raise InventoryError(path, number, f"unexpected {field!r} after {name!r}; a "
                                      f"hostfile line is 'hostname slots=N', e.g. 'node0 slots=8'")
-            if not _DIGITS.match(value) or int(value) < 1:
-                raise InventoryError(path, number, f"slots must be a whole number >= 1, got "
-                                     f"{value!r}; write e.g. '{name} slots=8'")
+            if not _DIGITS.match(value) or not 1 <= int(value) <= MAX_SLOTS:
+                raise InventoryError(path, number, f"slots must be a whole number from 1 to "
+                                     f"{MAX_SLOTS}, got {value!r}; write e.g. '{name} slots=8'")
             slots = int(value)
         if not _NAME.match(name):
             raise InventoryError(path, number, f"{name!r} is not a valid host name; use "
@@ -262,6 +263,9 @@ class _Reader:
             self.fail(where, f"{what} must be a whole number >= {minimum}, got "
                              f"{_show(value, self.doc.raw(where))}"
                              + ("; remove the quotes" if quoted else ""))
+        if value > MAX_SLOTS:
+            self.fail(where, f"{what} is {value}; more than {MAX_SLOTS} on one node is "
+                             "surely a typo (a node's GPU count is e.g. 8)")
         return int(value)
 
     def defaults(self, raw: dict | None, transport: str) -> dict:
@@ -341,14 +345,17 @@ class _Reader:
                           "so use 127.0.0.2, 127.0.0.3, ...")
             return None, addr
         ssh = self.text(raw, path, "ssh", f"{label}: ssh", default=raw["name"])
+        if ssh.startswith("-"):
+            self.fail(path + ("ssh",), f"{label}: ssh {ssh!r} starts with '-', which ssh would "
+                      "read as an option; write [user@]host[:port] or an ~/.ssh/config alias")
         host = _ssh_host(ssh)
         if host is None:
             self.fail(path + ("ssh",), f"{label}: ssh {ssh!r} is not an ssh target; write an "
                       "~/.ssh/config alias or [user@]host[:port] with a port from 1 to 65535")
         addr = self.text(raw, path, "addr", f"{label}: addr", default=host)
-        if any(c.isspace() for c in addr):
-            self.fail(path + ("addr",), f"{label}: addr {addr!r} contains a space; write one "
-                                        "hostname or IP address")
+        problem = _addr_problem(addr)
+        if problem:
+            self.fail(path + ("addr",), f"{label}: addr {addr!r} {problem}")
         return ssh, addr
 
     def env(self, raw: dict, path: tuple, label: str, used_by: str) -> dict[str, EnvValue]:
@@ -392,6 +399,10 @@ class _Reader:
             text, from_env = expand(value, self.environ, used_by)
         except ValueError as err:
             self.fail(where, str(err))
+        if "\0" in text:
+            self.fail(where, f"{what} contains a NUL character, which no environment variable "
+                             "can hold; remove it" + (" (it came from this machine's "
+                             "environment)" if from_env else ""))
         return EnvValue(text, from_env if secret is None else secret)
 
 
@@ -412,6 +423,28 @@ def _ssh_host(target: str) -> str | None:
     if not host or (port and not (_DIGITS.match(port) and 1 <= int(port) <= 65535)):
         return None
     return host
+
+
+def _addr_problem(addr: str) -> str | None:
+    """Why ``addr`` is not one hostname or IP address (it becomes torchrun's --local-addr and
+    the rendezvous host), or None."""
+    if any(c.isspace() for c in addr):
+        return "contains a space; write one hostname or IP address"
+    if addr.startswith("[") and addr.endswith("]"):
+        return f"has brackets; write the address alone: {addr[1:-1]}"
+    try:
+        ipaddress.ip_address(addr)
+        return None
+    except ValueError:
+        pass
+    host, colon, port = addr.rpartition(":")
+    if colon and _DIGITS.match(port) and "]" not in host and ":" not in host:
+        return (f"has a port; addr is the node's address alone ({host}), the rendezvous port "
+                "is rankdeck's to choose")
+    if not _NAME.match(addr):
+        return ("is not a hostname or IP address; use letters, digits, '.', '_' and '-', "
+                "starting with a letter or digit")
+    return None
 
 
 def _is_loopback(addr: str) -> bool:

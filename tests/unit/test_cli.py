@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from console import cli, commands
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -41,6 +43,21 @@ def test_missing_inventory_file(tmp_path):
      "--nnodes 'two': write N or MIN:MAX"),
     (["launch", "-i", "inventory/local.yaml", "--env", "1BAD=x", "t.py"],
      "--env '1BAD=x': write KEY=VALUE"),
+    (["launch", "-i", "inventory/local.yaml", "--grace", "-5", "t.py"],
+     "argument --grace: -5 must be at least 0"),
+    (["launch", "-i", "inventory/local.yaml", "--max-restarts", "-1", "t.py"],
+     "argument --max-restarts: -1 must be at least 0"),
+    (["launch", "-i", "inventory/local.yaml", "--nproc-per-node", "1000000", "t.py"],
+     "argument --nproc-per-node: 1000000 must be at least 1 and at most 1024"),
+    (["launch", "-i", "inventory/local.yaml", "--stall-after", "inf", "t.py"],
+     "argument --stall-after: inf is not a finite number"),
+    (["status", "r", "--stall-after", "0"], "argument --stall-after: 0 must be above 0"),
+    (["demo", "--steps", "x"], "argument --steps: 'x' is not a whole number"),
+    (["launch", "-i", "inventory/local.yaml", "t.py", "--lr", "1", "--detach"],
+     "rankdeck: --detach comes after the script t.py, so it would go to the script, not to "
+     "rankdeck; put rankdeck's options before the script, or write `t.py -- --detach` if the "
+     "script takes it"),
+    (["launch", "-i", "inventory/local.yaml", "t.py", "--env=A=1"], "--env=A=1 comes after"),
     (["status", "no-such-run"], "run 'no-such-run' is unknown"),
     (["stop", "no-such-run"], "run 'no-such-run' is unknown"),
 ])
@@ -48,6 +65,18 @@ def test_usage_mistakes_are_exit_2(args, message):
     out = rankdeck(*args)
     assert out.returncode == 2, out
     assert message in out.stderr
+
+
+@pytest.mark.parametrize("argv, handed", [
+    (["launch", "-i", "x", "t.py", "--", "--detach"], ["--detach"]),
+    (["launch", "-i", "x", "t.py", "--lr", "1", "--", "--detach"], ["--lr", "1", "--", "--detach"]),
+    (["launch", "-i", "x", "--detach", "t.py", "--lr", "1"], ["--lr", "1"]),
+])
+def test_script_arguments_that_are_meant_for_the_script_pass(argv, handed):
+    parser = cli.build_parser()
+    args = parser.parse_args(argv)
+    assert cli.own_option_after_script(parser, argv, args) is None
+    assert commands.script_args(args.args) == handed
 
 
 def test_no_command_prints_help_and_exits_2():

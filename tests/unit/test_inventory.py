@@ -269,6 +269,24 @@ CATALOGUE = [
      "inv.yaml:3: host 'node0': slots must be a whole number >= 1, got '8'; remove the quotes"),
     ("slots-zero", "inv.yaml", "defaults:\n  slots: 0\n" + HOST,
      "inv.yaml:2: defaults: slots must be a whole number >= 1, got 0"),
+    ("slots-huge", "inv.yaml", HOST + "    slots: 1000000\n",
+     "inv.yaml:3: host 'node0': slots is 1000000; more than 1024 on one node is surely a "
+     "typo (a node's GPU count is e.g. 8)"),
+    ("addr-with-port", "inv.yaml", HOST + "    addr: 10.0.0.1:29500\n",
+     "inv.yaml:3: host 'node0': addr '10.0.0.1:29500' has a port; addr is the node's address "
+     "alone (10.0.0.1), the rendezvous port is rankdeck's to choose"),
+    ("addr-brackets", "inv.yaml", HOST + "    addr: \"[fd00::1]\"\n",
+     "inv.yaml:3: host 'node0': addr '[fd00::1]' has brackets; write the address alone: "
+     "fd00::1"),
+    ("addr-not-a-name", "inv.yaml", HOST + "    addr: -oProxyCommand=x\n",
+     "inv.yaml:3: host 'node0': addr '-oProxyCommand=x' is not a hostname or IP address; use "
+     "letters, digits, '.', '_' and '-', starting with a letter or digit"),
+    ("ssh-option", "inv.yaml", HOST + "    ssh: -oProxyCommand=touch /tmp/x\n",
+     "inv.yaml:3: host 'node0': ssh '-oProxyCommand=touch /tmp/x' starts with '-', which ssh "
+     "would read as an option; write [user@]host[:port] or an ~/.ssh/config alias"),
+    ("env-nul", "inv.yaml", HOST + "    env:\n      A: \"x\\0y\"\n",
+     "inv.yaml:4: host 'node0': env A contains a NUL character, which no environment variable "
+     "can hold; remove it"),
     ("gpus-bool", "inv.yaml", HOST + "    gpus: yes\n",
      "inv.yaml:3: host 'node0': gpus must be a whole number >= 0, got yes (a boolean)"),
     ("slots-bool-toml", "inv.toml", '[[hosts]]\nname = "node0"\nslots = true\n',
@@ -324,7 +342,11 @@ CATALOGUE = [
      "inventory/cluster.example.yaml)"),
     ("missing-file", "missing.yaml", None, "missing.yaml: no such file"),
     ("hostfile-bad-slots", "hosts", "node0 slots=8\nnode1 slots=eight\n",
-     "hosts:2: slots must be a whole number >= 1, got 'eight'; write e.g. 'node1 slots=8'"),
+     "hosts:2: slots must be a whole number from 1 to 1024, got 'eight'; write e.g. "
+     "'node1 slots=8'"),
+    ("hostfile-huge-slots", "hosts", "node0 slots=1000000\n",
+     "hosts:1: slots must be a whole number from 1 to 1024, got '1000000'; write e.g. "
+     "'node0 slots=8'"),
     ("hostfile-spaced-slots", "hosts", "# gpus\nnode0 slots = 8\n",
      "hosts:2: unexpected 'slots' after 'node0'; a hostfile line is 'hostname slots=N', e.g. "
      "'node0 slots=8'"),
