@@ -10,10 +10,10 @@ so secret values of the run's environment are masked in them, as in every other 
 import os
 import re
 
+from .mask import Masker
 from .runfiles import read_json
 
 MAX_CAUSE = 500
-MASK = "****"
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure)\b.*")
 
 
@@ -63,10 +63,8 @@ def last_exception(text):
 
 
 def masked(text, secrets):
-    """``text`` with every secret value replaced by ``****`` (longest first)."""
-    for value in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(value, MASK)
-    return text
+    """``text`` with every secret value replaced by ``****`` (agent/mask.py's rules)."""
+    return Masker(secrets).mask_text(text)
 
 
 def one_line(text, secrets):

@@ -15,7 +15,16 @@ Snapshot::
      "gpus": [{"index": int, "name": str|None, "uuid": str|None, "util": int|None (%),
                "mem_used": int|None (bytes), "mem_total": int|None (bytes),
                "temp": int|None (C), "power": float|None (W), "power_limit": float|None (W),
+               "sm_clock": int|None (MHz), "throttle": [str, ...]|None,
+               "ecc_corrected": int|None, "ecc_uncorrected": int|None,
+               "xid": [[ts, xid], ...]|None,
                "pids": [int, ...], "pid_mem": [[pid, bytes], ...]}]}
+
+``throttle`` names the active clock throttle reasons (``THROTTLE_REASONS``; ``gpu_idle``
+alone means idle, not slowed). ``ecc_*`` are volatile totals (since the driver loaded).
+``xid`` lists the Xid errors NVML's event API delivered since the previous snapshot
+(``[]``: none; None: events not available on this GPU). nvidia-smi gives none of these five
+(None); they come from NVML only.
 
 ``pid_mem`` lists the processes whose GPU memory the driver reports (see
 ``gpu_pids_memory``); it may be shorter than ``pids``.
@@ -27,7 +36,7 @@ import signal
 import subprocess
 import time
 
-__all__ = ["GpuProbe", "gpu_pids_memory", "SMI_GPU_FIELDS"]
+__all__ = ["GpuProbe", "gpu_pids_memory", "SMI_GPU_FIELDS", "THROTTLE_REASONS"]
 
 SMI_GPU_FIELDS = (
     "index,name,uuid,utilization.gpu,memory.used,memory.total,"
@@ -35,6 +44,17 @@ SMI_GPU_FIELDS = (
 )
 _SMI_APP_FIELDS = "gpu_uuid,pid,used_memory"
 _MIB = 1024 * 1024
+# nvmlClocksThrottleReason* / nvmlClocksEventReason* bits (nvml.h), in short words.
+THROTTLE_REASONS = (
+    (0x1, "gpu_idle"), (0x2, "app_clocks"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"), (0x20, "sw_thermal"), (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"), (0x100, "display_clocks"),
+)
+_NVML_CLOCK_SM = 1
+_NVML_MEMORY_ERROR_CORRECTED, _NVML_MEMORY_ERROR_UNCORRECTED = 0, 1
+_NVML_VOLATILE_ECC = 0
+_NVML_EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
+_XID_DRAIN = 32  # events read per snapshot at most: a storm must not stall the poll loop
 # NVML's NVML_VALUE_NOT_AVAILABLE for unsigned long long; older bindings pass it through.
 _NOT_AVAILABLE = (1 << 64) - 1
 
@@ -154,6 +174,8 @@ class GpuProbe:
         self._source = None  # "nvml" | "nvidia-smi" | None (not found yet)
         self._reason = None
         self._next_discovery = None  # clock time before which discovery is not retried
+        self._xid_set = None  # NVML event set for Xid errors, when the driver offers one
+        self._xid_gpus = set()  # indexes of the GPUs registered in it
 
     @property
     def source(self):
@@ -174,7 +196,10 @@ class GpuProbe:
         self._source = None
         self._next_discovery = None
         if nvml is not None:
+            if self._xid_set is not None:
+                _nvml_query(nvml, "nvmlEventSetFree", self._xid_set)
             _nvml_query(nvml, "nvmlShutdown")
+        self._xid_set, self._xid_gpus = None, set()
 
     # -- sources ---------------------------------------------------------------------------
 
@@ -224,14 +249,54 @@ class GpuProbe:
         except OSError as exc:  # old bindings raise this when libnvidia-ml.so is absent
             return "NVML library not found (%s)" % exc
         self._nvml = pynvml
+        self._register_xid()
         return None
+
+    def _register_xid(self):
+        """Ask NVML for Xid events of every GPU that supports them (others show xid None)."""
+        nvml = self._nvml
+        self._xid_set = _nvml_query(nvml, "nvmlEventSetCreate")
+        if self._xid_set is None:
+            return
+        kind = getattr(nvml, "nvmlEventTypeXidCriticalError", _NVML_EVENT_XID)
+        for index in range(_count(_nvml_query(nvml, "nvmlDeviceGetCount")) or 0):
+            handle = _nvml_query(nvml, "nvmlDeviceGetHandleByIndex", index)
+            if handle is None:
+                continue
+            # registering returns None on success: only an NVML error means "not supported"
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, kind, self._xid_set)
+            except (nvml.NVMLError, AttributeError):
+                continue
+            self._xid_gpus.add(index)
+
+    def _new_xids(self):
+        """{gpu index: [[ts, xid], ...]} of the Xid events waiting in the event set."""
+        nvml, found = self._nvml, {}
+        wait = ("nvmlEventSetWait_v2" if hasattr(nvml, "nvmlEventSetWait_v2")
+                else "nvmlEventSetWait")
+        for _ in range(_XID_DRAIN if self._xid_set is not None else 0):
+            # timeout 0: a poll; NVML raises NVMLError_Timeout (None here) when none waits
+            data = _nvml_query(nvml, wait, self._xid_set, 0)
+            if data is None:
+                break
+            index = _count(_nvml_query(nvml, "nvmlDeviceGetIndex", getattr(data, "device", None)))
+            xid = _count(getattr(data, "eventData", None))
+            if index is not None and xid is not None:
+                found.setdefault(index, []).append([time.time(), xid])
+        return found
 
     def _from_nvml(self):
         nvml = self._nvml
         count = _nvml_query(nvml, "nvmlDeviceGetCount")
         if count is None:
             return "nvml", "nvmlDeviceGetCount failed", []
-        gpus = [self._nvml_gpu(nvml, index) for index in range(count)]
+        xids = self._new_xids()
+        gpus = []
+        for index in range(count):
+            gpu = self._nvml_gpu(nvml, index)
+            gpu["xid"] = xids.get(index, []) if index in self._xid_gpus else None
+            gpus.append(gpu)
         return "nvml", None if gpus else "no GPUs (NVML reports 0 devices)", gpus
 
     @staticmethod
@@ -254,6 +319,13 @@ class GpuProbe:
         if limit is None:
             limit = _nvml_query(nvml, "nvmlDeviceGetPowerManagementLimit", handle)
         gpu["power_limit"] = _watts(limit)
+        gpu["sm_clock"] = _count(_nvml_query(nvml, "nvmlDeviceGetClockInfo", handle,
+                                             getattr(nvml, "NVML_CLOCK_SM", _NVML_CLOCK_SM)))
+        gpu["throttle"] = _throttle_names(_nvml_throttle_mask(nvml, handle))
+        for key, kind in (("ecc_corrected", _NVML_MEMORY_ERROR_CORRECTED),
+                          ("ecc_uncorrected", _NVML_MEMORY_ERROR_UNCORRECTED)):
+            gpu[key] = _count(_nvml_query(nvml, "nvmlDeviceGetTotalEccErrors", handle, kind,
+                                          _NVML_VOLATILE_ECC))
         pid_mem = {}
         for func_name in ("nvmlDeviceGetComputeRunningProcesses",
                           "nvmlDeviceGetGraphicsRunningProcesses"):
@@ -359,10 +431,25 @@ def _kill_group(proc):
             pass
 
 
+def _nvml_throttle_mask(nvml, handle):
+    # renamed "clocks event reasons" in NVML 12.2; older bindings have only the old name
+    mask = _nvml_query(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
+    if mask is None:
+        mask = _nvml_query(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+    return _count(mask)
+
+
+def _throttle_names(mask):
+    if mask is None:
+        return None
+    return [name for bit, name in THROTTLE_REASONS if mask & bit]
+
+
 def _empty_gpu(index):
     return {"index": index, "name": None, "uuid": None, "util": None, "mem_used": None,
             "mem_total": None, "temp": None, "power": None, "power_limit": None,
-            "pids": [], "pid_mem": []}
+            "sm_clock": None, "throttle": None, "ecc_corrected": None,
+            "ecc_uncorrected": None, "xid": None, "pids": [], "pid_mem": []}
 
 
 def gpu_pids_memory(snapshot):

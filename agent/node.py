@@ -16,12 +16,32 @@ import time
 from . import procs, protocol
 from .hostpaths import host_path, host_spec
 from .protocol import RequestError
-from .runfiles import log_tail, read_json
+from .runfiles import log_tail, read_json, write_json_atomic
 from .version import HERE
 
 AGENT_PARENT = os.path.dirname(HERE)
 SPAWN_TIMEOUT = 30.0
 LIVE_STATES = ("starting", "running", "restarting", "stopping")
+STOP_END = "stop-end.json"  # how the next stop ends the node: a `stop` request's `end`
+DEFAULT_GRACE = 10.0  # seconds between SIGTERM and SIGKILL when a run does not say (--grace)
+JOB_UMASK = None  # the login's umask, for torchrun and the job (see keep_files_private)
+
+
+def keep_files_private():
+    """umask 077 for this process (serve) and what it starts: run folders, state, journals and
+    logs are the user's alone. The login's umask is kept for torchrun and the job, whose
+    outputs (checkpoints in a shared folder, say) are theirs to share (docs/SECURITY.md)."""
+    global JOB_UMASK
+    JOB_UMASK = os.umask(0o077)
+
+
+def agent_env():
+    """This environment with the agent importable: for the processes it starts (the
+    supervisor, the rendezvous store) from any working directory."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = AGENT_PARENT + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
 def node_dir(args):
@@ -51,12 +71,12 @@ def spawn_supervisor(ndir, spec):
     Raises RequestError: ``agent`` when the supervisor died first (usually means a broken
     spec or an unwritable run folder; its log tail is in the message), ``timeout``.
     """
-    os.makedirs(os.path.join(ndir, "torchrun"), exist_ok=True)
+    os.makedirs(os.path.join(ndir, "torchrun"), 0o700, exist_ok=True)
     spec = host_spec(spec)
+    if JOB_UMASK is not None:
+        spec["job_umask"] = JOB_UMASK
     spec.setdefault("log_dir", os.path.join(ndir, "torchrun"))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = AGENT_PARENT + (
-        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = agent_env()
     before = read_json(os.path.join(ndir, "state.json"), {}) or {}
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent", "supervisor", ndir],
@@ -114,11 +134,18 @@ def stop(args):
     """Stop the node's run and confirm none of its processes is left (``left``)."""
     ndir = node_dir(args)
     timeout = float(args.get("timeout", 90))
-    state = signal_and_wait(ndir, signal.SIGTERM, lambda old, new: not new["alive"], timeout)
+    end = os.path.join(ndir, STOP_END)
+    if isinstance(args.get("end"), dict):  # read by the supervisor on SIGTERM (stop_end)
+        write_json_atomic(end, args["end"])
+    try:
+        state = signal_and_wait(ndir, signal.SIGTERM, lambda old, new: not new["alive"], timeout)
+    finally:  # not read (no supervisor was alive): no later stop may take it
+        if os.path.exists(end):
+            os.unlink(end)
     # Belt and braces: anything still marked as this run's (the supervisor may have been
     # SIGKILLed earlier) is killed here, and what is left is reported.
     marker = "%s/%s" % (state.get("run_id"), state.get("node"))
-    report = procs.kill_run(None, marker, grace=2.0)
+    report = procs.kill_run(None, marker, grace=float(state.get("grace", DEFAULT_GRACE)))
     state["left"] = procs.run_pids(None, marker)
     state["sweep"] = report
     return state
@@ -137,7 +164,7 @@ def restart(args):
         raise RequestError("node %s is not running here; restart needs the run spec"
                            % args["node"], "missing")
     marker = "%s/%s" % (args["spec"]["run_id"], args["node"])
-    procs.kill_run(None, marker, grace=2.0)
+    procs.kill_run(None, marker, grace=float(args["spec"].get("grace", DEFAULT_GRACE)))
     return spawn_supervisor(ndir, dict(args["spec"], restarted=True))
 
 

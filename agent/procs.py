@@ -168,34 +168,58 @@ def alive(pid, starttime=None):
     return starttime is None or info.starttime == starttime
 
 
-def _signal(pids, sig):
-    groups = set()
-    for pid in pids:
-        info = stat(pid)
-        if info is None:
-            continue
+def signal_process(info, sig):
+    """Send ``sig`` to the process of snapshot entry ``info`` only if that pid is still the
+    same process (same start time): a pid freed and reused since the snapshot is left alone.
+    With a pidfd (Python >= 3.9, Linux >= 5.3) the check and the signal reach one process
+    for certain; without, a reuse in the microseconds between them is still possible."""
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
         try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        groups.add(info.pgid)
-    for pgid in groups:
-        if pgid > 1 and pgid != os.getpgid(0):
-            try:
-                os.killpg(pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+            pidfd = os.pidfd_open(info.pid)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pidfd = None  # an older kernel: fall back to kill(2)
+    try:
+        now = stat(info.pid)
+        if now is None or now.starttime != info.starttime:
+            return False
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(info.pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
-def run_pids(root, marker):
-    """Every live process of the run: descendants of ``root`` plus marked ones (not root)."""
+def _signal(snapshot, sig):
+    """Signal each process of a snapshot ({pid: ProcInfo}) by pid, never by process group: a
+    group can hold processes that are not the run's (the sweeps that follow catch children
+    forked meanwhile)."""
+    for info in snapshot.values():
+        signal_process(info, sig)
+
+
+def run_procs(root, marker):
+    """Every live process of the run, {pid: ProcInfo}: descendants of ``root`` plus marked
+    ones (not root, not this process)."""
     procs = table()
     pids = set(descendants(root, procs))
     if marker:
         pids.update(marked(marker, procs))
     pids.discard(root)
     pids.discard(os.getpid())
-    return sorted(p for p in pids if p in procs and procs[p].state != "Z")
+    return {p: procs[p] for p in pids if p in procs and procs[p].state != "Z"}
+
+
+def run_pids(root, marker):
+    """The pids of :func:`run_procs`, sorted."""
+    return sorted(run_procs(root, marker))
 
 
 def kill_run(root, marker, grace=10.0, first=None, on_wait=None):
@@ -207,11 +231,12 @@ def kill_run(root, marker, grace=10.0, first=None, on_wait=None):
     that got SIGKILL), ``left`` (pids still there afterwards) and ``dstate`` (of those, in
     uninterruptible sleep: the host needs attention).
     """
-    pids = run_pids(root, marker)
-    report = {"sigterm": list(pids), "killed": [], "left": [], "dstate": []}
-    if not pids:
+    snapshot = run_procs(root, marker)
+    report = {"sigterm": sorted(snapshot), "killed": [], "left": [], "dstate": []}
+    if not snapshot:
         return report
-    targets = [first] if first in pids else pids
+    torchrun = {first: snapshot[first]} if first in snapshot else None
+    targets = torchrun or snapshot
     _signal(targets, signal.SIGTERM)
     _signal(targets, signal.SIGCONT)
     deadline = time.monotonic() + grace
@@ -219,21 +244,21 @@ def kill_run(root, marker, grace=10.0, first=None, on_wait=None):
         if on_wait:
             on_wait()
         reap()
-        if not run_pids(root, marker):
+        if not run_procs(root, marker):
             return report
         # torchrun may be gone while a worker blocked in a collective ignores it: after a
         # short while, SIGTERM everybody directly.
-        if first is not None and not alive(first) and targets == [first]:
-            targets = run_pids(root, marker)
+        if targets is torchrun and not alive(first, torchrun[first].starttime):
+            targets = run_procs(root, marker)
             _signal(targets, signal.SIGTERM)
             _signal(targets, signal.SIGCONT)
         time.sleep(0.05)
     for attempt in range(100):
-        pids = run_pids(root, marker)
-        if not pids:
+        snapshot = run_procs(root, marker)
+        if not snapshot:
             break
-        report["killed"] = sorted(set(report["killed"]) | set(pids))
-        _signal(pids, signal.SIGKILL)
+        report["killed"] = sorted(set(report["killed"]) | set(snapshot))
+        _signal(snapshot, signal.SIGKILL)
         if on_wait:
             on_wait()
         time.sleep(0.05)

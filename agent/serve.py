@@ -15,8 +15,9 @@ import sys
 import threading
 import time
 
-from . import node, protocol, sync
+from . import fr_dump, node, protocol, sync
 from .gpu import GpuProbe
+from .hoststats import HostSampler
 from .hostpaths import host_path, host_python
 from .journal import JournalReader, read_back
 from .preflight import Listener, host_facts
@@ -49,6 +50,7 @@ class Server(object):
         self.subs_lock = threading.Lock()
         self.gpu = GpuProbe()
         self.gpu_interval = 1.0
+        self.host = HostSampler()  # sampled with the GPUs, sent in the same message
         self.closed = threading.Event()
         self.listeners = {}
         self.syncs = sync.Transfers()  # --sync transfers of this connection (agent/sync.py)
@@ -197,6 +199,9 @@ class Server(object):
     def op_stacks(self, args):
         return dump_stacks(node.node_dir(args), args)
 
+    def op_why(self, args):
+        return fr_dump.node_report(node.node_dir(args), args)
+
     # -- pushed streams --------------------------------------------------------------------
     @staticmethod
     def _wire(records):
@@ -245,6 +250,11 @@ class Server(object):
                     sent = True
         return sent
 
+    def _run_folder(self):
+        """A subscribed node's run folder (in its workdir): the disk whose MB/s are sent."""
+        with self.subs_lock:
+            return next((sub.ndir for sub in self.subs.values()), None)
+
     def stream_loop(self):
         last_gpu = 0.0
         while not self.closed.is_set():
@@ -252,7 +262,8 @@ class Server(object):
             now = time.monotonic()
             if self.gpu_interval and now - last_gpu >= self.gpu_interval:
                 last_gpu = now
-                self.send({"t": "gpu", "snap": self.gpu.snapshot()})
+                self.send({"t": "gpu", "snap": self.gpu.snapshot(),
+                           "host": self.host.sample(self._run_folder())})
             if not sent:
                 self.closed.wait(POLL)
 
@@ -277,6 +288,7 @@ def main():
     # A dropped SSH connection must end serve quietly, and must not signal the runs.
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    node.keep_files_private()
     server = Server()
     server.serve_forever()
     return 0

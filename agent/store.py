@@ -3,30 +3,114 @@
 Every node's torchrun joins the c10d rendezvous with ``is_host=false``, so the store does not
 live inside any node's torchrun and a restart of the rendezvous host's node does not take the
 whole job down (FACTS.md: "The c10d store lives in the torchrun of the rendezvous host").
-The store runs with the host's training interpreter (it needs torch; the agent does not).
+The store runs with the host's training interpreter (it needs torch; the agent does not) as
+``python -c STORE_SCRIPT``, which imports this module for :func:`store_main`.
+
+TCPStore has no authentication, and torch 2.13's TCPStore listens on every interface whatever
+host name it is given (``*:port``). So the store listens on a socket this module binds to the
+rendezvous address alone and hands over (``master_listen_fd``). It also stops itself once the
+run has ended on every node (:func:`wait_for_run_end`): a run that ends with no console
+attached does not leave an open, unauthenticated port behind (docs/SECURITY.md).
 """
 
 import os
+import socket
 import subprocess
 import sys
 import time
 
-from . import procs
+from . import node, procs
 from .runfiles import log_tail, read_json, write_json_atomic
 
-STORE_SCRIPT = r"""
-import json, os, sys, time
-from torch.distributed import TCPStore
-addr, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-store = TCPStore(addr, port, is_master=True, wait_for_workers=False)
-info = {"pid": os.getpid(), "addr": addr, "port": store.port}
-tmp = path + ".tmp"
-with open(tmp, "w") as f:
-    json.dump(info, f)
-os.replace(tmp, path)
-while True:
-    time.sleep(3600)
-"""
+STORE_SCRIPT = "import sys; from agent.store import store_main; sys.exit(store_main(sys.argv[1:]))"
+SETTLE = 15.0  # seconds the run must look ended before the store stops (covers a restart)
+WATCH_POLL = 1.0
+TCP_ESTABLISHED = "01"
+
+
+def listen_socket(addr, port):
+    """A TCP socket listening on ``addr`` (a name or an IPv4/IPv6 literal) only."""
+    family, kind, proto, _name, sockaddr = socket.getaddrinfo(
+        addr, port, 0, socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(sockaddr)
+    sock.listen(512)
+    return sock
+
+
+def clients(port):
+    """Established TCP connections to local ``port`` from other processes (torchrun agents
+    keep one open), not counting the store's own client (a master TCPStore has one)."""
+    rows = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows += [r.split() for r in f.read().splitlines()[1:]]
+        except OSError:
+            continue
+    own = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            own.add(os.readlink("/proc/self/fd/" + fd))
+        except OSError:
+            pass
+    # columns: local address, remote address, state, ..., inode (addresses as HEX:PORT)
+    rows = [r for r in rows if r[3] == TCP_ESTABLISHED]
+    mine = {_v4(r[1]) for r in rows if "socket:[%s]" % r[9] in own and _port(r[2]) == port}
+    return sum(1 for r in rows if _port(r[1]) == port and _v4(r[2]) not in mine)
+
+
+def _port(hex_addr):
+    return int(hex_addr.rsplit(":", 1)[1], 16)
+
+
+def _v4(hex_addr):
+    """An IPv4-mapped IPv6 address (the store's own client uses one) in its IPv4 form."""
+    if hex_addr.startswith("0000000000000000FFFF0000"):
+        return hex_addr[24:]
+    return hex_addr
+
+
+def nodes_live(run_root):
+    """Names of the run's nodes on this host whose supervisor still lives."""
+    try:
+        names = sorted(os.listdir(run_root))
+    except OSError:
+        return []
+    return [n for n in names
+            if (node.node_state(os.path.join(run_root, n)) or {}).get("alive")]
+
+
+def wait_for_run_end(run_root, port, settle=SETTLE):
+    """Return once, for ``settle`` seconds in a row, no node of the run lives on this host and
+    no client is connected to the store: the run has ended on every node (each node's
+    torchrun holds a connection while it runs; a node's supervisor lives while it restarts)."""
+    quiet_since = None
+    while True:
+        if nodes_live(run_root) or clients(port):
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= settle:
+            return
+        time.sleep(WATCH_POLL)
+
+
+def store_main(argv):
+    """The store process: ``ADDR PORT INFO_PATH``; serves until the run has ended."""
+    from torch.distributed import TCPStore
+
+    addr, port, path = argv[0], int(argv[1]), argv[2]
+    sock = listen_socket(addr, port)
+    port = sock.getsockname()[1]
+    store = TCPStore(addr, port, is_master=True, wait_for_workers=False,
+                     master_listen_fd=sock.detach())
+    write_json_atomic(path, {"pid": os.getpid(), "addr": addr, "port": store.port})
+    wait_for_run_end(os.path.dirname(path), store.port)
+    sys.stderr.write("%s the run has ended on every node: store stopped\n"
+                     % time.strftime("%Y-%m-%dT%H:%M:%S"))
+    return 0
 
 
 def store_path(run_root):
@@ -54,7 +138,7 @@ def start_store(run_root, addr, python, port=0, timeout=120.0):
     proc = subprocess.Popen(
         [python or sys.executable, "-c", STORE_SCRIPT, addr, str(port), path],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        cwd=run_root,
+        cwd=run_root, env=node.agent_env(),
     )
     log.close()
     deadline = time.monotonic() + timeout

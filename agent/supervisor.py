@@ -4,7 +4,8 @@ Started by `serve` in a session of its own with the run spec on stdin (secrets s
 process's memory and torchrun's environment; they are never written to a file or a command
 line). It outlives the SSH connection and the laptop. Its files, in the node's run folder:
 
-- ``state.json``  written atomically on every change: pid, state, launches, exit code, cause;
+- ``state.json``  written atomically on every change: pid, state, launches, exit code, cause,
+                  torchrun's phase (agent/torchrun_phase.py);
 - ``journal``     every rank's output, metrics, checkpoints and events (agent/journal.py);
 - ``torchrun.log`` torchrun's own console output; ``torchrun-ranks.log`` its worker-group records; ``torchrun/`` torchrun's ``--log-dir``;
 - ``supervisor.log`` this process's own errors.
@@ -23,10 +24,14 @@ import signal
 import sys
 import time
 
-from . import cause, procs
+from . import cause, frhook, procs, worker_exit
+from .checkpoint_watch import CheckpointWatch
 from .gpu import GpuProbe, gpu_pids_memory
+from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
+from .mask import Masker
 from .metrics import MetricParser
+from .node import STOP_END
 from .runfiles import read_json, write_json_atomic
 from .tail import LogFollower
 from .torchrun_log import RANK_RECORD, TorchrunLog, with_rank_record
@@ -34,6 +39,7 @@ from .torchrun_log import RANK_RECORD, TorchrunLog, with_rank_record
 POLL = 0.02
 ORPHAN_GRACE = 3.0
 STDERR_TAIL = 16 * 1024  # bytes of each worker's stderr kept for the cause of a failure
+PHASE_POLL = 0.25  # how often torchrun's phase (agent/torchrun_phase.py) is read
 
 
 def gpu_after_kill(probe, run_pids, wait=5.0):
@@ -75,6 +81,7 @@ class Supervisor(object):
             "started": time.time(),
             "ended": None,
             "max_restarts": spec.get("max_restarts", 0),
+            "grace": float(spec.get("grace", 10.0)),  # stop's fallback sweep waits as long
         }
         self.journal = JournalWriter(os.path.join(self.node_dir, "journal"))
         self.log_dir = spec["log_dir"]
@@ -85,6 +92,7 @@ class Supervisor(object):
         self.follower = LogFollower(self.log_dir, self._resolve_rank,
                                     first_fid=previous.get("next_fid", 1), ignore=earlier)
         self.parser = MetricParser(spec.get("metrics_regex"))
+        self.checkpoints = CheckpointWatch(spec.get("cwd") or self.node_dir)  # deleted later?
         self.torchrun = None  # pid
         self.instance_before = set()
         self.requests = []
@@ -94,11 +102,15 @@ class Supervisor(object):
                                         os.path.join(self.node_dir, RANK_RECORD))
         env = spec.get("env") or {}
         self.secrets = [env[k] for k in spec.get("secret_env") or () if env.get(k)]
+        self.masker = Masker(self.secrets)  # on data records, before the journal
 
     # -- journal ---------------------------------------------------------------------------
     def event(self, what, **fields):
+        self.journal.append(self.event_record(what, **fields))
+
+    def event_record(self, what, **fields):
         fields.update(k="event", what=what, ts=time.time(), node=self.spec["node"])
-        self.journal.append(fields)
+        return fields
 
     def pump(self, final=False):
         records = self.follower.poll(final=final)
@@ -106,12 +118,17 @@ class Supervisor(object):
             return
         out = []
         for meta, data in records:
-            out.append((meta, data))
             kind = meta["k"]
+            if kind == "data":
+                data = self.masker.mask(data)
+            out.append((meta, data))
             if kind == "file":
                 self.ranks[meta["f"]] = (meta.get("rank"), meta.get("local_rank"),
                                          meta.get("attempt"), meta.get("instance"),
                                          meta.get("stream"))
+            elif kind == "data" and data and meta["f"] in self.ranks \
+                    and self.ranks[meta["f"]][4] == "torchrun":
+                out.extend((rec, b"") for rec in self.worker_failures(data))
             elif kind == "data" and data and self._is_worker(meta["f"]):
                 if self.ranks[meta["f"]][4] == "stderr":
                     tail = self.stderr_tails.get(meta["f"], b"") + data
@@ -128,7 +145,26 @@ class Supervisor(object):
                     rec["f"] = meta["f"]
                     rec["ts"] = now
                     out.append((rec, b""))
+                    if rec["k"] == "ckpt":
+                        self.checkpoints.add(rec)
         self.journal.append_many(out)
+
+    def worker_failures(self, data):
+        """``worker_failed`` events for the failures torchrun reports in its own output
+        (agent/worker_exit.py): which rank, which exit code or signal."""
+        out = []
+        for code, local_rank, pid in worker_exit.failures(data.decode("utf-8", "replace")):
+            fid, attempt = self._stderr_of(self.current_instance(), local_rank)
+            rank = self.ranks[fid][0] if fid is not None else None
+            out.append(self.event_record("worker_failed", rank=rank, local_rank=local_rank,
+                                         attempt=attempt, pid=pid, exit_code=code))
+        return out
+
+    def deleted_checkpoints(self, final=False):
+        """Journal ``ckpt_gone`` for announced checkpoints the trainer has deleted since."""
+        gone = self.checkpoints.gone(force=final)
+        if gone:
+            self.journal.append_many([(rec, b"") for rec in gone])
 
     def _is_worker(self, fid):
         info = self.ranks.get(fid)
@@ -174,11 +210,12 @@ class Supervisor(object):
         env["RANKDECK_NODE_DIR"] = self.node_dir
         env["RANKDECK_LOG_DIR"] = self.log_dir
         env.setdefault("RANKDECK_CKPT_DIR", os.path.join(self.node_dir, "ckpt"))
+        frhook.install(self.node_dir, env)  # live flight-recorder dumps (docs/STUCK.md)
         try:
             self.instance_before = set(os.listdir(self.log_dir))
         except OSError:
             self.instance_before = set()
-        self.torchrun_log.new_launch()  # ranks and failures of this torchrun only
+        self.torchrun_log.new_launch(time.time())  # ranks, failures, phase of this torchrun
         out = os.open(os.path.join(self.node_dir, "torchrun.log"),
                       os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -187,6 +224,9 @@ class Supervisor(object):
         if pid == 0:  # child: torchrun in its own process group, output to the file
             try:
                 os.setpgid(0, 0)
+                # torchrun and the job write with the login's umask (not 077): their outputs
+                # are theirs to share; torchrun's logs stay private inside the 0700 run folder
+                os.umask(self.spec.get("job_umask", 0o077))
                 os.dup2(devnull, 0)
                 os.dup2(out, 1)
                 os.dup2(out, 2)
@@ -201,7 +241,7 @@ class Supervisor(object):
         self.torchrun = pid
         launches = self.state["launches"] + 1
         self.save(state="running", torchrun_pid=pid, launches=launches, exit_code=None,
-                  cause=None)
+                  cause=None, phase=dict(self.torchrun_log.phase.phase))
         self.event("launched", pid=pid, launch=launches)
 
     def current_instance(self):
@@ -269,16 +309,24 @@ class Supervisor(object):
         self.follower.add(console_log, stream="torchrun",
                           attempt=None, local_rank=None, instance=None)
         self.launch()
-        grace = float(self.spec.get("grace", 10.0))
+        grace = self.state["grace"]
+        phase_read = 0.0
+        telemetry = TelemetryRecorder(self.journal, self.spec.get("cwd") or self.node_dir)
         while True:
             self.pump()
+            telemetry.tick()
+            self.deleted_checkpoints()
+            if time.monotonic() - phase_read >= PHASE_POLL:
+                phase_read = time.monotonic()
+                self.save_phase()
             if self.requests:
                 sig = self.requests.pop(0)
                 if sig == signal.SIGTERM:
+                    end = self.stop_end()
                     self.save(state="stopping")
                     self.event("stopping")
                     report = self.kill(grace)
-                    return self.finish("stopped", None, report)
+                    return self.finish(end["state"], None, report, cause=end["cause"])
                 if sig == signal.SIGUSR1:
                     self.save(state="restarting")
                     self.event("restarting")
@@ -303,6 +351,12 @@ class Supervisor(object):
                 return self.finish("failed", code, report, cause=self.root_cause(code))
             time.sleep(POLL)
 
+    def save_phase(self):
+        """state.json's ``phase``: where torchrun is (rendezvous round, workers running...)."""
+        phase = self.torchrun_log.current_phase()
+        if phase != self.state.get("phase"):
+            self.save(phase=dict(phase))
+
     def reap_torchrun(self):
         """Exit code of torchrun if it has ended (and reap other orphans), else None."""
         if self.torchrun is None:
@@ -316,8 +370,32 @@ class Supervisor(object):
                 self.torchrun = None
         return code
 
+    def stop_end(self):
+        """How this stop ends the node: ``stopped``, or what the console found the node's run
+        had come to (a ``stop`` with ``end``, which agent/node.py leaves in STOP_END before
+        it signals; console/finish.py says when and why)."""
+        path = os.path.join(self.node_dir, STOP_END)
+        end = read_json(path, None)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        if not isinstance(end, dict) or end.get("state") not in ("exited", "failed"):
+            return {"state": "stopped", "cause": None}
+        cause = end.get("cause")
+        if isinstance(cause, dict) and isinstance(cause.get("message"), str):
+            rank = cause.get("rank")
+            cause = {"message": cause["message"][:500],
+                     "rank": rank if isinstance(rank, int) else None}
+        else:
+            cause = None
+        return {"state": end["state"], "cause": cause}
+
     def finish(self, state, code, report, cause=None):
         self.pump(final=True)
+        self.deleted_checkpoints(final=True)
+        self.torchrun_log.phase.end(time.time(), state if code is None else "exit %s" % code)
+        self.state["phase"] = dict(self.torchrun_log.phase.phase)
         self.event("ended", state=state, exit_code=code, cause=cause, kill=report)
         self.save(state=state, exit_code=code, cause=cause, kill=report, ended=time.time(),
                   torchrun_pid=None)
@@ -328,6 +406,7 @@ class Supervisor(object):
 
 def main(node_dir):
     """Entry point: read the spec (JSON) from stdin, detach stdio, supervise until the end."""
+    os.umask(0o077)  # the run folder's files are the user's alone (docs/SECURITY.md)
     spec = json.loads(sys.stdin.read())
     spec["node_dir"] = node_dir
     fd = os.open(os.devnull, os.O_RDONLY)
@@ -347,5 +426,5 @@ def main(node_dir):
         traceback.print_exc()
         sup.save(state="failed", cause={"message": "supervisor crashed; see supervisor.log"},
                  ended=time.time())
-        procs.kill_run(os.getpid(), sup.marker, grace=2.0)
+        procs.kill_run(os.getpid(), sup.marker, grace=sup.state["grace"])
         return 1

@@ -20,6 +20,8 @@ INFO, below the agent logger's default level, so rankdeck starts torchrun throug
 logger's INFO lines through filled every node's log pane with torchrun's chatter).
 A membership change re-runs the rendezvous with the same ``restart_count`` and possibly other
 ranks: the newest record wins, and files are matched to it as soon as they appear.
+The same bootstrap records the lines that say where torchrun is (rendezvous round, workers
+running, restarting workers), each as ``<created> <message>``: agent/torchrun_phase.py.
 
 When workers fail, torchrun prints the first observed failure at exit::
 
@@ -35,6 +37,8 @@ import json
 import os
 import re
 
+from .torchrun_phase import RECORDED, PhaseTracker
+
 TORCHRUN_MODULE = "torch.distributed.run"
 RANK_RECORD = "torchrun-ranks.log"  # in the node's run folder, beside torchrun.log
 
@@ -43,15 +47,23 @@ BOOTSTRAP = "\n".join((
     "record = sys.argv.pop(1)",
     "try:",
     "    from torch.distributed.elastic.agent.server import api as _api",
-    "    shown = _api.logger.getEffectiveLevel()",
-    "    class _RankRecord(logging.Filter):",
+    "    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as _rdzv",
+    "    _kept = %r" % (RECORDED,),
+    "    class _Record(logging.Filter):",
+    "        def __init__(self, shown):",
+    "            logging.Filter.__init__(self)",
+    "            self.shown = shown",
     "        def filter(self, rec):",
-    "            if 'Rendezvous complete for workers' in rec.getMessage():",
+    "            text = rec.getMessage()",
+    "            if any(k in text for k in _kept):",
     "                with open(record, 'a') as f:",
-    "                    f.write(rec.getMessage() + '\\n')",
-    "            return rec.levelno >= shown",
-    "    _api.logger.addFilter(_RankRecord())",
-    "    _api.logger.setLevel(min(shown, logging.INFO))",
+    "                    f.write('%.3f %s\\n' % (rec.created, text))",
+    "            return rec.levelno >= self.shown",
+    # the agent's phases are INFO, the rendezvous state machine's DEBUG
+    "    for _log, _level in ((_api.logger, logging.INFO), (_rdzv.logger, logging.DEBUG)):",
+    "        _shown = _log.getEffectiveLevel()",
+    "        _log.addFilter(_Record(_shown))",
+    "        _log.setLevel(min(_shown, _level))",
     "except Exception:",
     "    pass",
     "runpy.run_module(%r, run_name='__main__', alter_sys=True)" % TORCHRUN_MODULE,
@@ -123,9 +135,11 @@ class TorchrunLog(object):
         self.groups = {}  # restart_count -> {local_rank: (global_rank, world_size)}
         self.failure = None  # {"rank", "local_rank", "exitcode", "signal"} of the last report
         self.recent = collections.deque(maxlen=KEEP_LINES)
+        self.phase = PhaseTracker()  # fed the record file's lines (agent/torchrun_phase.py)
 
-    def new_launch(self):
+    def new_launch(self, now=None):
         self.refresh()
+        self.phase.reset(now)
         self.groups = {}
         self.failure = None
         for reader in self.readers:
@@ -138,12 +152,19 @@ class TorchrunLog(object):
             for line in reader.new_lines():
                 if reader is self.console:
                     self.recent.append(line)
+                else:
+                    self.phase.feed(line)
                 self._line(reader, line)
 
     def rank_of(self, attempt, local_rank):
         """``(global_rank, world_size)`` of a worker of restart ``attempt``, or None."""
         self.refresh()
         return self.groups.get(attempt, {}).get(local_rank)
+
+    def current_phase(self):
+        """This torchrun's phase (agent/torchrun_phase.py), from what it wrote until now."""
+        self.refresh()
+        return self.phase.phase
 
     def first_failure(self):
         """The worker torchrun reported as the first to fail, or None."""

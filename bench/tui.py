@@ -30,10 +30,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from agent import protocol  # noqa: E402
+from console.buffers import BUDGET_MB  # noqa: E402
 from tests.console.scripted import RunScript, controller, gpu_snapshot  # noqa: E402
 
 LINES_PER_TICK = 10  # per rank and push
 VARIANTS = 32  # distinct pre-encoded data messages per node, cycled
+LINE_BUDGET_MB = [BUDGET_MB]  # set from --line-budget
 WARMUP_S = 10  # also reported: latency after the first seconds (imports, first paints)
 
 
@@ -128,6 +130,7 @@ def setup(work: str, hosts_n: int, nproc: int):
     transport = script.transport(gpus={h: gpu_snapshot(nproc) for h in hosts})
     ctl, launch = controller(work, transport, hosts_n, nproc, steps=100000)
     ctl.state.stall_min_s = 3600
+    ctl.state.budget.limit = LINE_BUDGET_MB[0] << 20
     return hosts, transport, ctl, launch
 
 
@@ -277,10 +280,13 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=50000)
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--nproc", type=int, default=8)
+    ap.add_argument("--line-budget", type=int, default=BUDGET_MB, metavar="MB",
+                    help="the console's line budget (rankdeck --line-budget)")
     ap.add_argument("--mode", choices=("both", "app", "baseline"), default="both")
     ap.add_argument("--gc", choices=("tuned", "default"), default="tuned",
                     help="the app's garbage collector settings: run_app's, or CPython's")
     args = ap.parse_args()
+    LINE_BUDGET_MB[0] = args.line_budget
     if args.mode != "both":
         fn = bench_app if args.mode == "app" else bench_baseline
         with tempfile.TemporaryDirectory(prefix="rankdeck-bench-") as work:
@@ -291,7 +297,8 @@ def main() -> int:
     for mode in ("app", "baseline"):
         out = subprocess.run([sys.executable, __file__, "--mode", mode, "--gc", args.gc,
                               "--seconds", str(args.seconds), "--rate", str(args.rate),
-                              "--nodes", str(args.nodes), "--nproc", str(args.nproc)],
+                              "--nodes", str(args.nodes), "--nproc", str(args.nproc),
+                              "--line-budget", str(args.line_budget)],
                              capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             print(out.stderr[-4000:], file=sys.stderr)

@@ -61,6 +61,7 @@ def check(msg: dict) -> None:
             if gpus is not None and not (isinstance(gpus, list)
                                          and all(isinstance(g, dict) for g in gpus)):
                 _bad("a gpu snapshot's gpus is not a list of objects")
+        _field(msg, "host", _DICT, "a gpu message", optional=True)
     # other kinds (a newer agent's) are ignored by NodeLink
 
 
@@ -88,12 +89,16 @@ def _record(rec) -> None:
         _field(meta, "step", _INT, what, optional=True)
         for key in ("loss", "lr", "step_time", "tok_s"):
             _field(meta, key, _NUM, what, optional=True)
-    elif kind == "ckpt":
+    elif kind in ("ckpt", "ckpt_gone"):
         _field(meta, "f", _INT, what, optional=True)
+        _field(meta, "step", _INT, what, optional=True)
         _field(meta, "bytes", _NUM, what, optional=True)
+        _field(meta, "path", _STR, what, optional=True)
     elif kind == "event":
         _field(meta, "what", _STR, what)
         _field(meta, "report", _DICT, what, optional=True)
+        for key in ("rank", "local_rank", "exit_code"):  # worker_failed
+            _field(meta, key, _INT, what, optional=True)
         if meta["what"] == "ended":
             if meta.get("state") not in ENDED_STATES:
                 _bad("an 'ended' event with the unknown state %s" % _what(meta.get("state")))

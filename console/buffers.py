@@ -14,6 +14,47 @@ from .lines import AFTER_RECORD
 POINTS_PER_RANK = 4096
 
 
+LINE_OVERHEAD = 57  # bytes a kept line costs beyond its text: the str object and its slot
+BUDGET_MB = 144  # default memory for kept lines (`--line-budget`): RSS <= 300 MB at 512 ranks
+FLOOR_LINES = 200  # what a stream nobody looks at keeps when the budget is tight
+TRIM_TO = 0.9  # a trim frees down to this share of the budget, so trims are rare
+
+
+def line_cost(lines: list[str]) -> int:
+    return sum(map(len, lines)) + LINE_OVERHEAD * len(lines)
+
+
+class LineBudget:
+    """One memory budget for the kept lines of every stream of a run.
+
+    Each :class:`Kept` still has its own line cap; on top of that, when the streams together
+    cost more than ``limit`` bytes, the streams nobody is looking at are cut down to
+    ``floor`` lines first (largest first), and only then the shown ones. What was cut comes
+    back from the hosts on scrolling (console/scrollback.py), so memory follows the budget,
+    not the rank count.
+    """
+
+    def __init__(self, limit: int = BUDGET_MB << 20, floor: int = FLOOR_LINES):
+        self.limit, self.floor, self.used = limit, floor, 0
+        self.streams: list[Kept] = []
+
+    def charge(self, cost: int) -> None:
+        self.used += cost
+        if self.used > self.limit:
+            self.trim()
+
+    def trim(self) -> None:
+        target = int(self.limit * TRIM_TO)
+        unseen = [k for k in self.streams if not k.shown_by]
+        seen = [k for k in self.streams if k.shown_by]
+        # the floors go last, and only if the floors alone would not fit (a tiny budget)
+        for group, floor in ((unseen, self.floor), (seen, self.floor), (unseen, 0), (seen, 0)):
+            for kept in sorted(group, key=lambda k: k.cost, reverse=True):
+                if self.used <= target:
+                    return
+                kept.drop_oldest_cost(self.used - target, keep=floor)
+
+
 class Kept:
     """A stream's newest ``cap`` lines, in chunks as they came: one per journal record.
 
@@ -21,35 +62,66 @@ class Kept:
     ``lines[0]`` (above 0 once the front of the chunk was dropped). Lines go from the front
     only, so what is kept from a node is everything of this stream from some position on, and
     :meth:`floor` says which. Behaves as a sequence of line texts for simple readers.
+
+    With a :class:`LineBudget`, the stream also gives up its oldest lines when the run's
+    lines together exceed it; ``shown_by`` (the panes showing this stream) protects it then.
     """
 
-    __slots__ = ("chunks", "count", "cap", "evicted", "per_node")
+    __slots__ = ("chunks", "count", "cap", "evicted", "per_node", "cost", "budget", "shown_by")
 
-    def __init__(self, cap: int):
+    def __init__(self, cap: int, budget: LineBudget | None = None):
         self.chunks: deque = deque()
         self.count = 0
         self.cap = cap
         self.evicted: dict[str, tuple] = {}  # node -> newest dropped record's (offset, time)
         self.per_node: dict[str, int] = {}  # node -> chunks kept from it
+        self.cost = 0  # bytes, as line_cost counts them
+        self.budget = budget
+        self.shown_by: set = set()
+        if budget is not None:
+            budget.streams.append(self)
 
     def add(self, ts: float, node: str, journal: int | None, lines: list[str]) -> None:
         if not lines:
             return
-        chunks = self.chunks
-        chunks.append((ts, node, journal, lines, 0))
+        self.chunks.append((ts, node, journal, lines, 0))
         self.count += len(lines)
         self.per_node[node] = self.per_node.get(node, 0) + 1
-        while self.count > self.cap:
+        cost = line_cost(lines)
+        self.cost += cost
+        freed = self.drop_front(self.count - self.cap) if self.count > self.cap else 0
+        if self.budget is not None:
+            self.budget.charge(cost - freed)
+
+    def drop_front(self, excess: int) -> int:
+        """Drop the oldest ``excess`` lines; the bytes freed."""
+        chunks, freed = self.chunks, 0
+        while excess > 0 and chunks:
             old_ts, old_node, old_journal, old_lines, first = chunks[0]
-            excess = self.count - self.cap
             if excess >= len(old_lines):
                 chunks.popleft()
-                self.count -= len(old_lines)
+                gone = len(old_lines)
+                freed += line_cost(old_lines)
                 self.evicted[old_node] = (old_journal, old_ts)
                 self.per_node[old_node] -= 1
             else:
-                chunks[0] = (old_ts, old_node, old_journal, old_lines[excess:], first + excess)
-                self.count -= excess
+                gone = excess
+                freed += line_cost(old_lines[:gone])
+                chunks[0] = (old_ts, old_node, old_journal, old_lines[gone:], first + gone)
+            self.count -= gone
+            excess -= gone
+        self.cost -= freed
+        return freed
+
+    def drop_oldest_cost(self, cost: int, keep: int) -> None:
+        """Free about ``cost`` bytes from the front, keeping at least ``keep`` lines; the
+        budget is told (it asked)."""
+        spare = self.count - keep
+        if spare <= 0 or not self.count:
+            return
+        per_line = self.cost / self.count
+        freed = self.drop_front(min(spare, int(cost / per_line) + 1))
+        self.budget.used -= freed
 
     def floor(self, node: str, start: int = 0) -> tuple:
         """``(position, edge)``: from which position on this stream's lines from ``node`` are

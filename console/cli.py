@@ -1,5 +1,5 @@
-"""rankdeck's command line: launch, demo, attach, status, logs, stop, restart, stacks, check,
-ls. Only the arguments and the exit code of an error live here; what a verb does is in
+"""rankdeck's command line: launch, demo, attach, status, export, logs, stop, restart, stacks,
+why, check, ls. Only the arguments and the exit code of an error live here; what a verb does is in
 commands.py, the exit codes in errors.py (0 success, 1 the run failed, 2 bad input or usage,
 3 could not reach a host).
 """
@@ -13,7 +13,9 @@ import sys
 
 from inventory.loader import MAX_SLOTS
 from inventory.model import InventoryError
+from .buffers import BUDGET_MB
 from .commands import COMMANDS
+from .export import FORMATS
 from .errors import EXIT_INTERRUPTED, EXIT_USAGE, LaunchError, UnknownRun, UsageError
 
 
@@ -53,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "streams and a summary instead of the live view")
         sp.add_argument("--accept-new-host-keys", action="store_true",
                         help="record unknown SSH host keys instead of refusing them")
+        sp.add_argument("--line-budget", type=bounded(int, 16), default=BUDGET_MB,
+                        metavar="MB", help="memory for the log lines kept in this console "
+                        "(default %d); ranks not on screen keep few, older lines come back "
+                        "from the hosts when you scroll" % BUDGET_MB)
 
     la = sub.add_parser("launch", help="start a run on every host of an inventory")
     la.add_argument("-i", "--inventory", required=True, help="inventory file (YAML, TOML or "
@@ -92,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     at = sub.add_parser("attach", help="open a running (or finished) run again")
     at.add_argument("run_id")
+    at.add_argument("--by-node", action="store_true", help="--no-tui: what was printed "
+                    "before, each node's lines together (default: in time order across nodes)")
     run_opts(at)
 
     st = sub.add_parser("status", help="per node and per rank: state, step, loss, restarts")
@@ -99,12 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="machine-readable (docs/STATUS.md)")
     st.add_argument("--stall-after", type=SECONDS, default=60.0, metavar="SECONDS")
 
+    ex = sub.add_parser("export", help="a run's numbers as files: per rank step, loss, lr, "
+                        "step time, tok/s; per node its telemetry")
+    ex.add_argument("run_id")
+    ex.add_argument("--format", choices=FORMATS, default="jsonl")
+    ex.add_argument("--out", default=".", metavar="DIR",
+                    help="folder for <run>-ranks.<format> and <run>-nodes.<format> (made "
+                    "if missing; default: here)")
+
     lg = sub.add_parser("logs", help="print a run's lines with `[node r]` prefixes")
     lg.add_argument("run_id")
     who = lg.add_mutually_exclusive_group()
     who.add_argument("--rank", type=int)
     who.add_argument("--node")
     lg.add_argument("-f", "--follow", action="store_true")
+    lg.add_argument("--by-node", action="store_true",
+                    help="each node's lines together (default: in time order across nodes)")
 
     sp = sub.add_parser("stop", help="stop a run, or one node of it")
     sp.add_argument("run_id")
@@ -120,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     sk.add_argument("run_id")
     sk.add_argument("--node")
     sk.add_argument("--json", action="store_true")
+
+    wy = sub.add_parser("why", help="who is stuck: the suspect rank(s), their node and line, "
+                        "from flight-recorder traces and stacks (docs/STUCK.md)")
+    wy.add_argument("run_id")
+    wy.add_argument("--json", action="store_true", help="machine-readable (docs/STATUS.md)")
 
     ck = sub.add_parser("check", help="preflight every host of an inventory")
     ck.add_argument("-i", "--inventory", required=True)

@@ -17,7 +17,8 @@ import trainer
 from inventory.loader import load_inventory
 from inventory.model import Inventory
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
-from .headless import HeadlessPrinter, SyncProgressLine, run_headless
+from .export import RunExport
+from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
 from .history import History, state_dir
 from .preflight import check_table
 from .run import LaunchSpec, RunController
@@ -25,9 +26,12 @@ from .sanitize import short_secret_warning
 from .stacks import group, render
 from .summary import control_lines, status_table
 from .transport import make_transport
+from .verdict import verdict_lines
 
 DEMO_INVENTORY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "inventory", "local.yaml")
+LOGGED_EVENTS = ("checkpoint", "checkpoint deleted")  # `logs` prints these as [rankdeck] lines
+NO_LINES = 1 << 62  # a subscription's quiet_until past any journal: records, no log lines
 DEMO_TRAINER = os.path.join(os.path.dirname(os.path.abspath(trainer.__file__)), "train.py")
 
 
@@ -80,13 +84,14 @@ def recorded_run(run_id: str, stall_after: float = 60.0,
 async def follow(ctl: RunController, args, launch=None, resumed: bool = False) -> int:
     """Show the run (TUI or headless) until it ends or the user detaches. ``launch`` is
     awaited once the view listens (it launches the run, or subscribes to a running one)."""
+    ctl.state.budget.limit = args.line_budget << 20
     if wants_tui(args):
         # Lazy for start-up time: Textual takes about a second to import, and headless
         # runs, scripts and every other verb never need it.
         from .tui.app import run_app
 
         return await run_app(ctl, launch)
-    return await run_headless(ctl, launch, resumed)
+    return await run_headless(ctl, launch, resumed, getattr(args, "by_node", False))
 
 
 # -- a new run ---------------------------------------------------------------------------------
@@ -236,14 +241,33 @@ async def cmd_status(args) -> int:
     return EXIT_UNREACHABLE if failed else EXIT_OK
 
 
+async def cmd_export(args) -> int:
+    """`rankdeck export RUN --format jsonl|csv [--out DIR]`: per rank metrics, per node
+    telemetry, replayed from the nodes' journals (console/export.py)."""
+    async with recorded_run(args.run_id) as ctl:
+        export = RunExport(ctl.state)
+        failed = await ctl.connect_all(reconnect=False)
+        report_unreachable(failed)
+        for link in ctl.links.values():
+            link.quiet_until = NO_LINES  # metrics and telemetry only: no log line is sent
+        await ctl.subscribe_all()
+        await ctl.caught_up()
+    for path in export.write(args.out, args.format):
+        print(path)
+    return EXIT_UNREACHABLE if failed else EXIT_OK
+
+
 async def cmd_logs(args) -> int:
     async with recorded_run(args.run_id, node=args.node) as ctl:
         failed = await ctl.connect_all(reconnect=args.follow)
         report_unreachable(failed)
         # the printer listens before the subscription, or the first records go unseen
-        HeadlessPrinter(ctl.state, rank=args.rank, node=args.node, events=False)
+        printer = HeadlessPrinter(ctl.state, rank=args.rank, node=args.node,
+                                  events=LOGGED_EVENTS)
+        printer.in_time_order(await journal_ends(ctl), args.by_node)
         await ctl.subscribe_all()
         await ctl.caught_up()
+        printer.release()
         if args.follow:
             await ctl.wait_done()
     return EXIT_UNREACHABLE if failed else EXIT_OK
@@ -289,6 +313,18 @@ async def cmd_stacks(args) -> int:
     return EXIT_UNREACHABLE if failed else EXIT_OK
 
 
+async def cmd_why(args) -> int:
+    async with recorded_run(args.run_id) as ctl:
+        failed = await ctl.connect_all(reconnect=False)
+        report_unreachable(failed)
+        verdict = await ctl.why()
+    if args.json:
+        print_json(verdict)
+    else:
+        print("\n".join(verdict_lines(verdict)))
+    return EXIT_OK
+
+
 # -- this laptop -------------------------------------------------------------------------------
 async def cmd_ls(args) -> int:
     records = History().list()
@@ -310,6 +346,7 @@ async def cmd_ls(args) -> int:
 
 COMMANDS = {
     "launch": cmd_launch, "demo": cmd_demo, "check": cmd_check, "attach": cmd_attach,
-    "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "restart": cmd_restart,
-    "stacks": cmd_stacks, "ls": cmd_ls,
+    "status": cmd_status, "export": cmd_export, "logs": cmd_logs, "stop": cmd_stop,
+    "restart": cmd_restart,
+    "stacks": cmd_stacks, "why": cmd_why, "ls": cmd_ls,
 }

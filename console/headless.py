@@ -17,6 +17,7 @@ from .run import RunController
 from .sanitize import clean
 from .state import Event, LineBatch, RunState
 from .summary import detach_hint, status_table
+from .timeorder import TimeOrder
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 
@@ -24,7 +25,7 @@ COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91
 class HeadlessPrinter:
     def __init__(self, state: RunState, out: TextIO | None = None, colour: bool | None = None,
                  secrets: list[str] | None = None, rank: int | None = None,
-                 node: str | None = None, events: bool = True,
+                 node: str | None = None, events: bool | tuple[str, ...] = True,
                  quiet: dict[str, int] | None = None):
         self.state = state
         self.out = out or sys.stdout
@@ -36,9 +37,42 @@ class HeadlessPrinter:
         # the journal offset it had printed)
         self.quiet = quiet or {}
         self.node_colour = {n: COLOURS[i % len(COLOURS)] for i, n in enumerate(state.nodes)}
+        # True: every event; a tuple: only those kinds (`logs` prints checkpoints)
+        self.event_kinds = events if isinstance(events, tuple) else None
+        self.order: TimeOrder | None = None  # a replay being put in time order
+        self.ends: dict[str, int] = {}  # journal sizes the replay is done at
         state.line_listeners.append(self.on_lines)
         if events:
             state.event_listeners.append(self.on_event)
+
+    def in_time_order(self, ends: dict[str, int], by_node: bool = False) -> None:
+        """Print what the nodes replay up to ``ends`` (their journal sizes now) in time
+        order across nodes (``by_node``: node by node) rather than as it arrives."""
+        self.order = TimeOrder(list(self.state.nodes), self.write, by_node)
+        self.ends = ends
+        self.state.change_listeners.append(self.replayed)
+        for node in self.state.nodes:
+            self.replayed(node)
+
+    def replayed(self, node: str) -> None:
+        if self.order is not None and node not in self.order.done and \
+                self.state.nodes[node].journal_offset >= self.ends.get(node, 0):
+            self.order.finish(node)
+
+    def release(self) -> None:
+        """Print whatever the ordering still holds (a node that stopped sending)."""
+        if self.order is not None:
+            self.order.finish_all()
+
+    def put(self, node: str | None, ts: float | None, text: str) -> None:
+        if self.order is not None:
+            self.order.add(node, ts, text)
+        else:
+            self.write(text)
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
 
     def prefix(self, node: str, batch: LineBatch) -> str:
         if batch.rank is not None:
@@ -60,12 +94,15 @@ class HeadlessPrinter:
         if not batch.lines:
             return
         prefix = self.prefix(batch.node, batch)
-        self.out.write("".join("%s %s\n" % (prefix, clean(line, self.secrets))
-                               for line in batch.lines))
-        self.out.flush()
+        self.put(batch.node, batch.ts, "".join("%s %s\n" % (prefix, clean(line, self.secrets))
+                                               for line in batch.lines))
 
     def on_event(self, ev: Event) -> None:
         if self.only_node is not None and ev.node != self.only_node:
+            return
+        if self.event_kinds is not None and ev.kind not in self.event_kinds:
+            return
+        if self.only_rank is not None and ev.rank is not None and ev.rank != self.only_rank:
             return
         if ev.node in self.quiet and \
                 self.state.nodes[ev.node].journal_offset < self.quiet[ev.node]:
@@ -74,8 +111,16 @@ class HeadlessPrinter:
                                                                               self.secrets))
         if self.colour:
             text = "\x1b[1m%s\x1b[0m" % text
-        self.out.write(text + "\n")
-        self.out.flush()
+        self.put(ev.node, ev.ts, text + "\n")
+
+
+async def journal_ends(ctl: RunController) -> dict[str, int]:
+    """Every connected node's journal size now: where a replay of it is done."""
+    async def one(link):
+        st = await link.request("state", run_root=link.run_root, node=link.name)
+        return int(st.get("journal_size") or 0)
+    got = await ctl.gather_nodes(one, ctl.connected())
+    return {n: v for n, v in got.items() if isinstance(v, int)}
 
 
 class SyncProgressLine:
@@ -102,13 +147,23 @@ class SyncProgressLine:
         self.out.flush()
 
 
+async def release_when_caught_up(ctl: RunController, printer: HeadlessPrinter) -> None:
+    if printer.order is None:
+        return
+    await ctl.caught_up()
+    printer.release()
+
+
 async def run_headless(ctl: RunController, launch: Callable[[], Awaitable] | None = None,
-                       resumed: bool = False) -> int:
+                       resumed: bool = False, by_node: bool = False) -> int:
     """Print ``ctl``'s run until it ends (then its status table) or Ctrl-C detaches; returns
     the exit code. ``launch`` is awaited once the printer listens. ``resumed``: the links'
-    ``quiet_until`` say up to where an earlier headless console printed (``attach``)."""
+    ``quiet_until`` say up to where an earlier headless console printed (``attach``); what
+    the nodes replay prints in time order across nodes (``by_node``: node by node)."""
     quiet = {n: link.quiet_until for n, link in ctl.links.items()} if resumed else {}
     printer = HeadlessPrinter(ctl.state, secrets=ctl.secrets, quiet=quiet)
+    if resumed:
+        printer.in_time_order(await journal_ends(ctl), by_node)
     saved: dict[str, int] = dict(quiet)
 
     def keep_offsets(node: str) -> None:
@@ -131,11 +186,15 @@ async def run_headless(ctl: RunController, launch: Callable[[], Awaitable] | Non
                   flush=True)
     if not resumed:  # a new run: Ctrl-C during the launch itself still interrupts it
         loop.add_signal_handler(signal.SIGINT, detach.set)
+    # a node that stops sending holds the others' lines back no longer than caught_up waits
+    releasing = asyncio.ensure_future(release_when_caught_up(ctl, printer))
     done = asyncio.ensure_future(ctl.wait_done())
     waiter = asyncio.ensure_future(detach.wait())
     await asyncio.wait([done, waiter], return_when=asyncio.FIRST_COMPLETED)
     loop.remove_signal_handler(signal.SIGINT)
     waiter.cancel()
+    releasing.cancel()
+    printer.release()  # the offsets saved say these lines were printed
     if not done.done():
         done.cancel()
         ctl.save_status()

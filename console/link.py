@@ -184,8 +184,7 @@ class NodeLink:
         elif kind == "state" and self.state is not None:
             self.state.apply_supervisor_state(self.name, msg.get("state"))
         elif kind == "gpu" and self.state is not None:
-            self.state.nodes[self.name].gpu = msg.get("snap")
-            self.state.changed(self.name)
+            self.state.apply_telemetry(self.name, msg.get("snap"), msg.get("host"))
 
     async def _reconnect_loop(self) -> None:
         for attempt in itertools.count():

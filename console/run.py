@@ -17,9 +17,10 @@ import time
 from dataclasses import asdict
 
 from inventory.model import Host, Inventory
-from . import run_env
+from . import rendezvous, run_env
 from .errors import (EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, AgentError, LaunchError,
                      UsageError)
+from .finish import ends_due
 from .history import History, host_record, inventory_from_record
 from .link import NodeLink
 from .preflight import HostCheck, check_table, run_preflight
@@ -29,6 +30,7 @@ from .spec import LaunchSpec, new_run_id, run_root, torchrun_argv  # LaunchSpec:
 from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
 from .state import RUN_ENDED, RunState
 from .transport.base import HostUnreachable, Transport
+from .why import take_verdict
 
 ATTACH_BACKLOG = 4 << 20  # journal bytes per node a TUI attach reads log lines from
 
@@ -48,6 +50,8 @@ class RunController:
         self.links: dict[str, NodeLink] = {}
         self.record: dict = {}
         self._tasks: list[asyncio.Task] = []
+        self._ending: set[str] = set()  # nodes being stopped by console/finish.py's rules
+        self._verdict_task: asyncio.Task | None = None
         self.secrets = inventory.secrets
         self.state.masker = Masker(self.secrets)
         self.preflight_checks: list[HostCheck] = []
@@ -365,6 +369,10 @@ class RunController:
         """Restart one node (it rejoins the rendezvous) or, without ``node``, every node."""
         self.check_restartable(node)
         names = [node] if node else list(self.links)
+        refusal = await self.restart_refusal(names)
+        if refusal:  # nothing was touched: every node answers with the reason
+            self.state.add_event(node, "refused", refusal)
+            return {n: AgentError(refusal, "refused") for n in names}
         endpoint = self.record.get("rdzv_endpoint", "")
         for n in names:
             self.state.set_node(n, "restarting")
@@ -375,6 +383,17 @@ class RunController:
             return link.request("restart", run_root=link.run_root, node=link.name, spec=spec,
                                 timeout=self.spec.grace + 120)
         return await self.gather_nodes(req, names)
+
+    async def restart_refusal(self, names: list[str]) -> str | None:
+        """Why restarting ``names`` now must wait (a rendezvous under way: console/rendezvous.py),
+        judged on every node's state as its agent says it now; None: go ahead."""
+        states = await self.gather_nodes(lambda link: link.request(
+            "state", run_root=link.run_root, node=link.name, timeout=30))
+        for name, st in states.items():
+            if isinstance(st, dict):
+                self.state.apply_supervisor_state(name, st)
+        return rendezvous.restart_refusal(self.state.nodes, list(self.state.ranks.values()),
+                                          names, time.time(), self.state.stall_min_s)
 
     async def stacks(self, names: list[str] | None = None) -> dict:
         """Every rank's Python stack on the named nodes: {node: {"ranks": [...]}}."""
@@ -400,11 +419,43 @@ class RunController:
         last_save = 0.0
         while True:
             await asyncio.sleep(1.0)
-            self.state.check_stalls()
+            if self.state.check_stalls():
+                self._start_verdict()
+            self._end_finished_nodes()
             now = time.monotonic()
             if now - last_save > 5 or self.state.run_state() in RUN_ENDED:
                 last_save = now
                 self.save_status()
+
+    def _end_finished_nodes(self) -> None:
+        """Stop, once each, the nodes whose torchrun waits for what cannot come now that the
+        run is over (console/finish.py), telling each node how it ended."""
+        for name, end in ends_due(self.state).items():
+            link = self.links.get(name)
+            if name in self._ending or link is None or link.stream is None:
+                continue
+            self._ending.add(name)
+            self.state.add_event(name, "ending", end["say"])
+            self._tasks.append(asyncio.ensure_future(self._stop_as(link, end)))
+
+    async def _stop_as(self, link: NodeLink, end: dict) -> None:
+        try:
+            await link.request("stop", run_root=link.run_root, node=link.name,
+                               end={"state": end["state"], "cause": end["cause"]},
+                               timeout=self.spec.grace + 120)
+        except AgentError as exc:
+            self._ending.discard(link.name)  # asked again on the next round
+            self.state.add_event(link.name, "ending", "stopping it failed: %s" % exc)
+
+    def _start_verdict(self) -> None:
+        """A stall was just seen: say who is stuck (console/why.py), unless already asking."""
+        if self._verdict_task is None or self._verdict_task.done():
+            self._verdict_task = asyncio.ensure_future(self.why())
+            self._tasks.append(self._verdict_task)
+
+    async def why(self) -> dict:
+        """Who is stuck now: the verdict, also kept in ``state.verdict``."""
+        return await take_verdict(self)
 
     def status(self) -> dict:
         """The ``status --json`` document (docs/STATUS.md): RunState's, with what the run

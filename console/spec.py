@@ -37,7 +37,9 @@ class LaunchSpec:
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + _secrets.token_hex(2)
+    """Time, then 48 random bits: the id is the run's marker on every host (``RANKDECK_RUN``,
+    what `stop` kills by), so two launches in the same second must never share one."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + _secrets.token_hex(6)
 
 
 def run_root(host: Host, run_id: str) -> str:

@@ -8,15 +8,19 @@ and loss points per rank in console/buffers.py, events here).
 
 from __future__ import annotations
 
+import signal
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .buffers import Kept, Series
+from .buffers import BUDGET_MB, Kept, LineBudget, Series
+from .checkpoints import Checkpoints
+from . import rendezvous
 from .lines import MAX_PARTIAL, split_lines  # noqa: F401 (MAX_PARTIAL: for importers)
 from .sanitize import NO_SECRETS, Masker, clean
+from .telemetry import hardware_events, node_telemetry
 from .text import human_bytes, kill_summary
 
 LINES_PER_RANK = 5000
@@ -78,6 +82,8 @@ class RankState:
     step_time: float | None = None
     tok_s: float | None = None
     last_progress: float | None = None
+    reports: bool = False  # it has printed a metric; a silent one steps with the run's ranks
+    started: float | None = None  # when its newest worker's file appeared
     step_times: deque = field(default_factory=lambda: deque(maxlen=64))
     points: Series = field(default_factory=Series)
     lines: Kept = field(default_factory=lambda: Kept(LINES_PER_RANK))
@@ -108,6 +114,9 @@ class NodeState:
     data_from: int = 0  # journal offset from which its log lines were received (a resumed attach)
     lines: Kept = field(default_factory=lambda: Kept(LINES_PER_NODE))  # lines of no rank
     gpu: dict | None = None
+    host: dict | None = None  # the agent's host sample (agent/hoststats.py), sent with gpu
+    phase: dict | None = None  # its torchrun's phase (console/rendezvous.py), from state.json
+    worker_failure: dict | None = None  # the newest worker_failed of its current torchrun
 
     @property
     def torchrun_restarts(self) -> int:
@@ -135,15 +144,29 @@ class Event:
     rank: int | None = None
 
 
+def how_it_ended(exit_code: int | None) -> str:
+    """``killed by SIGABRT (exit -6)`` or ``exited with code 1`` (torchrun's exit codes)."""
+    if exit_code is not None and exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = "signal %d" % -exit_code
+        return "killed by %s (exit %d)" % (name, exit_code)
+    return "exited with code %s" % exit_code
+
+
 class RunState:
     """Everything known about one run; fed by the controller, read by the views."""
 
     def __init__(self, run_id: str, nodes: list[tuple[str, str]], max_restarts: int = 0,
-                 stall_min_s: float = STALL_MIN_S, lines_per_rank: int = LINES_PER_RANK):
+                 stall_min_s: float = STALL_MIN_S, lines_per_rank: int = LINES_PER_RANK,
+                 line_budget: int = BUDGET_MB << 20):
         self.run_id = run_id
         self.lines_per_rank = lines_per_rank  # older lines are fetched from the nodes on demand
+        self.budget = LineBudget(line_budget)  # for all kept lines: memory by budget, not rank
         self.nodes: dict[str, NodeState] = {
-            name: NodeState(name=name, addr=addr, max_restarts=max_restarts)
+            name: NodeState(name=name, addr=addr, max_restarts=max_restarts,
+                            lines=Kept(LINES_PER_NODE, self.budget))
             for name, addr in nodes
         }
         self.ranks: dict[int, RankState] = {}
@@ -153,12 +176,23 @@ class RunState:
         self.line_listeners: list[Callable[[LineBatch], None]] = []
         self.event_listeners: list[Callable[[Event], None]] = []
         self.change_listeners: list[Callable[[str], None]] = []
+        self.record_listeners: list[Callable[[str, dict], None]] = []
         self.total_lines = 0
         self.world_size: int | None = None
+        self.waiting: dict | None = None  # the rendezvous waited in too long (check_waiting)
         # the run's secrets: masked in every line, event text and cause as they come in
         self.masker: Masker = NO_SECRETS
+        self.checkpoints = Checkpoints()
+        self.ran = False  # a rank has stepped: the run is never `starting` again
+        self.silent_waiting: set[int] = set()  # silent ranks the run's next step wakes
+        self.verdict: dict | None = None  # who is stuck (console/verdict.py), while stalled
 
     # -- feeding ---------------------------------------------------------------------------
+    def set_verdict(self, verdict: dict) -> None:
+        """Keep who is stuck, and say it once as an event (the summary line)."""
+        self.verdict = verdict
+        self.add_event(None, "verdict", "%s: %s" % (verdict["kind"], verdict["summary"]))
+
     def add_event(self, node: str | None, kind: str, text: str, rank: int | None = None,
                   ts: float | None = None) -> None:
         ev = Event(ts or time.time(), node, kind, self.masker.mask(text), rank)
@@ -169,6 +203,15 @@ class RunState:
     def changed(self, node: str) -> None:
         for cb in self.change_listeners:
             cb(node)
+
+    def apply_telemetry(self, node: str, snap: dict | None, host: dict | None) -> None:
+        """A ``gpu`` message: the node's new GPU snapshot and host sample; what changed on
+        the hardware since the last one (Xid, ECC, throttling, a link down) becomes an event."""
+        ns = self.nodes[node]
+        for kind, text in hardware_events(ns.gpu, snap, ns.host, host):
+            self.add_event(node, kind, clean(text, self.masker))
+        ns.gpu, ns.host = snap, host
+        self.changed(node)
 
     def set_node(self, node: str, state: str, cause: str | None = None) -> None:
         ns = self.nodes[node]
@@ -190,16 +233,26 @@ class RunState:
             elif kind == "file":
                 self._file(ns, meta)
             elif kind == "ckpt":
-                fi = ns.files.get(meta.get("f"))
-                rank = fi.rank if fi else None
-                size = meta.get("bytes")
-                self.add_event(node, "checkpoint", "checkpoint step %s saved: %s%s" % (
-                    meta.get("step"), meta.get("path"),
-                    " (%s)" % human_bytes(size) if size else ""), rank, meta.get("ts"))
+                self._checkpoint(ns, meta)
+            elif kind == "ckpt_gone":
+                gone = self.checkpoints.gone(node, meta)
+                if gone is not None:
+                    self.add_event(node, "checkpoint deleted", "checkpoint step %s deleted by "
+                                   "the trainer: %s" % (gone.step, gone.path), gone.rank,
+                                   meta.get("ts"))
             elif kind == "event":
                 self._supervisor_event(ns, meta)
+            for cb in self.record_listeners:  # export: every record, once the reducer has it
+                cb(node, meta)
         ns.journal_offset = end
         self.changed(node)
+
+    def _checkpoint(self, ns: NodeState, meta: dict) -> None:
+        fi = ns.files.get(meta.get("f"))
+        ckpt = self.checkpoints.saved(ns.name, fi.rank if fi else None, meta)
+        self.add_event(ns.name, "checkpoint", "checkpoint step %s saved: %s%s" % (
+            ckpt.step, ckpt.path, " (%s)" % human_bytes(ckpt.bytes) if ckpt.bytes else ""),
+            ckpt.rank, meta.get("ts"))
 
     def _file(self, ns: NodeState, meta: dict) -> None:
         fi = FileInfo(meta["f"], meta.get("rank"), meta.get("local_rank"),
@@ -222,12 +275,16 @@ class RunState:
             rs = self.ranks.get(fi.rank)
             if rs is None:
                 rs = self.ranks[fi.rank] = RankState(fi.rank, ns.name,
-                                                     lines=Kept(self.lines_per_rank))
+                                                     lines=Kept(self.lines_per_rank,
+                                                                self.budget))
             rs.node = ns.name
             rs.local_rank = fi.local_rank
             rs.pid = meta.get("pid", rs.pid)
+            rs.started = meta.get("ts") or time.time()
             if rs.state in ("exited", "failed"):
                 rs.state = "starting"
+            if not rs.reports and rs.state == "starting":
+                self.silent_waiting.add(rs.rank)
 
     def _data(self, ns: NodeState, meta: dict, text: str) -> None:
         fi = ns.files.get(meta.get("f"))
@@ -251,9 +308,9 @@ class RunState:
         if fi is None or fi.rank is None or fi.rank not in self.ranks:
             return
         rs = self.ranks[fi.rank]
+        # The trainer's own step or none: a count of lines would drift from the trainer's
+        # step (a dict line per logging_steps, evaluation lines) and mislabel the loss curve.
         step = meta.get("step")
-        if step is None and meta.get("loss") is not None:
-            step = (rs.step or 0) + 1  # Hugging Face lines carry no step: count them
         if step is not None:
             rs.step = step
         for key in ("loss", "lr", "step_time", "tok_s"):
@@ -264,24 +321,54 @@ class RunState:
         if step is not None and meta.get("loss") is not None:
             rs.points.append((step, meta["loss"]))
         rs.last_progress = meta.get("ts") or time.time()
+        rs.reports = True
+        self.silent_waiting.discard(rs.rank)
+        self._stepping(rs, "stepping again (step %s)" % step)
+        if self.silent_waiting:
+            self._wake_silent(rs.last_progress)
+
+    def _stepping(self, rs: RankState, again: str) -> None:
+        """``rs`` makes progress: it runs (saying so when it had stalled), and so does its node."""
+        self.ran = True
         if rs.state in ("starting", "stalled"):
             if rs.state == "stalled":
-                self.add_event(ns.name, "recovered", "rank %d stepping again (step %s)"
-                               % (rs.rank, step), rs.rank)
+                self.add_event(rs.node, "recovered", "rank %d %s" % (rs.rank, again), rs.rank)
+                self.verdict = None  # it was about the stall that just ended
             rs.state = "running"
-        if ns.state == "starting":
+        ns = self.nodes.get(rs.node)
+        if ns is not None and ns.state == "starting":
             ns.state = "running"
+
+    def _wake_silent(self, ts: float) -> None:
+        """The run stepped at ``ts``: every silent rank whose worker had started by then and
+        whose node still runs is running too (DDP ranks step together; a Hugging Face Trainer
+        prints on rank 0 only)."""
+        for rank in list(self.silent_waiting):
+            rs = self.ranks.get(rank)
+            ns = self.nodes.get(rs.node) if rs is not None else None
+            if rs is None or ns is None or ns.ended or rs.state in ("exited", "failed"):
+                self.silent_waiting.discard(rank)
+            elif rs.started is None or rs.started <= ts:
+                self.silent_waiting.discard(rank)
+                self._stepping(rs, "running again with the run (it prints no steps)")
 
     def _supervisor_event(self, ns: NodeState, meta: dict) -> None:
         what = meta.get("what")
         ts = meta.get("ts")
         if what == "launched":
             ns.state = "starting"
+            ns.worker_failure = None
             self.add_event(ns.name, "launched", "torchrun started (pid %s, launch %s)"
                            % (meta.get("pid"), meta.get("launch")), ts=ts)
         elif what == "restarting":
             ns.state = "restarting"
             self.add_event(ns.name, "restarting", "restart requested", ts=ts)
+        elif what == "worker_failed":
+            ns.worker_failure = meta
+            self.add_event(ns.name, "worker failed", "rank %s (local rank %s) %s; torchrun "
+                           "restarts its workers if it has restarts left" % (
+                               meta.get("rank"), meta.get("local_rank"),
+                               how_it_ended(meta.get("exit_code"))), meta.get("rank"), ts)
         elif what == "killed":
             report = meta.get("report") or {}
             self.add_event(ns.name, "killed", kill_summary(report), ts=ts)
@@ -301,8 +388,10 @@ class RunState:
                 bad = self.ranks.get(cause["rank"])
                 if bad:
                     bad.state = "failed"
-            text = {"exited": "exited 0", "stopped": "stopped"}.get(
-                state, "failed (exit %s): %s" % (ns.exit_code, ns.cause))
+            known = ns.exit_code is not None  # a node rankdeck ended has none (console/finish.py)
+            text = {"exited": "exited %s" % ns.exit_code if known else "exited",
+                    "stopped": "stopped"}.get(
+                state, "failed%s: %s" % (" (exit %s)" % ns.exit_code if known else "", ns.cause))
             self.add_event(ns.name, state, text, cause.get("rank") if cause else None, ts=ts)
 
     def apply_supervisor_state(self, node: str, st: dict | None) -> None:
@@ -312,6 +401,8 @@ class RunState:
         ns = self.nodes[node]
         ns.restarts = st.get("restarts", ns.restarts)
         ns.max_restarts = st.get("max_restarts", ns.max_restarts)
+        if "phase" in st:
+            ns.phase = rendezvous.phase_of(st["phase"], self.masker)
         sup = st.get("state")
         if sup == "lost" and ns.state != "lost":
             ns.state = "lost"
@@ -335,6 +426,7 @@ class RunState:
     def check_stalls(self, now: float | None = None) -> list[RankState]:
         """Mark ranks with no progress for longer than their threshold as stalled."""
         now = now or time.time()
+        self.check_waiting(now)  # the other way of not stepping: a rendezvous that waits
         newly = []
         for rs in self.ranks.values():
             if rs.state != "running" or rs.last_progress is None:
@@ -344,7 +436,37 @@ class RunState:
                 newly.append(rs)
                 self.add_event(rs.node, "stalled", "rank %d stalled: no step for %.0f s (last "
                                "step %s)" % (rs.rank, now - rs.last_progress, rs.step), rs.rank)
+        return newly + self._check_silent_stalls(now)
+
+    def _check_silent_stalls(self, now: float) -> list[RankState]:
+        """A silent rank waits with the run: when the run has made no step for longer than
+        the threshold of its newest stepping rank, every running silent rank stalls too."""
+        steppers = [r for r in self.ranks.values() if r.last_progress is not None]
+        if not steppers:
+            return []
+        newest = max(steppers, key=lambda r: r.last_progress)
+        idle = now - newest.last_progress
+        if idle <= newest.stall_threshold(self.stall_min_s):
+            return []
+        newly = [rs for rs in self.ranks.values() if not rs.reports and rs.state == "running"]
+        for rs in newly:
+            rs.state = "stalled"
+            self.silent_waiting.add(rs.rank)
+            self.add_event(rs.node, "stalled", "rank %d stalled: it prints no steps and the run "
+                           "has made none for %.0f s (last step %s)" % (rs.rank, idle,
+                                                                        newest.step), rs.rank)
         return newly
+
+    def check_waiting(self, now: float | None = None) -> dict | None:
+        """The rendezvous waited in for longer than the stall threshold (``--stall-after``: no
+        step for that long either way; console/rendezvous.py); a ``waiting`` event names what
+        it waits for, once per round and set of missing nodes."""
+        now = now or time.time()
+        wait = rendezvous.waiting(self.nodes, list(self.ranks.values()), now, self.stall_min_s)
+        if wait and (self.waiting is None or _wait_key(wait) != _wait_key(self.waiting)):
+            self.add_event(None, "waiting", wait["text"])
+        self.waiting = wait
+        return wait
 
     def run_state(self) -> str:
         states = [n.state for n in self.nodes.values()]
@@ -354,7 +476,9 @@ class RunState:
             if any(s == "failed" for s in states):
                 return "failed"
             return "stopped"
-        if any(r.state in ("running", "stalled") for r in self.ranks.values()):
+        # once a rank stepped, ranks that exit first (their node done) or a restart do not
+        # make the run `starting` again
+        if self.ran or any(r.state in ("running", "stalled") for r in self.ranks.values()):
             return "running"
         return "starting"
 
@@ -373,12 +497,22 @@ class RunState:
                     "rank": rs.rank, "local_rank": rs.local_rank, "state": rs.state,
                     "step": rs.step, "loss": rs.loss, "lr": rs.lr, "step_time": rs.step_time,
                     "tok_s": rs.tok_s, "idle_s": None if idle is None else round(idle, 1),
+                    "silent": not rs.reports,
                 })
             nodes.append({
                 "name": ns.name, "addr": ns.addr, "state": ns.state, "cause": ns.cause,
                 "restarts_used": ns.restarts_used, "restarts_left": ns.restarts_left,
                 "exit_code": ns.exit_code, "ranks": ranks,
+                "host": node_telemetry(ns.gpu, ns.host, self.ranks_of(ns.name))
+                if ns.gpu or ns.host else None,
+                "phase": dict(ns.phase, text=rendezvous.phase_text(ns.phase))
+                if ns.phase else None,
             })
         return {"run_id": self.run_id, "state": self.run_state(), "nodes": nodes,
                 "started": self.started, "events": len(self.events),
-                "world_size": self.world_size}
+                "world_size": self.world_size, "checkpoints": self.checkpoints.status(),
+                "waiting_for": self.waiting, "verdict": self.verdict}
+
+
+def _wait_key(wait: dict) -> tuple:
+    return wait["round"], tuple(m["node"] for m in wait["missing"])

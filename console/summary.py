@@ -11,6 +11,7 @@ import statistics
 import time
 from typing import NamedTuple
 
+from . import rendezvous
 from .errors import AgentError
 from .state import NodeState, RunState
 from .text import columns, kill_summary
@@ -49,6 +50,12 @@ def node_detail(state: RunState, ns: NodeState, ranks: list | None = None) -> st
     if ns.cause:
         return ns.cause
     phase = node_phase(state, ns, ranks)
+    if ns.phase and phase not in ("connecting", "connected", "preflight", "syncing"):
+        text = "torchrun: " + rendezvous.phase_text(ns.phase)  # what torchrun says it does
+        wait = state.waiting
+        if wait and any(m["node"] == ns.name for m in wait["missing"]):
+            text = "NOT JOINED the rendezvous; " + text
+        return text
     return {"connecting": "connecting to agent", "connected": "agent ready",
             "preflight": "checking python, torch, GPUs, disk, rendezvous reachability",
             "starting": "starting torchrun", "rendezvous": "waiting for first step",
@@ -129,14 +136,48 @@ def status_table(status: dict) -> str:
             rows.append(base + ("-", "-", "-", "-"))
         for r in node["ranks"]:
             loss = "" if r["loss"] is None else "%.4f" % r["loss"]
-            rows.append(base + (str(r["rank"]), r["state"], str(r["step"] or ""), loss))
+            rows.append(base + (str(r["rank"]), rank_state_text(r), str(r["step"] or ""),
+                                loss))
             base = ("", "", "", "")
     head = "run %s: %s (%.0f s)" % (status["run_id"], status["state"],
                                     time.time() - status.get("started", time.time()))
     causes = ["  %s: %s" % (n["name"], n["cause"]) for n in status["nodes"] if n.get("cause")]
     code = [sync_text(status["sync"])] if status.get("sync") else []
-    return "\n".join([head] + code + columns(rows, rule=True) +
-                     (["causes:"] + causes if causes else []))
+    ckpts = [checkpoints_text(status["checkpoints"])] if status.get("checkpoints") else []
+    return "\n".join([head] + code + ckpts + waiting_lines(status) + columns(rows, rule=True) +
+                     (["causes:"] + causes if causes else []) + phase_lines(status))
+
+
+def waiting_lines(status: dict) -> list[str]:
+    """``waiting: rendezvous round 3: 2/4 nodes joined in 75 s; not joined: node1 (...)``."""
+    wait = status.get("waiting_for")
+    return ["waiting: %s" % wait["text"]] if wait else []
+
+
+def phase_lines(status: dict) -> list[str]:
+    """Each node's torchrun phase (console/rendezvous.py), when the nodes reported one."""
+    lines = ["  %s: %s" % (n["name"], n["phase"]["text"]) for n in status["nodes"]
+             if n.get("phase")]
+    return ["torchrun:"] + lines if lines else []
+
+
+def rank_state_text(rank: dict) -> str:
+    """A rank's state for the table; ``running (silent)`` for one that prints no steps."""
+    if rank.get("silent") and rank["state"] in ("running", "stalled"):
+        return "%s (silent)" % rank["state"]
+    return rank["state"]
+
+
+def checkpoints_text(ckpts: list[dict]) -> str:
+    """``checkpoints: 4 saved, 2 deleted by the trainer; newest step 200 at /ckpt/...``."""
+    there = [c for c in ckpts if c.get("exists")]
+    text = "checkpoints: %d saved" % len(ckpts)
+    if len(there) < len(ckpts):
+        text += ", %d deleted by the trainer" % (len(ckpts) - len(there))
+    if there:
+        text += "; newest step %s at %s (%s)" % (there[-1]["step"], there[-1]["path"],
+                                                 there[-1]["node"])
+    return text
 
 
 def sync_text(sync: dict) -> str:

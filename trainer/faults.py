@@ -1,4 +1,5 @@
-"""Injected faults for exercising the console: a rank that hangs or crashes at a given step.
+"""Injected faults for exercising the console: a rank that hangs, crashes or enters a
+mismatched collective at a given step, or one that aborts after its last step.
 
 A fault fires at most once per run: when it fires, the firing rank drops a marker file
 ``<ckpt-dir>/.fault-fired-<kind>-<step>-<rank>``. After a restart every rank reports whether it
@@ -9,6 +10,7 @@ resumes from a checkpoint at or past the step never reaches it either.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Fault:
-    """One injected fault: ``kind`` ("hang" or "crash") on global ``rank`` at ``step``."""
+    """One injected fault: ``kind`` ("hang", "crash" or "mismatch") on global ``rank`` at ``step``."""
 
     kind: str
     step: int
@@ -27,12 +29,15 @@ class Fault:
         return ckpt_dir / f".fault-fired-{self.kind}-{self.step}-{self.rank}"
 
 
-def configured(hang_at: int | None, hang_rank: int, crash_at: int | None, crash_rank: int) -> list[Fault]:
+def configured(hang_at: int | None, hang_rank: int, crash_at: int | None, crash_rank: int,
+               mismatch_at: int | None = None, mismatch_rank: int = 0) -> list[Fault]:
     faults = []
     if hang_at is not None:
         faults.append(Fault("hang", hang_at, hang_rank))
     if crash_at is not None:
         faults.append(Fault("crash", crash_at, crash_rank))
+    if mismatch_at is not None:
+        faults.append(Fault("mismatch", mismatch_at, mismatch_rank))
     return faults
 
 
@@ -47,7 +52,7 @@ def armed(faults: list[Fault], fired_anywhere: set[Fault], resumed_step: int) ->
 
 
 def fire_if_due(faults: list[Fault], step: int, rank: int, ckpt_dir: Path) -> None:
-    """Hang forever or raise, if one of ``faults`` is due on this rank at this step."""
+    """Hang forever, mismatch or raise, if one of ``faults`` is due on this rank at this step."""
     for fault in faults:
         if fault.step != step or fault.rank != rank:
             continue
@@ -56,7 +61,19 @@ def fire_if_due(faults: list[Fault], step: int, rank: int, ckpt_dir: Path) -> No
         print(f"fault injected kind={fault.kind} step={step} rank={rank}", file=sys.stderr, flush=True)
         if fault.kind == "hang":
             injected_hang()
+        if fault.kind == "mismatch":
+            injected_mismatch(rank)
         raise RuntimeError(f"injected crash at step {step} on rank {rank}")
+
+
+def injected_mismatch(rank: int) -> None:
+    """Enter a broadcast from this rank while the others enter the step's gradient all-reduce:
+    the same collective sequence number with a different op and size, so every rank waits
+    (gloo) until the process group's timeout raises."""
+    import torch
+    import torch.distributed as dist
+
+    dist.broadcast(torch.zeros(7), src=rank)
 
 
 def injected_hang() -> None:
@@ -68,3 +85,12 @@ def injected_hang() -> None:
     """
     while True:
         time.sleep(3600)
+
+
+def abort_at_exit(rank: int, step: int) -> None:
+    """Die by SIGABRT after the last step, before the process group is destroyed: what an
+    interpreter teardown did to one rank of a script without ``destroy_process_group`` (gloo
+    threads still holding tensors, "terminate called without an active exception")."""
+    print(f"fault injected kind=abort-at-exit step={step} rank={rank}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.abort()

@@ -79,6 +79,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-rank", type=int, default=0, help="global rank that hangs")
     p.add_argument("--crash-at-step", type=int, help="inject: --crash-rank raises before this step")
     p.add_argument("--crash-rank", type=int, default=0, help="global rank that crashes")
+    p.add_argument("--mismatch-at-step", type=int,
+                   help="inject: --mismatch-rank enters a broadcast before this step while the "
+                        "others all-reduce its gradients (a collective mismatch: all wait)")
+    p.add_argument("--mismatch-rank", type=int, default=0, help="global rank that mismatches")
+    p.add_argument("--slow-rank", type=int, help="inject: this global rank is a straggler")
+    p.add_argument("--slow-s", type=float, default=0.05,
+                   help="seconds --slow-rank spends outside collectives in every step")
+    p.add_argument("--abort-at-exit", type=int, metavar="RANK",
+                   help="inject: global rank RANK finishes its last step, then aborts (SIGABRT) "
+                        "as an interpreter teardown can, without destroy_process_group")
     args = p.parse_args(argv)
     for name in ("steps", "grad_accum", "batch_size", "seq_len", "log_every"):
         if getattr(args, name) < 1:
@@ -240,6 +250,8 @@ class Trainer:
         losses, seconds = [], 0.0
         while self.step < args.steps:
             faults.fire_if_due(armed, self.step + 1, ranks.rank, args.ckpt_dir)
+            if args.slow_rank == ranks.rank:
+                time.sleep(args.slow_s)  # a straggler: late into every all-reduce, never hung
             lr = self.optimizer.param_groups[0]["lr"]
             started = time.perf_counter()
             loss = self.train_step(batches)
@@ -279,12 +291,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if hazard and ranks.local_rank == 0:
         print(f"warning: {hazard}", file=sys.stderr, flush=True)
     trainer = Trainer(args, ranks)
-    wanted = faults.configured(args.hang_at_step, args.hang_rank, args.crash_at_step, args.crash_rank)
+    wanted = faults.configured(args.hang_at_step, args.hang_rank, args.crash_at_step, args.crash_rank,
+                               args.mismatch_at_step, args.mismatch_rank)
     for fault in wanted:
         if fault.rank >= ranks.world_size and ranks.rank == 0:
             print(f"warning: --{fault.kind}-rank {fault.rank} is outside world size {ranks.world_size}; "
                   "it will never fire", file=sys.stderr, flush=True)
     code = trainer.run(trainer.resume(wanted), stop)
+    if code == 0 and args.abort_at_exit == ranks.rank:
+        faults.abort_at_exit(ranks.rank, trainer.step)
     # Only on the way out of a run every rank finished: after an error a peer may be stuck in
     # a collective, and tearing down the group could block on it.
     if code != EXIT_SIGTERM and ranks.distributed:

@@ -1,16 +1,23 @@
-"""Zero-install agent start on a host: copy the agent once per version, then run ``serve``.
+"""Zero-install agent start on a host: copy the agent once per version, check it, run ``serve``.
 
 The agent's ``.py`` files live on each host in a content-addressed folder,
 ``<cache>/agent-<version>/agent/``, with a ``.complete`` marker written last. One remote command
-does everything (:func:`remote_command`):
+runs a small bootstrap with the host's python (:func:`AgentBundle.remote_command`), which:
 
-- the folder is complete (the usual case): ``cd`` there and ``exec <python> -m agent serve``
-  (the agent's own ``__main__`` refuses Pythons older than 3.8 with exit status 4);
-- it is not: a small bootstrap run with the host's python checks the version, prints
-  :data:`SEND_MARKER` and reads the payload (:meth:`AgentBundle.framed`) from stdin, unpacks it
-  into a temporary folder, writes the marker and renames the folder into place (a concurrent
-  copy of the same version, or a half-copied folder from an interrupted one, is handled), then
-  the same ``exec`` follows.
+- checks the version (older than 3.8: exit status 4, with the version on stderr);
+- checks the cache folder itself: it must be a real folder (not a symbolic link), owned by the
+  login user and writable by nobody else, and every real folder above it owned by root or the
+  user and not writable by others unless sticky (as ``/tmp``). Otherwise it refuses with exit
+  status 5 and says why and how to fix it: a folder someone else can write is not one to run
+  code from (docs/SECURITY.md);
+- checks the version folder: only ``.complete`` and ``agent/`` with ``.py`` files (and
+  Python's own ``__pycache__``), every entry the user's, no link, nothing writable by others,
+  and the sha256 of the ``.py`` files equal to the version in its name. A folder that fails
+  (half-copied, tampered, planted) is moved aside and copied afresh: the bootstrap prints
+  :data:`SEND_MARKER`, reads the payload (:meth:`AgentBundle.framed`) from stdin, unpacks it
+  into a private temporary folder and renames that into place;
+- execs ``<python> -m agent serve`` in the checked folder (with the login's umask, which
+  serve keeps for the job; serve itself writes with 077).
 
 So a warm host costs one round trip and no payload; a cold one costs one more, to send the
 files. Nothing is installed, nothing secret is on a command line.
@@ -28,19 +35,95 @@ from agent import version as agent_version_mod
 SEND_MARKER = b"rankdeck-send-agent "
 
 # Runs with the host's python before anything else; it must parse on Python 2.7 and 3.x so
-# that an old interpreter reports its version instead of a SyntaxError. argv: cache version.
-BOOTSTRAP = r'''
+# that an old interpreter reports its version instead of a SyntaxError. argv: cache version
+# python. Its hash is agent/version.py's agent_version: were they to differ, every warm
+# start would copy again (tests/e2e/test_ssh_transport.py, copy_once, would fail).
+BOOTSTRAP = r"""
 import os, sys
 v = sys.version_info
 if tuple(v[:2]) < (3, 8):
     sys.stderr.write("rankdeck agent needs Python >= 3.8, this is %d.%d (%s)\n"
                      % (v[0], v[1], sys.executable))
     sys.exit(4)
-import zlib  # only cheap imports: this runs on every host of a cold launch
+import hashlib, shutil, stat, zlib  # only cheap imports: this runs on every connection
+login_umask = os.umask(0o077)  # the copy is private
 root = os.path.expanduser(sys.argv[1])
 version = sys.argv[2]
+python = sys.argv[3]
 home = os.path.join(root, "agent-" + version)
-marker = os.path.join(home, ".complete")
+me = os.geteuid()
+
+def refuse(why, fix):
+    sys.stderr.write("rankdeck: refusing the agent cache %s: %s; %s, or give the console "
+                     "another cache folder\n" % (root, why, fix))
+    sys.exit(5)
+
+def check_root():
+    if not os.path.lexists(root):
+        os.makedirs(root, 0o700)
+    st = os.lstat(root)
+    if stat.S_ISLNK(st.st_mode):
+        refuse("it is a symbolic link", "make it a real folder of your own")
+    if not stat.S_ISDIR(st.st_mode):
+        refuse("it is not a folder", "remove it")
+    if st.st_uid != me:
+        refuse("it is owned by uid %d, not by you (uid %d)" % (st.st_uid, me),
+               "remove it and let rankdeck make it again")
+    if st.st_mode & 0o022:
+        refuse("other users can write to it (mode %o)" % (st.st_mode & 0o7777),
+               "run chmod go-w %s" % root)
+    up = os.path.dirname(os.path.realpath(root))
+    while True:
+        st = os.stat(up)
+        if st.st_uid not in (0, me):
+            refuse("%s above it is owned by uid %d" % (up, st.st_uid), "move the cache")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            refuse("other users can write to %s above it" % up, "move the cache")
+        if up == os.path.dirname(up):
+            return
+        up = os.path.dirname(up)
+
+def allowed(rel, st):
+    parts = rel.split(os.sep)
+    if stat.S_ISDIR(st.st_mode):
+        return parts in (["agent"], ["agent", "__pycache__"])
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    if len(parts) == 1:
+        return rel == ".complete"
+    if len(parts) == 2:
+        return parts[0] == "agent" and rel.endswith(".py") and not parts[1].startswith(".")
+    return parts[:2] == ["agent", "__pycache__"] and len(parts) == 3
+
+def problem(folder):
+    # why ``folder`` is not a copy of this version to run, or None
+    try:
+        if not os.path.lexists(folder):
+            return "missing"
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return "not a folder"
+        if not os.path.isfile(os.path.join(folder, ".complete")):
+            return "incomplete"
+        entries = [("", os.lstat(folder))]
+        for top, dirs, files in os.walk(folder):
+            for name in dirs + files:
+                path = os.path.join(top, name)
+                entries.append((os.path.relpath(path, folder), os.lstat(path)))
+        for rel, st in entries:
+            if st.st_uid != me or st.st_mode & 0o022 or not (rel == "" or allowed(rel, st)):
+                return "unexpected owner, mode or entry at %s" % (rel or ".")
+        h = hashlib.sha256()
+        src = os.path.join(folder, "agent")
+        for name in sorted(n for n in os.listdir(src) if n.endswith(".py")):
+            h.update(name.encode() + b"\0")
+            with open(os.path.join(src, name), "rb") as f:
+                h.update(f.read())
+            h.update(b"\0")
+        if h.hexdigest()[:16] != version:
+            return "content does not match its version"
+    except OSError as exc:
+        return str(exc)
+    return None
 
 def read_exact(n):
     parts = []
@@ -61,46 +144,63 @@ def read_line():
         out += b
     return out
 
-def remove(path):
-    import shutil
-    shutil.rmtree(path, True)
+def set_aside(attempt):
+    junk = "%s.stale-%d-%d" % (home, os.getpid(), attempt)
+    try:
+        os.rename(home, junk)
+    except OSError:
+        return  # gone already (another connection moved it), or never there
+    shutil.rmtree(junk, True)
 
-if not os.path.isfile(marker):
+def unpack():
     sys.stdout.write("rankdeck-send-agent %s\n" % version)
     sys.stdout.flush()
     raw = zlib.decompress(read_exact(int(read_line())))
     head, body = raw.split(b"\n", 1)
-    if not os.path.isdir(root):
-        os.makedirs(root, 0o700)
     tmp = os.path.join(root, ".agent-%s.%d.%s" % (version, os.getpid(), os.urandom(4).hex()))
     os.mkdir(tmp, 0o700)
-    os.mkdir(os.path.join(tmp, "agent"))
+    os.mkdir(os.path.join(tmp, "agent"), 0o700)
     pos = 0
     for entry in head.decode("ascii").split(";"):
         name, size = entry.rsplit(" ", 1)
-        if "/" in name or name.startswith("."):
+        if "/" in name or name.startswith(".") or not name.endswith(".py"):
             sys.exit("rankdeck: bad file name in agent payload: %r" % name)
         with open(os.path.join(tmp, "agent", name), "wb") as f:
             f.write(body[pos:pos + int(size)])
         pos += int(size)
     open(os.path.join(tmp, ".complete"), "w").close()
+    return tmp
+
+def install():
+    tmp = unpack()
     for attempt in range(5):
         try:
             os.rename(tmp, home)
-            break
+            return
         except OSError:
-            if os.path.isfile(marker):
-                remove(tmp)  # another connection finished the same copy first
-                break
-            junk = "%s.stale-%d-%d" % (home, os.getpid(), attempt)
-            try:
-                os.rename(home, junk)  # a half-copied folder: move it aside, then retry
-            except OSError:
-                pass
-            remove(junk)
-    else:
-        sys.exit("rankdeck: could not install the agent into %s" % home)
-'''
+            if problem(home) is None:
+                shutil.rmtree(tmp, True)  # another connection finished the same copy first
+                return
+            set_aside(attempt)
+    sys.exit("rankdeck: could not install the agent into %s" % home)
+
+check_root()
+why = problem(home)
+if why is not None:
+    if why not in ("missing", "incomplete"):
+        sys.stderr.write("rankdeck: copying the agent afresh: %s was %s\n" % (home, why))
+    set_aside(9)
+    install()
+    why = problem(home)
+    if why is not None:
+        sys.stderr.write("rankdeck: the agent copy in %s is %s\n" % (home, why))
+        sys.exit(5)
+os.chdir(home)
+os.umask(login_umask)
+path = os.environ.get("PYTHONPATH")
+os.environ["PYTHONPATH"] = home + (os.pathsep + path if path else "")
+os.execvp(python, [python, "-m", "agent", "serve"])
+"""
 
 # One line, no quotes of its own: survives any login shell (csh does not allow newlines in
 # quotes) and still parses on Python 2.7. binascii, not base64: base64 imports re (slow).
@@ -108,13 +208,9 @@ BOOTSTRAP_ARG = "import binascii;exec(binascii.a2b_base64('%s'))" % base64.b64en
     BOOTSTRAP.encode()).decode()
 
 # The whole remote side, run by ``sh`` whatever the login shell is. $1 cache, $2 version,
-# $3 python, $4 bootstrap.
-LAUNCH_SCRIPT = (
-    'd="$1/agent-$2"; '
-    'if [ ! -f "$d/.complete" ]; then "$3" -E -S -c "$4" "$1" "$2" || exit $?; fi; '
-    'cd "$d" && PYTHONPATH="$d${PYTHONPATH:+:$PYTHONPATH}" && export PYTHONPATH && '
-    'exec "$3" -m agent serve'
-)
+# $3 python, $4 bootstrap. The bootstrap runs on every connection: it checks the cached copy
+# before it runs it (nothing in the cache is trusted because it is there).
+LAUNCH_SCRIPT = 'exec "$3" -E -S -c "$4" "$1" "$2" "$3"'
 
 
 def shell_word(value: str) -> str:

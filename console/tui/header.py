@@ -14,6 +14,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ..state import RunState
+from ..rendezvous import wait_short
 from ..summary import eta_s, launch_progress, run_step, steps_per_s, total_steps
 from ..text import hms
 from .styles import state_style
@@ -47,6 +48,8 @@ class RunHeader(Static):
                                                                 "failed", "stopped") \
             else run_state
         text.append("● %s" % shown, state_style(shown) or "cyan")
+        if state.waiting:  # a restart that has not brought every node back: say what it waits for
+            text.append("  %s" % wait_short(state.waiting, self.clock()), "bold yellow")
         if shown == "launching":
             text.append(" (%s)" % launch_progress(state), "cyan")
             if self.sync_line:  # before the rest: the line is cut at the right edge

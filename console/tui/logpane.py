@@ -15,7 +15,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..sanitize import cleaned
-from ..scrollback import Fetch, Scrollback, kept_lines
+from ..scrollback import Fetch, Scrollback, kept_lines, streams_of
 from ..state import LINES_PER_RANK, RunState
 from .feed import ALL, NODE, RANK
 from .logview import LogView
@@ -71,6 +71,7 @@ class LogPane(Vertical):
         self._refilled_to: dict = {}
         self._filling = False  # the kept backlog is not in the view yet
         self._fetching = False
+        self._shown: list = []  # the Kept buffers this pane protects from the line budget
 
     def compose(self) -> ComposeResult:
         yield Static(classes="logpane--title")
@@ -189,8 +190,21 @@ class LogPane(Vertical):
         if self.state is not None and self.is_attached:
             self.update_title(self.state)
 
+    def mark_shown(self, state: RunState) -> None:
+        """Tell the run's line budget which streams are on screen: they keep their lines
+        when it is tight. Every rank merged protects nothing (that would be everything)."""
+        kept = [] if self.source[0] == ALL else [k for _r, k in streams_of(state, self.source)]
+        if len(kept) == len(self._shown) and all(a is b for a, b in zip(kept, self._shown)):
+            return
+        for old in self._shown:
+            old.shown_by.discard(self)
+        for new in kept:
+            new.shown_by.add(self)
+        self._shown = kept
+
     def update_title(self, state: RunState) -> None:
         """Number, following/paused, source, its state and step, filter matches."""
+        self.mark_shown(state)
         kind, value = self.source
         view = self.view
         title = Text(no_wrap=True, overflow="ellipsis")

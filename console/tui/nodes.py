@@ -16,6 +16,7 @@ from .feed import NODE, RANK
 from .messages import SourceChosen
 from .rowsview import RowsView
 from ..summary import node_detail, node_phase, node_step, ranks_by_node
+from ..telemetry import far_nodes, node_telemetry, row_cells
 from ..text import fmt_float
 from .styles import state_style
 
@@ -34,6 +35,8 @@ class NodesTable(RowsView):
         self.state = state
         self._by_node: dict[str, list] = {}
         self._name_w = 9
+        self._cells: dict[str, list] = {}  # node -> its telemetry cells (row_cells)
+        self._far: dict[str, set] = {}  # node -> columns in which it is far from the others
 
     def on_mount(self) -> None:
         self.refresh_rows()
@@ -53,6 +56,10 @@ class NodesTable(RowsView):
         """Re-read RunState: the shape now, the rows on screen when painted."""
         state = self.state
         self._by_node = by_node = ranks_by_node(state)
+        rows = {ns.name: node_telemetry(ns.gpu, ns.host, by_node.get(ns.name, []))
+                for ns in state.nodes.values() if ns.gpu or ns.host}
+        self._cells = {name: row_cells(row) for name, row in rows.items()}
+        self._far = far_nodes(rows)
         keys, heights = [], []
         for ns in state.nodes.values():
             keys.append("n:" + ns.name)
@@ -85,7 +92,7 @@ class NodesTable(RowsView):
             cause = clean(ns.cause)[:CAUSE_MAX] if ns.cause else ""
             return (ns.name, node_phase(state, ns, ranks), "" if step is None else str(step),
                     "%d/%d" % (ns.restarts_used, ns.restarts_left),
-                    cause or node_detail(state, ns, ranks))
+                    cause or node_detail(state, ns, ranks) or self._telemetry_text(ns.name))
         rs = state.ranks.get(int(key[2:])) if key.startswith("r:") else None
         if rs is None:
             return None
@@ -102,6 +109,8 @@ class NodesTable(RowsView):
         ns = self.state.nodes[key[2:]]
         line = self._line(values if not ns.cause else values[:4] + ("",), "bold",
                           state_style(phase))
+        if not ns.cause and detail and detail == self._telemetry_text(ns.name):
+            return (line[:-1] + self._telemetry_pieces(ns.name),)
         if not ns.cause:
             return (line,)
         return (line, (("  ↳ " + detail, "red" if ns.state in BAD else "yellow"),))
@@ -112,8 +121,21 @@ class NodesTable(RowsView):
                 (phase[:STATE_W].ljust(STATE_W), phase_style), (step.rjust(STEP_W), ""),
                 ("  ", ""), (restarts.ljust(RST_W), ""), (detail, "dim"))
 
+    def _telemetry_text(self, node: str) -> str:
+        return clean("  ".join(text for text, _cols in self._cells.get(node, ())))
+
+    def _telemetry_pieces(self, node: str) -> tuple:
+        """The node's telemetry cells; a value far from the other nodes' in bold red."""
+        far = self._far.get(node, set())
+        return tuple((("  " if i else "") + clean(text),
+                      "bold red" if "alert" in cols or far.intersection(cols) else "dim")
+                     for i, (text, cols) in enumerate(self._cells.get(node, ())))
+
     @staticmethod
     def _rank_detail(rs) -> str:
+        if not rs.reports and rs.state in ("running", "stalled"):
+            # it prints no steps (a Hugging Face Trainer logs on rank 0): its state is the run's
+            return "silent: %s with the run" % ("waits" if rs.state == "stalled" else "steps")
         if rs.state == "stalled":
             return "no step after %s" % rs.step
         parts = []

@@ -128,12 +128,116 @@ def test_nvml_path_failing_field_is_none_and_others_present(monkeypatch):
     assert gpu0 == {
         "index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0", "util": 87,
         "mem_used": 10 * GIB, "mem_total": 80 * GIB, "temp": None, "power": 312.5,
-        "power_limit": 700.0, "pids": [99, 1234], "pid_mem": [[1234, 2 * GIB]],
+        "power_limit": 700.0, "sm_clock": None, "throttle": None, "ecc_corrected": None,
+        "ecc_uncorrected": None, "xid": None, "pids": [99, 1234], "pid_mem": [[1234, 2 * GIB]],
     }
     assert gpu1["name"] == "NVIDIA H100 80GB HBM3"
     assert gpu1["power"] is None and gpu1["power_limit"] == 700.0
     assert gpu1["util"] == 87 and gpu1["pids"] == []
     assert gpu_pids_memory(snap) == {1234: 2 * GIB}
+
+
+def full_pynvml():
+    """A newer driver's pynvml: every field answers, and Xid events queue per GPU.
+
+    Modelled on nvidia-ml-py 12.x: ``nvmlDeviceGetCurrentClocksEventReasons``, an event set
+    whose ``nvmlEventSetWait_v2(set, 0)`` raises ``NVMLError_Timeout`` when nothing waits.
+    """
+    nv = fake_pynvml()
+
+    class NVMLError_Timeout(nv.NVMLError):
+        pass
+
+    nv.NVMLError_Timeout = NVMLError_Timeout
+    nv.NVML_CLOCK_SM = 1
+    nv.nvmlEventTypeXidCriticalError = 8
+    nv.pending = []  # (handle, xid) events not read yet
+    nv.registered = []
+    nv.nvmlDeviceGetTemperature = lambda h, sensor: 61 + h
+    nv.nvmlDeviceGetPowerUsage = lambda h: 400000
+    nv.nvmlDeviceGetClockInfo = lambda h, clock: 1980 if clock == 1 else 0
+    # GPU 1 slowed by its power cap and thermally; GPU 0 idle
+    nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x1 if h == 0 else 0x4 | 0x20
+    nv.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: (3, 0)[kind] if h == 0 else (7, 2)[kind]
+    nv.nvmlDeviceGetIndex = lambda h: h
+    nv.nvmlEventSetCreate = lambda: "set"
+    nv.nvmlEventSetFree = lambda es: None
+
+    def register(handle, kinds, event_set):
+        nv.registered.append((handle, kinds, event_set))
+
+    def wait(event_set, timeout_ms):
+        assert timeout_ms == 0  # the poll loop must never block on NVML
+        if not nv.pending:
+            raise NVMLError_Timeout("Timeout")
+        handle, xid = nv.pending.pop(0)
+        return types.SimpleNamespace(device=handle, eventType=8, eventData=xid)
+
+    nv.nvmlDeviceRegisterEvents = register
+    nv.nvmlEventSetWait_v2 = wait
+    return nv
+
+
+def test_nvml_every_field(monkeypatch):
+    nv = full_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    probe = GpuProbe()
+    gpu0, gpu1 = probe.snapshot()["gpus"]
+    assert nv.registered == [(0, 8, "set"), (1, 8, "set")]
+    assert (gpu0["temp"], gpu0["power"], gpu0["sm_clock"]) == (61, 400.0, 1980)
+    assert gpu0["throttle"] == ["gpu_idle"]
+    assert gpu1["throttle"] == ["sw_power_cap", "sw_thermal"]
+    assert (gpu0["ecc_corrected"], gpu0["ecc_uncorrected"]) == (3, 0)
+    assert (gpu1["ecc_corrected"], gpu1["ecc_uncorrected"]) == (7, 2)
+    assert gpu0["xid"] == [] and gpu1["xid"] == []
+
+    nv.pending += [(1, 79), (1, 48), (0, 13)]
+    gpu0, gpu1 = probe.snapshot()["gpus"]
+    assert [x for _ts, x in gpu1["xid"]] == [79, 48] and [x for _ts, x in gpu0["xid"]] == [13]
+    assert all(time.time() - ts < 60 for ts, _x in gpu1["xid"])
+    gpu0, gpu1 = probe.snapshot()["gpus"]  # each event is reported once
+    assert gpu0["xid"] == [] and gpu1["xid"] == []
+
+
+def test_nvml_fields_missing_are_none(monkeypatch):
+    nv = full_pynvml()
+
+    def not_supported(*args):
+        raise nv.NVMLError_NotSupported("Not Supported")
+
+    # an older binding: no clocks-event name, the old throttle name unsupported; no ECC
+    # on a consumer board; events refused for GPU 0 only
+    del nv.nvmlDeviceGetCurrentClocksEventReasons
+    nv.nvmlDeviceGetCurrentClocksThrottleReasons = not_supported
+    nv.nvmlDeviceGetTotalEccErrors = not_supported
+    nv.nvmlDeviceGetClockInfo = not_supported
+    nv.nvmlDeviceRegisterEvents = lambda h, kinds, es: not_supported() if h == 0 else None
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    nv.pending.append((1, 31))
+    gpu0, gpu1 = GpuProbe().snapshot()["gpus"]
+    for gpu in (gpu0, gpu1):
+        assert gpu["throttle"] is None and gpu["sm_clock"] is None
+        assert gpu["ecc_corrected"] is None and gpu["ecc_uncorrected"] is None
+        assert gpu["temp"] is not None  # the rest still there
+    assert gpu0["xid"] is None and [x for _ts, x in gpu1["xid"]] == [31]
+
+
+def test_nvml_without_event_api_has_no_xid(monkeypatch):
+    nv = full_pynvml()
+    del nv.nvmlEventSetCreate
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    gpu0, gpu1 = GpuProbe().snapshot()["gpus"]
+    assert gpu0["xid"] is None and gpu1["xid"] is None
+    assert gpu1["throttle"] == ["sw_power_cap", "sw_thermal"]
+
+
+def test_nvml_throttle_from_old_name(monkeypatch):
+    nv = full_pynvml()
+    del nv.nvmlDeviceGetCurrentClocksEventReasons
+    nv.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: 0x40 | 0x8
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    gpu0, _gpu1 = GpuProbe().snapshot()["gpus"]
+    assert gpu0["throttle"] == ["hw_slowdown", "hw_thermal"]
 
 
 def test_nvml_initialised_once(monkeypatch):
@@ -222,7 +326,8 @@ def test_nvidia_smi_path_parses_csv_and_na(monkeypatch, tmp_path):
     assert gpu0 == {
         "index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaa", "util": 87,
         "mem_used": 40960 * MIB, "mem_total": 81559 * MIB, "temp": 54, "power": 312.5,
-        "power_limit": 700.0, "pids": [1234], "pid_mem": [[1234, 40000 * MIB]],
+        "power_limit": 700.0, "sm_clock": None, "throttle": None, "ecc_corrected": None,
+        "ecc_uncorrected": None, "xid": None, "pids": [1234], "pid_mem": [[1234, 40000 * MIB]],
     }
     assert gpu1["util"] is None and gpu1["temp"] is None and gpu1["power"] is None
     assert gpu1["mem_used"] == 0 and gpu1["power_limit"] == 700.0

@@ -1,0 +1,126 @@
+"""The flight-recorder hook: how the agent reads a live rank's flight recorder.
+
+The supervisor copies this file as ``sitecustomize.py`` into ``<node>/frhook/`` and puts that
+folder first on the workers' PYTHONPATH (``install``), with ``TORCH_FR_BUFFER_SIZE`` set so
+torch records every collective (gloo too, in torch 2.13). Python imports ``sitecustomize`` at
+start-up; in a rank (RANK and LOCAL_RANK in its environment) it starts one daemon thread that
+blocks opening a FIFO, ``<fr dir>/<pid>.req``. The agent opens the FIFO and writes a byte
+(agent/fr_dump.py); the thread asks torch for the trace (``_dump_fr_trace_json``) and writes
+``<pid>.json`` in one rename.
+
+Why a thread on a FIFO rather than a signal: a rank waiting in a collective sits in C++
+(gloo's ``wait``), where a Python signal handler never runs until the wait ends; a thread
+blocked in ``open`` costs nothing while nobody asks, and runs as soon as someone does
+(``wait`` releases the GIL). The FIFO lives in the node's run folder (mode 0700, the run's
+user), so only that user can ask.
+
+Set ``RANKDECK_FLIGHT_RECORDER=0`` in the run's env (inventory ``env:``) to leave workers
+untouched: no sitecustomize, no buffer, no thread. Standard library only; torch is read from
+``sys.modules`` at dump time, never imported here.
+"""
+
+import json
+import os
+import shutil
+import sys
+import threading
+
+SWITCH = "RANKDECK_FLIGHT_RECORDER"
+DIR_VAR = "RANKDECK_FR_DIR"
+BUFFER_VAR = "TORCH_FR_BUFFER_SIZE"
+# Entries torch keeps per process (a ring). A 4-layer model's step is a few all-reduces;
+# 2000 covers hundreds of steps, and an entry is a few hundred bytes.
+BUFFER_ENTRIES = "2000"
+
+
+def enabled(env):
+    return env.get(SWITCH, "1") != "0"
+
+
+def install(node_dir, env):
+    """Put the hook on the workers' path in ``env`` (torchrun's environment); returns the
+    folder the workers answer in, or None when the run switched the recorder off."""
+    if not enabled(env):
+        return None
+    hook_dir = os.path.join(node_dir, "frhook")
+    fr_dir = os.path.join(node_dir, "fr")
+    for folder in (hook_dir, fr_dir):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    shutil.copyfile(os.path.abspath(__file__),
+                    os.path.join(hook_dir, "sitecustomize.py"))
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = hook_dir + (os.pathsep + old if old else "")
+    env.setdefault(BUFFER_VAR, BUFFER_ENTRIES)
+    env[DIR_VAR] = fr_dir
+    return fr_dir
+
+
+# -- in the worker ---------------------------------------------------------------------------
+def _trace_json():
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return json.dumps({"error": "torch is not imported in this process"})
+    try:
+        dump = torch._C._distributed_c10d._dump_fr_trace_json
+    except AttributeError:
+        return json.dumps({"error": "this torch has no flight recorder (%s)" % torch.__version__})
+    try:
+        data = dump(True, False)  # (includeCollectives, onlyActive) in torch 2.13
+    except TypeError:
+        data = dump()
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+
+
+def _answer(fr_dir, pid):
+    out = os.path.join(fr_dir, "%d.json" % pid)
+    tmp = out + ".tmp"
+    try:
+        text = _trace_json()
+    except Exception as exc:  # the dump must never take the rank down
+        text = json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)})
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, out)
+
+
+def _serve(fr_dir):
+    pid = os.getpid()
+    req = os.path.join(fr_dir, "%d.req" % pid)
+    try:
+        if os.path.exists(req):
+            os.unlink(req)  # a fifo of an earlier process with this pid
+        os.mkfifo(req, 0o600)
+    except OSError:
+        return
+    while True:
+        try:
+            with open(req, "rb") as f:  # blocks until the agent opens it to write
+                f.read()
+            _answer(fr_dir, pid)
+        except OSError:
+            return
+
+
+def _chain_original():
+    """Run the sitecustomize this one hides (Debian's python ships one), as Python would have."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+def _start():
+    fr_dir = os.environ.get(DIR_VAR)
+    if fr_dir and "RANK" in os.environ and "LOCAL_RANK" in os.environ:
+        threading.Thread(target=_serve, args=(fr_dir,), name="rankdeck-fr", daemon=True).start()
+    _chain_original()
+
+
+if __name__ == "sitecustomize":
+    _start()

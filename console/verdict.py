@@ -1,0 +1,247 @@
+"""Who is stuck: one verdict from what the hosts report about their ranks (plain data, no I/O).
+
+Input, per rank: its node, its main thread's stack (py-spy or faulthandler text) and the tail
+of its flight recorder (agent/fr_dump.py: per collective the process group, sequence number,
+op, sizes, finished or not, entry time); plus the nodes that did not answer. Output::
+
+    {"kind": "stuck-in-python" | "mismatch" | "unreachable" | "straggler" | "unknown",
+     "suspects": [{"rank", "node", "frame"}], "evidence": {...}, "summary": "one line"}
+
+The rules are torch's flight-recorder analyzer's (torch.distributed.flight_recorder), cut to
+the cases a live hang has: in one process group, ranks that wait in collective N while others
+have finished N-1 and entered nothing since are missing from N (they are somewhere in Python:
+their stack says where); ranks that all wait in N with different ops or sizes are mismatched
+(the minority is named, and nobody on a tie). The analyzer itself needs torch, which the
+console never imports, and all ranks' dumps on one host; docs/STUCK.md says why it is not run.
+
+No suspect named is better than a wrong one: a rank is named only when every rank the run
+knows reported a trace (or sits on a node that did not answer) and the rule is unambiguous.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from statistics import median
+
+from .sanitize import clean
+from .stacks import main_thread_locations
+from .text import rank_ranges
+
+KINDS = ("stuck-in-python", "mismatch", "unreachable", "straggler", "unknown")
+# torch's own frames, skipped when saying where a rank is: the user's line is the one to read.
+# py-spy writes a path below sys.path relative to it ("torch/distributed/...").
+_LIBRARY_PREFIXES = ("torch/", "<frozen ", "threading.py")
+_LIBRARY_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/threading.py")
+STRAGGLER_MIN_S = 0.005  # lateness below this is clock noise between hosts
+STRAGGLER_MIN_SAMPLES = 8
+
+
+def frame_of(stack: str | None) -> str | None:
+    """``file:line in function`` of the innermost frame of the main thread that is not torch's
+    or the standard library's (the innermost of all when every frame is)."""
+    frames = main_thread_locations(stack or "")
+    if not frames:
+        return None
+    own = [f for f in frames if not (f[1].startswith(_LIBRARY_PREFIXES)
+                                     or any(p in f[1] for p in _LIBRARY_PARTS))]
+    fn, path, line = (own or frames)[0]
+    return clean("%s:%d in %s" % (path, line, fn), limit=300)
+
+
+def _entries(report: dict) -> list[dict]:
+    """The collectives (not point-to-point) in a rank's trace whose fields have the right types."""
+    fr = report.get("fr")
+    if not isinstance(fr, dict) or not isinstance(fr.get("entries"), list):
+        return []
+    return [e for e in fr["entries"] if isinstance(e, dict) and not e.get("p2p")
+            and isinstance(e.get("seq"), int) and isinstance(e.get("pg"), str)]
+
+
+def _collective(entry: dict) -> dict:
+    return {"pg": clean(entry["pg"], limit=40), "seq": entry["seq"],
+            "op": clean(str(entry.get("op")), limit=80),
+            "sizes": clean(str(entry.get("in")), limit=200)}
+
+
+def _signature(entry: dict) -> tuple[str, str, str]:
+    return str(entry.get("op")), str(entry.get("in")), str(entry.get("out"))
+
+
+def _suspect(report: dict) -> dict:
+    return {"rank": report["rank"], "node": report["node"], "frame": frame_of(report.get("stack"))}
+
+
+def _verdict(kind: str, suspects: list[dict], evidence: dict, summary: str) -> dict:
+    return {"kind": kind, "suspects": sorted(suspects, key=lambda s: s["rank"]),
+            "evidence": evidence, "summary": summary}
+
+
+def _unknown(why: str, evidence: dict | None = None) -> dict:
+    return _verdict("unknown", [], dict(evidence or {}, why=why), "no suspect: " + why)
+
+
+def _where(suspects: list[dict]) -> str:
+    return "; ".join("rank %d on %s at %s" % (s["rank"], s["node"], s["frame"] or "?")
+                     for s in suspects)
+
+
+def _newest_by_group(reports: list[dict]) -> dict[str, dict[int, dict]]:
+    """{process group: {rank: that rank's newest collective in it}}."""
+    groups: dict[str, dict[int, dict]] = {}
+    for r in reports:
+        for e in _entries(r):
+            mine = groups.setdefault(e["pg"], {})
+            if r["rank"] not in mine or e["seq"] >= mine[r["rank"]]["seq"]:
+                mine[r["rank"]] = e
+    return groups
+
+
+def _missing(by_rank: dict[int, dict], reports: dict[int, dict]) -> dict | None:
+    """Ranks that finished every collective they entered while others wait in a newer one."""
+    top = max(e["seq"] for e in by_rank.values())
+    waiting = sorted(r for r, e in by_rank.items() if e["seq"] == top and not e.get("done"))
+    behind = sorted(r for r, e in by_rank.items() if e["seq"] < top and e.get("done"))
+    if not waiting or not behind or len(waiting) + len(behind) != len(by_rank):
+        return None
+    suspects = [_suspect(reports[r]) for r in behind]
+    evidence = {"waiting_ranks": waiting, "waiting_in": _collective(by_rank[waiting[0]]),
+                "suspect_last": {str(r): _collective(by_rank[r]) for r in behind}}
+    w = evidence["waiting_in"]
+    summary = ("rank(s) %s wait in %s #%d (pg %s); never entered by %s"
+               % (rank_ranges(waiting), w["op"], top, w["pg"], _where(suspects)))
+    return _verdict("stuck-in-python", suspects, evidence, summary)
+
+
+def _mismatched(by_rank: dict[int, dict], reports: dict[int, dict]) -> dict | None:
+    """Every rank waits in the same collective number, but not all in the same op or size."""
+    seqs = {e["seq"] for e in by_rank.values()}
+    if len(seqs) != 1 or any(e.get("done") for e in by_rank.values()):
+        return None
+    sigs = Counter(_signature(e) for e in by_rank.values())
+    if len(sigs) == 1:
+        return None
+    (top, n1), (_, n2) = sigs.most_common(2)
+    odd = sorted(r for r, e in by_rank.items() if _signature(e) != top) if n1 > n2 else []
+    seq = seqs.pop()
+    evidence = {"seq": seq, "collectives": {str(r): _collective(e) for r, e in sorted(by_rank.items())}}
+    if not odd:
+        return _verdict("mismatch", [], evidence,
+                        "collective #%d differs between ranks, no majority: no suspect named" % seq)
+    suspects = [_suspect(reports[r]) for r in odd]
+    majority = _collective(by_rank[next(r for r in by_rank if r not in odd)])
+    evidence["majority"] = majority
+    summary = ("collective #%d: the others wait in %s %s; %s entered %s"
+               % (seq, majority["op"], majority["sizes"], _where(suspects),
+                  ", ".join(_collective(by_rank[r])["op"] for r in odd)))
+    return _verdict("mismatch", suspects, evidence, summary)
+
+
+def _unreachable(reports: list[dict], unreachable: dict[str, str], expected: dict[int, str]) -> dict | None:
+    lost = sorted(r for r, node in expected.items() if node in unreachable)
+    if not lost:
+        return None
+    waiting = sorted(r["rank"] for r in reports
+                     if any(not e.get("done") for e in _entries(r)[-1:]))
+    suspects = [{"rank": r, "node": expected[r], "frame": None} for r in lost]
+    evidence = {"unreachable": {n: clean(str(c), limit=200) for n, c in sorted(unreachable.items())},
+                "waiting_ranks": waiting}
+    summary = "%s unreachable (%s); rank(s) %s wait on them" % (
+        ", ".join(sorted(unreachable)), "; ".join(evidence["unreachable"].values()),
+        rank_ranges(waiting) or "none")
+    return _verdict("unreachable", suspects, evidence, summary)
+
+
+def lateness(reports: list[dict]) -> dict[int, list[float]]:
+    """Per rank, seconds it entered each collective after the median rank did (one sample per
+    collective every rank recorded)."""
+    times: dict[tuple[str, int], dict[int, int]] = {}
+    for r in reports:
+        for e in _entries(r):
+            if isinstance(e.get("t_ns"), int) and e["t_ns"] > 0:
+                times.setdefault((e["pg"], e["seq"]), {})[r["rank"]] = e["t_ns"]
+    everyone = {r["rank"] for r in reports}
+    out: dict[int, list[float]] = {rank: [] for rank in everyone}
+    for entered in times.values():
+        if set(entered) != everyone:
+            continue
+        mid = median(entered.values())
+        for rank, t in entered.items():
+            out[rank].append((t - mid) / 1e9)
+    return out
+
+
+def straggler(reports: list[dict]) -> dict | None:
+    """The one rank that enters collectives last by a robust margin (median lateness over MAD)."""
+    late = {r: median(v) for r, v in lateness(reports).items() if len(v) >= STRAGGLER_MIN_SAMPLES}
+    if len(late) < 3:
+        return None
+    values = list(late.values())
+    mid = median(values)
+    mad = median(abs(v - mid) for v in values) or 1e-6
+    worst = max(late, key=late.get)
+    margin = late[worst] - mid
+    if margin < STRAGGLER_MIN_S or margin < 5 * mad:
+        return None
+    report = next(r for r in reports if r["rank"] == worst)
+    evidence = {"lateness_s": {str(r): round(v, 4) for r, v in sorted(late.items())}}
+    return _verdict("straggler", [_suspect(report)], evidence,
+                    "rank %d on %s enters collectives %.0f ms after the others (median)"
+                    % (worst, report["node"], margin * 1000))
+
+
+def _progressed(earlier: list[dict], reports: list[dict]) -> list[int]:
+    """Ranks whose newest collective changed between two samples: not hung."""
+    def newest(rs):
+        return {r["rank"]: max((e["seq"] for e in _entries(r)), default=None) for r in rs}
+    before, now = newest(earlier), newest(reports)
+    return sorted(r for r in now if r in before and now[r] != before[r])
+
+
+def decide(reports: list[dict], unreachable: dict[str, str] | None = None,
+           expected: dict[int, str] | None = None, earlier: list[dict] | None = None) -> dict:
+    """The verdict for one moment of a run.
+
+    ``reports``: one dict per rank that answered (``rank``, ``node``, ``stack``, ``fr``).
+    ``unreachable``: node -> cause, for nodes that did not answer. ``expected``: rank -> node
+    for every rank the run knows (RunState), so a rank that did not report is noticed.
+    ``earlier``: the same ranks' reports a moment before; a healthy job caught between two
+    collectives looks like a hang in one sample, so with two, a rank that moved on means
+    nobody is stuck (only a straggler can be named then).
+    """
+    unreachable = unreachable or {}
+    expected = dict(expected or {})
+    by_rank = {r["rank"]: r for r in reports}
+    for r in reports:
+        expected.setdefault(r["rank"], r["node"])
+    lost = _unreachable(reports, unreachable, expected)
+    if lost:
+        return lost
+    silent = sorted(set(expected) - set(by_rank))
+    if silent:
+        return _unknown("rank(s) %s did not report" % rank_ranges(silent))
+    no_trace = sorted(r["rank"] for r in reports if not _entries(r))
+    if no_trace:
+        errors = {str(r["rank"]): clean(str((r.get("fr") or {}).get("error", "empty trace")), limit=200)
+                  for r in reports if r["rank"] in no_trace}
+        return _unknown("no flight-recorder trace from rank(s) %s" % rank_ranges(no_trace),
+                        {"trace_errors": errors})
+    moving = _progressed(earlier, reports) if earlier is not None else []
+    if moving:
+        return straggler(reports) or _unknown("no hang: rank(s) %s entered new collectives "
+                                              "between two samples" % rank_ranges(moving))
+    for _pg, newest in sorted(_newest_by_group(reports).items()):
+        if set(newest) != set(by_rank):
+            continue  # a subgroup: the default group is where every rank meets
+        found = _missing(newest, by_rank) or _mismatched(newest, by_rank)
+        if found:
+            return found
+    return straggler(reports) or _unknown("every rank is in step with the others in every "
+                                          "collective (no hang found in the traces)")
+
+
+def verdict_lines(verdict: dict) -> list[str]:
+    """Plain text: the kind and summary, then one line per suspect."""
+    lines = ["%s: %s" % (verdict["kind"], verdict["summary"])]
+    for s in verdict["suspects"]:
+        lines.append("  suspect rank %d on %s at %s" % (s["rank"], s["node"], s["frame"] or "?"))
+    return lines

@@ -1,0 +1,168 @@
+"""Issue 11, the host side, on this machine: run ids, private files, the rendezvous store's
+listening address, and a kill that reaches only the run's own processes.
+
+The agent-cache checks and a whole detached run (the store ending with it, the files of a
+real run) are in tests/e2e/test_ssh_host_hardening.py, on hosts that are not the laptop.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent import node, procs, protocol
+from agent.store import start_store, stop_store
+from console.spec import new_run_id
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RDZV_ADDR = "127.0.0.2"  # loopback, but not the address a stranger's client would try first
+
+
+def test_run_ids_launched_in_one_second_do_not_collide():
+    ids = [new_run_id() for _ in range(3000)]
+    assert len(set(ids)) == len(ids)
+
+
+def listening(port):
+    out = subprocess.run(["ss", "-Hltn", "sport = :%d" % port], capture_output=True,
+                         text=True).stdout
+    return [line.split()[3].rsplit(":", 1)[0] for line in out.splitlines()]
+
+
+def agent_request(serve, req_id, op, **args):
+    serve.stdin.write(protocol.encode({"t": "req", "id": req_id, "op": op, "args": args}))
+    serve.stdin.flush()
+    while True:
+        msg = protocol.decode(serve.stdout.readline())
+        if msg.get("t") == "res" and msg.get("id") == req_id:
+            assert msg["ok"], msg
+            return msg["data"]
+
+
+def test_store_listens_on_the_rendezvous_address_only(tmp_path):
+    run_root = str(tmp_path / "r1")
+    store = start_store(run_root, RDZV_ADDR, sys.executable)
+    try:
+        assert listening(store["port"]) == [RDZV_ADDR]
+        with pytest.raises(ConnectionRefusedError):  # any other address of the host
+            socket.create_connection(("127.0.0.1", store["port"]), timeout=5).close()
+        socket.create_connection((RDZV_ADDR, store["port"]), timeout=5).close()
+    finally:
+        stop_store(run_root)
+
+
+def test_what_serve_writes_is_private(tmp_path):
+    """serve (and what it starts) writes with umask 077, whatever the login's umask."""
+    run_root = tmp_path / "runs" / "r1"
+    serve = subprocess.Popen([sys.executable, "-m", "agent", "serve"], cwd=REPO,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env=dict(os.environ, PYTHONPATH=REPO),
+                             preexec_fn=lambda: os.umask(0o022))
+    try:
+        agent_request(serve, 1, "store_start", run_root=str(run_root), addr=RDZV_ADDR,
+                      python=sys.executable)
+        agent_request(serve, 2, "store_stop", run_root=str(run_root))
+        for path in (tmp_path / "runs", run_root, run_root / "store.json",
+                     run_root / "store.log"):
+            assert path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))
+    finally:
+        serve.stdin.close()
+        serve.wait(30)
+
+
+def wait_line(proc):
+    line = proc.stdout.readline()
+    assert line, "the helper process died before it was ready"
+    return line
+
+
+def test_kill_leaves_a_process_group_that_is_not_the_runs():
+    # A stranger leads a process group; one process in it carries the run's marker.
+    stranger = subprocess.Popen(
+        [sys.executable, "-c", "import os, subprocess, sys, time\n"
+         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+         " env=dict(os.environ, RANKDECK_RUN='grp/n0'))\n"
+         "print(c.pid, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        marked = int(wait_line(stranger))
+        assert procs.stat(marked).pgid == stranger.pid
+        report = procs.kill_run(None, "grp/n0", grace=5.0)
+        assert report["left"] == [] and not procs.alive(marked)
+        time.sleep(0.2)
+        assert stranger.poll() is None, "the kill reached a process that is not the run's"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_pid_reused_since_the_snapshot_is_not_signalled(monkeypatch):
+    """The snapshot listed a child of the run at a pid that now belongs to a bystander (the
+    child ended and the pid was reused between the snapshot and the signal)."""
+    root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    real_table = procs.table
+    calls = []
+
+    def stale_first_snapshot():
+        out = real_table()
+        if not calls:
+            now = out[bystander.pid]
+            out[bystander.pid] = procs.ProcInfo(bystander.pid, root.pid, now.pgid, now.sid,
+                                                "S", now.starttime - 1, "worker")
+        calls.append(1)
+        return out
+
+    monkeypatch.setattr(procs, "table", stale_first_snapshot)
+    try:
+        report = procs.kill_run(root.pid, None, grace=2.0)
+        assert report["sigterm"] == [bystander.pid]  # what the stale snapshot said
+        time.sleep(0.2)
+        assert bystander.poll() is None, "a reused pid was signalled"
+    finally:
+        for p in (root, bystander):
+            p.kill()
+            p.wait()
+
+
+STRAGGLER = r"""
+import signal, sys, time
+def save_then_exit(*_):
+    time.sleep(3)  # saving a checkpoint on SIGTERM, within the run's --grace of 10 s
+    open(sys.argv[1], "w").write("saved")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save_then_exit)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_stop_sweep_waits_the_runs_grace_not_two_seconds(tmp_path):
+    """`stop` on a node whose supervisor is gone sweeps what still carries the run's marker:
+    it must give those processes the run's --grace to end, as the supervisor would have."""
+    ndir = tmp_path / "run" / "n0"
+    ndir.mkdir(parents=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (ndir / "state.json").write_text(json.dumps({
+        "run_id": "r-grace", "node": "n0", "pid": gone.pid, "starttime": 1,
+        "state": "running", "grace": 10.0}))
+    saved = tmp_path / "saved"
+    straggler = subprocess.Popen([sys.executable, "-c", STRAGGLER, str(saved)],
+                                 stdout=subprocess.PIPE,
+                                 env=dict(os.environ, RANKDECK_RUN="r-grace/n0"))
+    try:
+        wait_line(straggler)
+        state = node.stop({"run_root": str(tmp_path / "run"), "node": "n0"})
+        assert state["sweep"]["killed"] == [] and state["left"] == []
+        assert saved.read_text() == "saved"
+        assert straggler.wait(5) == 0
+    finally:
+        if straggler.poll() is None:
+            straggler.send_signal(signal.SIGKILL)
+            straggler.wait()

@@ -1,0 +1,106 @@
+"""The verdict from reports shaped as agent/fr_dump.py sends them (entries as the hook reads
+them from torch 2.13's gloo flight recorder; stacks as py-spy prints them)."""
+
+from console.verdict import decide, frame_of, verdict_lines
+
+STUCK_STACK = '''Thread 11 (idle): "MainThread"
+    injected_hang (trainer/faults.py:87)
+    fire_if_due (trainer/faults.py:66)
+    run (trainer/train.py:256)
+'''
+WAITING_STACK = '''Thread 12 (idle): "MainThread"
+    _engine_run_backward (torch/autograd/graph.py:841)
+    backward (torch/autograd/__init__.py:364)
+    train_step (trainer/train.py:238)
+'''
+
+
+def entry(seq, done=True, op="gloo:all_reduce", size=21600, t_ns=None):
+    return {"pg": "0", "seq": seq, "p2p": False, "op": op, "in": [[size]], "out": [[size]],
+            "done": done, "t_ns": t_ns if t_ns is not None else seq * 10**9}
+
+
+def report(rank, entries, stack=WAITING_STACK, node=None):
+    return {"rank": rank, "node": node or "node%d" % rank, "pid": 100 + rank, "stack": stack,
+            "fr": {"entries": entries}}
+
+
+def hung_at(stuck_rank, seq=5):
+    return [report(r, [entry(seq - 1), entry(seq, done=False)]) if r != stuck_rank
+            else report(r, [entry(seq - 1)], STUCK_STACK) for r in range(4)]
+
+
+def test_the_rank_missing_from_the_collective_is_named_with_its_line():
+    v = decide(hung_at(2))
+    assert v["kind"] == "stuck-in-python"
+    assert v["suspects"] == [{"rank": 2, "node": "node2",
+                              "frame": "trainer/faults.py:87 in injected_hang"}]
+    assert v["evidence"]["waiting_ranks"] == [0, 1, 3]
+    assert v["evidence"]["waiting_in"] == {"pg": "0", "seq": 5, "op": "gloo:all_reduce",
+                                           "sizes": "[[21600]]"}
+    assert verdict_lines(v)[1] == "  suspect rank 2 on node2 at trainer/faults.py:87 in injected_hang"
+
+
+def test_a_job_that_moved_between_two_samples_has_no_suspect():
+    # one sample of a healthy job can look like a hang: rank 2 had not entered #5 yet
+    later = [report(r, [entry(6), entry(7, done=False)]) for r in range(4)]
+    v = decide(later, earlier=hung_at(2))
+    assert v["kind"] == "unknown" and v["suspects"] == []
+    assert decide(hung_at(2), earlier=hung_at(2))["suspects"][0]["rank"] == 2
+
+
+def test_the_rank_in_another_collective_is_named():
+    reports = [report(r, [entry(4), entry(5, done=False)]) for r in (0, 2, 3)]
+    reports.append(report(1, [entry(4), entry(5, done=False, op="gloo:broadcast", size=7)],
+                          STUCK_STACK))
+    v = decide(reports)
+    assert v["kind"] == "mismatch"
+    assert [s["rank"] for s in v["suspects"]] == [1]
+    assert v["evidence"]["majority"]["op"] == "gloo:all_reduce"
+    assert v["evidence"]["collectives"]["1"]["sizes"] == "[[7]]"
+
+
+def test_a_mismatch_without_a_majority_names_nobody():
+    reports = [report(r, [entry(5, done=False, size=10 if r < 2 else 20)]) for r in range(4)]
+    v = decide(reports)
+    assert v["kind"] == "mismatch" and v["suspects"] == []
+
+
+def test_a_rank_without_a_trace_means_no_suspect():
+    reports = hung_at(2)
+    reports[1]["fr"] = {"error": "the rank's flight-recorder hook is not listening"}
+    v = decide(reports)
+    assert v["kind"] == "unknown" and v["suspects"] == []
+    assert "not listening" in v["evidence"]["trace_errors"]["1"]
+
+
+def test_a_rank_the_run_knows_that_did_not_report_means_no_suspect():
+    v = decide(hung_at(2)[:3], expected={0: "node0", 1: "node1", 2: "node2", 3: "node3"})
+    assert v["kind"] == "unknown" and v["suspects"] == []
+
+
+def test_the_ranks_of_an_unreachable_node_are_named():
+    reports = [report(r, [entry(4), entry(5, done=False)]) for r in (0, 1, 2)]
+    v = decide(reports, unreachable={"node3": "node3: why got no answer within 20 s"},
+               expected={0: "node0", 1: "node1", 2: "node2", 3: "node3"})
+    assert v["kind"] == "unreachable"
+    assert v["suspects"] == [{"rank": 3, "node": "node3", "frame": None}]
+    assert v["evidence"]["waiting_ranks"] == [0, 1, 2]
+
+
+def test_the_rank_that_enters_last_every_time_is_a_straggler():
+    def entries(late_s):
+        return [entry(s, t_ns=s * 10**9 + int(late_s * 1e9) + (s % 3) * 1000) for s in range(1, 21)]
+    reports = [report(r, entries(0.03 if r == 3 else 0.0)) for r in range(4)]
+    later = [dict(r, fr={"entries": r["fr"]["entries"] + [entry(21)]}) for r in reports]
+    v = decide(later, earlier=reports)
+    assert v["kind"] == "straggler"
+    assert [s["rank"] for s in v["suspects"]] == [3]
+    # jitter alone, same for everyone: nobody
+    even = [report(r, entries(0.0)) for r in range(4)]
+    assert decide(even)["suspects"] == []
+
+
+def test_the_frame_is_the_innermost_outside_torch():
+    assert frame_of(WAITING_STACK) == "trainer/train.py:238 in train_step"
+    assert frame_of(None) is None
