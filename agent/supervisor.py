@@ -31,6 +31,8 @@ from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
 from .mask import Masker
 from .metrics import MetricParser
+from .ranksample import RankSampler, period_of
+from .resumed import resumed_records
 from .node import STOP_END
 from .runfiles import read_json, write_json_atomic
 from .tail import LogFollower
@@ -92,7 +94,9 @@ class Supervisor(object):
         self.follower = LogFollower(self.log_dir, self._resolve_rank,
                                     first_fid=previous.get("next_fid", 1), ignore=earlier)
         self.parser = MetricParser(spec.get("metrics_regex"))
-        self.checkpoints = CheckpointWatch(spec.get("cwd") or self.node_dir)  # deleted later?
+        # complete? deleted later? (and new entries of --checkpoint-dir)
+        self.checkpoints = CheckpointWatch(spec.get("cwd") or self.node_dir,
+                                           watch_dir=spec.get("checkpoint_dir"))
         self.torchrun = None  # pid
         self.instance_before = set()
         self.requests = []
@@ -137,6 +141,7 @@ class Supervisor(object):
                 try:
                     # the worker (local rank, attempt, instance) ties its stdout to its stderr
                     parsed = self.parser.parse(text, meta["f"], self.ranks[meta["f"]][1:4])
+                    parsed += resumed_records(text)
                 except Exception as exc:  # a parser bug must never stop the journal
                     parsed = []
                     self.log("metrics parser failed: %r" % (exc,))
@@ -161,10 +166,11 @@ class Supervisor(object):
         return out
 
     def deleted_checkpoints(self, final=False):
-        """Journal ``ckpt_gone`` for announced checkpoints the trainer has deleted since."""
-        gone = self.checkpoints.gone(force=final)
-        if gone:
-            self.journal.append_many([(rec, b"") for rec in gone])
+        """Journal ``ckpt_done`` for saves found complete (or, final, not), ``ckpt_gone`` for
+        ones the trainer deleted, ``ckpt`` for new entries of --checkpoint-dir."""
+        found = self.checkpoints.poll(final=final)
+        if found:
+            self.journal.append_many([(rec, b"") for rec in found])
 
     def _is_worker(self, fid):
         info = self.ranks.get(fid)
@@ -312,9 +318,12 @@ class Supervisor(object):
         grace = self.state["grace"]
         phase_read = 0.0
         telemetry = TelemetryRecorder(self.journal, self.spec.get("cwd") or self.node_dir)
+        # ranks' CPU and collective entry times (stragglers, silent ranks)
+        ranks_sample = RankSampler(self.journal, self.node_dir, period_of(self.spec.get("env") or {}))
         while True:
             self.pump()
             telemetry.tick()
+            ranks_sample.tick()
             self.deleted_checkpoints()
             if time.monotonic() - phase_read >= PHASE_POLL:
                 phase_read = time.monotonic()

@@ -17,6 +17,11 @@ SUPERVISOR_STATES = ("starting", "running", "stopping", "restarting", "exited", 
                      "stopped", "lost")
 ENDED_STATES = ("exited", "failed", "stopped")
 _INT, _NUM, _STR, _DICT = "a whole number", "a number", "text", "an object"
+# a `sample` record (agent/ranksample.py): what the straggler and CPU rules may be handed
+SAMPLE_RANKS_MAX = 1024  # worker processes on one node
+SAMPLE_FR_MAX = 4096  # collectives a rank (the agent sends 64)
+WHOLE_MAX = 2 ** 62  # ticks, pids, sequence numbers, entry times in us
+SECONDS_MAX = 2.0 ** 40  # CPU seconds, or seconds since 1970: past this it is garbage
 
 
 def parse(line: bytes) -> dict:
@@ -89,11 +94,18 @@ def _record(rec) -> None:
         _field(meta, "step", _INT, what, optional=True)
         for key in ("loss", "lr", "step_time", "tok_s"):
             _field(meta, key, _NUM, what, optional=True)
-    elif kind in ("ckpt", "ckpt_gone"):
+    elif kind in ("ckpt", "ckpt_gone", "ckpt_done", "resumed"):
         _field(meta, "f", _INT, what, optional=True)
         _field(meta, "step", _INT, what, optional=True)
         _field(meta, "bytes", _NUM, what, optional=True)
+        _field(meta, "seconds", _NUM, what, optional=True)
         _field(meta, "path", _STR, what, optional=True)
+        missing = meta.get("missing")
+        if missing is not None and not (isinstance(missing, list)
+                                        and all(isinstance(m, str) for m in missing)):
+            _bad("%s has missing = %s, not a list of names" % (what, _what(missing)))
+    elif kind == "sample":
+        _sample(meta, what)
     elif kind == "event":
         _field(meta, "what", _STR, what)
         _field(meta, "report", _DICT, what, optional=True)
@@ -104,6 +116,61 @@ def _record(rec) -> None:
                 _bad("an 'ended' event with the unknown state %s" % _what(meta.get("state")))
             _field(meta, "exit_code", _INT, what, optional=True)
             _cause(meta.get("cause"), what)
+
+
+def _sample(meta: dict, what: str) -> None:
+    """A periodic sample of a node's ranks (docs/PROTOCOL.md, ``sample``)."""
+    _bounded(meta, "tick", what, WHOLE_MAX, whole=True)
+    _bounded(meta, "ts", what, SECONDS_MAX)
+    _bounded(meta, "period", what, SECONDS_MAX)
+    if not meta["period"] > 0:
+        _bad("%s has period = %s, not more than 0" % (what, _what(meta["period"])))
+    ranks = meta.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) > SAMPLE_RANKS_MAX:
+        _bad("%s has ranks = %s, not a list of at most %d" % (what, _what(ranks),
+                                                              SAMPLE_RANKS_MAX))
+    for i, rank in enumerate(ranks):
+        where = "%s's ranks[%d]" % (what, i)
+        if not isinstance(rank, dict):
+            _bad("%s is %s, not an object" % (where, _what(rank)))
+        _bounded(rank, "rank", where, WHOLE_MAX, whole=True)
+        _bounded(rank, "pid", where, WHOLE_MAX, whole=True)
+        for key in ("cpu_s", "cpu_after_s"):  # None: the worker was gone when read
+            _bounded(rank, key, where, SECONDS_MAX, optional=True)
+        for key in ("state", "fr_error"):
+            _field(rank, key, _STR, where, optional=True)
+        _entry_times(rank.get("fr"), where)
+
+
+def _entry_times(rows, where: str) -> None:
+    """``[[pg, seq, t_us], ...]`` or absent."""
+    if rows is None:
+        return
+    if not isinstance(rows, list) or len(rows) > SAMPLE_FR_MAX:
+        _bad("%s has fr = %s, not a list of at most %d" % (where, _what(rows), SAMPLE_FR_MAX))
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str)
+                and all(_in_range(v, WHOLE_MAX, True) for v in row[1:])):
+            _bad("%s has the fr entry %s, not [pg, seq, t_us]" % (where, _what(row)))
+
+
+def _bounded(obj: dict, key: str, what: str, most, whole: bool = False,
+             optional: bool = False) -> None:
+    """``obj[key]`` is a number (a whole one if ``whole``) in [0, most]: not NaN, not
+    infinite, not negative."""
+    value = obj.get(key)
+    if value is None and optional:
+        return
+    if not _in_range(value, most, whole):
+        _bad("%s has %s %s, not %s from 0 to %s" % (
+            what, key, "no value" if value is None else "= " + _what(value),
+            _INT if whole else _NUM, "{:.3g}".format(most)))
+
+
+def _in_range(value, most, whole: bool) -> bool:
+    types = int if whole else (int, float)
+    # NaN fails every comparison, so the range check refuses it too
+    return isinstance(value, types) and not isinstance(value, bool) and 0 <= value <= most
 
 
 def _supervisor_state(st) -> None:

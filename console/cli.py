@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="extra environment for every rank (repeatable)")
     la.add_argument("--metrics-regex", help="regex with named groups step, loss, lr, "
                     "step_time, tok_s for your own log format")
+    la.add_argument("--checkpoint-dir", metavar="DIR", help="a folder on the hosts (relative "
+                    "to the workdir) where the trainer saves; each new entry is shown as a "
+                    "checkpoint, for trainers that print nothing when they save")
     la.add_argument("--grace", type=bounded(float, 0), default=10.0,
                     help="seconds between SIGTERM and SIGKILL when stopping")
     la.add_argument("--detach", action="store_true", help="return once every node started")
@@ -114,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", default=".", metavar="DIR",
                     help="folder for <run>-ranks.<format> and <run>-nodes.<format> (made "
                     "if missing; default: here)")
+
+    rp = sub.add_parser("report", help="one Markdown page about a run: nodes, loss curve (SVG), "
+                        "checkpoints, restarts, stalls and verdicts")
+    rp.add_argument("run_id")
+    rp.add_argument("--out", default=".", metavar="DIR",
+                    help="folder for <run>-report.md and <run>-loss.svg (default: here)")
 
     lg = sub.add_parser("logs", help="print a run's lines with `[node r]` prefixes")
     lg.add_argument("run_id")

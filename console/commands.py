@@ -17,16 +17,17 @@ import trainer
 from inventory.loader import load_inventory
 from inventory.model import Inventory
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
-from .export import RunExport
+from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
 from .history import History, state_dir
 from .preflight import check_table
+from .report import RunReport
 from .run import LaunchSpec, RunController
 from .sanitize import short_secret_warning
 from .stacks import group, render
 from .summary import control_lines, status_table
 from .transport import make_transport
-from .verdict import verdict_lines
+from .verdict import evidence_lines, verdict_lines
 
 DEMO_INVENTORY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "inventory", "local.yaml")
@@ -127,7 +128,8 @@ async def cmd_launch(args) -> int:
                       nproc_per_node=args.nproc_per_node, max_restarts=args.max_restarts,
                       nnodes=args.nnodes, grace=args.grace, metrics_regex=args.metrics_regex,
                       env=parse_env(args.env), module=args.module,
-                      sync=sync_folder(args.sync, inv.sync, path))
+                      sync=sync_folder(args.sync, inv.sync, path),
+                      checkpoint_dir=args.checkpoint_dir)
     return await start_run(inv, spec, args, path)
 
 
@@ -244,17 +246,34 @@ async def cmd_status(args) -> int:
 async def cmd_export(args) -> int:
     """`rankdeck export RUN --format jsonl|csv [--out DIR]`: per rank metrics, per node
     telemetry, replayed from the nodes' journals (console/export.py)."""
+    check_format(args.format)
     async with recorded_run(args.run_id) as ctl:
         export = RunExport(ctl.state)
-        failed = await ctl.connect_all(reconnect=False)
-        report_unreachable(failed)
-        for link in ctl.links.values():
-            link.quiet_until = NO_LINES  # metrics and telemetry only: no log line is sent
-        await ctl.subscribe_all()
-        await ctl.caught_up()
+        failed = await replay_records(ctl)
     for path in export.write(args.out, args.format):
         print(path)
     return EXIT_UNREACHABLE if failed else EXIT_OK
+
+
+async def cmd_report(args) -> int:
+    """`rankdeck report RUN [--out DIR]`: one Markdown page and a loss SVG (console/report.py)."""
+    async with recorded_run(args.run_id) as ctl:
+        failed = await replay_records(ctl)
+        paths = RunReport(ctl.state).write(args.out)
+    for path in paths:
+        print(path)
+    return EXIT_UNREACHABLE if failed else EXIT_OK
+
+
+async def replay_records(ctl: RunController) -> list:
+    """Every node's journal replayed into ctl.state without its log lines; the unreachable."""
+    failed = await ctl.connect_all(reconnect=False)
+    report_unreachable(failed)
+    for link in ctl.links.values():
+        link.quiet_until = NO_LINES  # metrics, telemetry, events only: no log line is sent
+    await ctl.subscribe_all()
+    await ctl.caught_up()
+    return failed
 
 
 async def cmd_logs(args) -> int:
@@ -321,7 +340,7 @@ async def cmd_why(args) -> int:
     if args.json:
         print_json(verdict)
     else:
-        print("\n".join(verdict_lines(verdict)))
+        print("\n".join(verdict_lines(verdict) + ["  " + line for line in evidence_lines(verdict)]))
     return EXIT_OK
 
 
@@ -346,7 +365,7 @@ async def cmd_ls(args) -> int:
 
 COMMANDS = {
     "launch": cmd_launch, "demo": cmd_demo, "check": cmd_check, "attach": cmd_attach,
-    "status": cmd_status, "export": cmd_export, "logs": cmd_logs, "stop": cmd_stop,
+    "status": cmd_status, "export": cmd_export, "report": cmd_report, "logs": cmd_logs, "stop": cmd_stop,
     "restart": cmd_restart,
     "stacks": cmd_stacks, "why": cmd_why, "ls": cmd_ls,
 }

@@ -12,6 +12,11 @@ every 10 s; agent/hoststats.py ``TelemetryRecorder``). Two files per format in `
 
 A value the node did not give is null in JSON and empty in CSV. Host text (interface names)
 is cut to safe characters, so a CSV opened in a spreadsheet holds no formula.
+
+``tensorboard`` (the optional extra ``rankdeck[tensorboard]``) writes TensorBoard event files
+through the tensorboard package, one folder per rank and per node under ``<out>/<run>/``:
+``rank3/`` with the scalars loss, lr, step_time, tok_s by step; ``node0/`` with
+``telemetry/<column>`` by sample (wall time is the node's clock).
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ import json
 import os
 import re
 
+from .errors import UsageError
 from .state import RunState
 from .telemetry import COLUMNS, node_telemetry
 
-FORMATS = ("jsonl", "csv")
+FORMATS = ("jsonl", "csv", "tensorboard")
+TENSORBOARD_MISSING = ("--format tensorboard needs the tensorboard package: "
+                       "pip install 'rankdeck[tensorboard]'")
 RANK_FIELDS = ("ts", "node", "rank", "step", "loss", "lr", "step_time", "tok_s")
 # a node's row: its telemetry without the per-rank columns (they are in the ranks file)
 NODE_FIELDS = ("ts", "node") + tuple(c for c in COLUMNS if c not in ("step_time", "tok_s")) + (
@@ -70,7 +78,10 @@ class RunExport:
             self.nodes.append(row)
 
     def write(self, out_dir: str, fmt: str) -> list[str]:
-        """Writes both files into ``out_dir`` (made if missing); returns their paths."""
+        """Writes both files into ``out_dir`` (made if missing); returns their paths. For
+        ``tensorboard``: the event files; UsageError when the package is not installed."""
+        if fmt == "tensorboard":
+            return self._write_tensorboard(os.path.join(out_dir, _name(self.state.run_id)))
         os.makedirs(out_dir, exist_ok=True)
         paths = []
         for what, fields, rows in (("ranks", RANK_FIELDS, self.ranks),
@@ -80,6 +91,49 @@ class RunExport:
                 (_write_jsonl if fmt == "jsonl" else _write_csv)(f, fields, rows)
             paths.append(path)
         return paths
+
+
+    def _write_tensorboard(self, run_dir: str) -> list[str]:
+        Event, Summary, EventFileWriter = tensorboard_writer()
+        series: dict[str, list[tuple[float, int, dict]]] = {}
+        for row in self.ranks:
+            if row["step"] is not None:
+                scalars = {key: row[key] for key in RANK_FIELDS[4:]}
+                series.setdefault("rank%d" % row["rank"], []).append((row["ts"], row["step"],
+                                                                      scalars))
+        for row in self.nodes:
+            rows = series.setdefault(_name(row["node"]), [])
+            scalars = {"telemetry/" + key: row[key] for key in NODE_FIELDS[2:]}
+            rows.append((row["ts"], len(rows), scalars))
+        paths = []
+        for name, rows in series.items():
+            writer = EventFileWriter(os.path.join(run_dir, name))
+            for ts, step, scalars in rows:
+                values = [Summary.Value(tag=tag, simple_value=value)
+                          for tag, value in scalars.items() if _num(value) is not None]
+                writer.add_event(Event(wall_time=ts or 0.0, step=step,
+                                       summary=Summary(value=values)))
+            writer.close()
+            folder = os.path.join(run_dir, name)
+            paths += [os.path.join(folder, f) for f in sorted(os.listdir(folder))]
+        return paths
+
+
+def check_format(fmt: str) -> None:
+    """UsageError (exit 2, nothing started) when ``fmt`` needs a package that is missing."""
+    if fmt == "tensorboard":
+        tensorboard_writer()
+
+
+def tensorboard_writer():
+    """tensorboard's (Event, Summary, EventFileWriter); UsageError saying how to install it."""
+    try:  # the optional extra; importing it takes seconds, so only for this format
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    except ImportError as exc:
+        raise UsageError(TENSORBOARD_MISSING) from exc
+    return Event, Summary, EventFileWriter
 
 
 def _write_jsonl(f, fields, rows) -> None:

@@ -18,6 +18,7 @@ from .sanitize import clean
 from .state import Event, LineBatch, RunState
 from .summary import detach_hint, status_table
 from .timeorder import TimeOrder
+from .verdict import verdict_lines
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 
@@ -109,6 +110,9 @@ class HeadlessPrinter:
             return
         text = "[rankdeck] %s%s" % ("%s: " % ev.node if ev.node else "", clean(ev.text,
                                                                               self.secrets))
+        if ev.kind == "verdict" and self.state.verdict:  # each suspect and its source line
+            text += "".join("\n[rankdeck] " + clean(line, self.secrets)
+                            for line in verdict_lines(self.state.verdict)[1:])
         if self.colour:
             text = "\x1b[1m%s\x1b[0m" % text
         self.put(ev.node, ev.ts, text + "\n")

@@ -127,6 +127,7 @@ class RunController:
             "grace": spec.grace,
             "max_restarts": spec.max_restarts,
             "metrics_regex": spec.metrics_regex,
+            "checkpoint_dir": spec.checkpoint_dir,
         }
 
     async def launch(self, spec: LaunchSpec, allow_partial: bool = False,

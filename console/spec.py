@@ -34,6 +34,9 @@ class LaunchSpec:
     # An argv that replaces torchrun (benchmarks, non-torch launchers). It must write each
     # rank's output as torchrun's --log-dir layout under $RANKDECK_LOG_DIR.
     launcher: list[str] | None = None
+    # a folder the agent watches for new saves, for trainers that print nothing when they save
+    # (as written: relative to the host's workdir, ~ read on the host)
+    checkpoint_dir: str | None = None
 
 
 def new_run_id() -> str:

@@ -65,19 +65,24 @@ def group(ranks: list[dict]) -> tuple[list[dict], list[int]]:
     return ranks, odd
 
 
-def render(node_results: dict) -> str:
-    """Plain text: every rank's innermost frames, the odd ones marked."""
-    ranks = []
-    lines = []
+def answered(node_results: dict) -> tuple[list[dict], list[str]]:
+    """(every rank that answered, with its ``node``, by rank; a line per node's error)."""
+    ranks, problems = [], []
     for node, res in node_results.items():
         if isinstance(res, BaseException):
-            lines.append("%s: %s" % (node, res))
+            problems.append("%s: %s" % (node, res))
             continue
         if res.get("error"):
-            lines.append("%s: %s" % (node, res["error"]))
+            problems.append("%s: %s" % (node, res["error"]))
         for r in res.get("ranks", []):
             ranks.append(dict(r, node=node))
-    ranks, odd = group(sorted(ranks, key=lambda r: r["rank"]))
+    return sorted(ranks, key=lambda r: r["rank"]), problems
+
+
+def render(node_results: dict) -> str:
+    """Plain text: every rank's innermost frames, the odd ones marked."""
+    ranks, lines = answered(node_results)
+    ranks, odd = group(ranks)
     for r in ranks:
         mark = "  <-- DIFFERS FROM THE MAJORITY" if r.get("differs") else ""
         head = "[%s r%d] pid %d, %s%s" % (r["node"], r["rank"], r["pid"],

@@ -19,7 +19,9 @@ from .buffers import BUDGET_MB, Kept, LineBudget, Series
 from .checkpoints import Checkpoints
 from . import rendezvous
 from .lines import MAX_PARTIAL, split_lines  # noqa: F401 (MAX_PARTIAL: for importers)
+from .rankcpu import RankCpu
 from .sanitize import NO_SECRETS, Masker, clean
+from .straggler import Stragglers
 from .telemetry import hardware_events, node_telemetry
 from .text import human_bytes, kill_summary
 
@@ -186,6 +188,8 @@ class RunState:
         self.ran = False  # a rank has stepped: the run is never `starting` again
         self.silent_waiting: set[int] = set()  # silent ranks the run's next step wakes
         self.verdict: dict | None = None  # who is stuck (console/verdict.py), while stalled
+        self.stragglers = Stragglers()  # from the supervisors' samples (agent/ranksample.py)
+        self.rank_cpu = RankCpu()  # silent ranks' CPU, from the same samples
 
     # -- feeding ---------------------------------------------------------------------------
     def set_verdict(self, verdict: dict) -> None:
@@ -234,6 +238,8 @@ class RunState:
                 self._file(ns, meta)
             elif kind == "ckpt":
                 self._checkpoint(ns, meta)
+            elif kind in ("ckpt_done", "resumed"):
+                self._checkpoint_news(ns, meta)
             elif kind == "ckpt_gone":
                 gone = self.checkpoints.gone(node, meta)
                 if gone is not None:
@@ -242,6 +248,8 @@ class RunState:
                                    meta.get("ts"))
             elif kind == "event":
                 self._supervisor_event(ns, meta)
+            elif kind == "sample":
+                self._sample(ns, meta)
             for cb in self.record_listeners:  # export: every record, once the reducer has it
                 cb(node, meta)
         ns.journal_offset = end
@@ -250,9 +258,33 @@ class RunState:
     def _checkpoint(self, ns: NodeState, meta: dict) -> None:
         fi = ns.files.get(meta.get("f"))
         ckpt = self.checkpoints.saved(ns.name, fi.rank if fi else None, meta)
+        if ckpt is None:  # seen in --checkpoint-dir already
+            return
         self.add_event(ns.name, "checkpoint", "checkpoint step %s saved: %s%s" % (
             ckpt.step, ckpt.path, " (%s)" % human_bytes(ckpt.bytes) if ckpt.bytes else ""),
             ckpt.rank, meta.get("ts"))
+
+    def _checkpoint_news(self, ns: NodeState, meta: dict) -> None:
+        """A save found complete or not (``ckpt_done``), a resume line (``resumed``)."""
+        fi = ns.files.get(meta.get("f"))
+        rank = fi.rank if fi else None
+        if meta.get("k") == "resumed":
+            got = self.checkpoints.resume(ns.name, rank, meta)
+            if got is not None:
+                self.add_event(ns.name, "resumed", "ranks resumed from checkpoint step %s: %s"
+                               % (got.step, got.path or "?"), rank, meta.get("ts"))
+            return
+        ckpt = self.checkpoints.done(ns.name, meta)
+        if ckpt is None:
+            return
+        if ckpt.complete:
+            took = "" if ckpt.seconds is None else " in %.1f s" % ckpt.seconds
+            kind, text = "checkpoint complete", "checkpoint step %s complete: %s%s" % (
+                ckpt.step, human_bytes(ckpt.bytes or 0), took)
+        else:
+            kind, text = "checkpoint incomplete", "checkpoint step %s incomplete: %s lacks %s" % (
+                ckpt.step, ckpt.path, ", ".join(ckpt.missing or []) or "nothing named")
+        self.add_event(ns.name, kind, text, ckpt.rank, meta.get("ts"))
 
     def _file(self, ns: NodeState, meta: dict) -> None:
         fi = FileInfo(meta["f"], meta.get("rank"), meta.get("local_rank"),
@@ -326,6 +358,22 @@ class RunState:
         self._stepping(rs, "stepping again (step %s)" % step)
         if self.silent_waiting:
             self._wake_silent(rs.last_progress)
+
+    def _sample(self, ns: NodeState, meta: dict) -> None:
+        """A supervisor's periodic sample of its ranks: who enters collectives last
+        (console/straggler.py), and whose CPU advances (console/rankcpu.py)."""
+        for rank, kind, text in self.stragglers.add(meta, self.world_size):
+            node = self.ranks[rank].node if rank in self.ranks else ns.name
+            self.add_event(node, kind, text, rank, meta.get("ts"))
+        moved = self.rank_cpu.add(meta)
+        wake = [r for r in moved if r in self.ranks and self.ranks[r].state == "starting"
+                and not self.ranks[r].reports]
+        if moved and not any(r.reports for r in self.ranks.values()):
+            wake += [r for r, rs in self.ranks.items() if rs.state == "stalled"]
+        for rank in sorted(set(wake)):
+            self.silent_waiting.discard(rank)
+            self._stepping(self.ranks[rank], "running again (it prints no steps; its CPU "
+                                             "advances)")
 
     def _stepping(self, rs: RankState, again: str) -> None:
         """``rs`` makes progress: it runs (saying so when it had stalled), and so does its node."""
@@ -436,7 +484,22 @@ class RunState:
                 newly.append(rs)
                 self.add_event(rs.node, "stalled", "rank %d stalled: no step for %.0f s (last "
                                "step %s)" % (rs.rank, now - rs.last_progress, rs.step), rs.rank)
-        return newly + self._check_silent_stalls(now)
+        return newly + self._check_silent_stalls(now) + self._check_cpu_stalls(now)
+
+    def _check_cpu_stalls(self, now: float) -> list[RankState]:
+        """A run where no rank prints steps stalls when no rank's CPU has advanced for
+        longer than the stall threshold (console/rankcpu.py says why not one rank alone)."""
+        if any(r.reports for r in self.ranks.values()):
+            return []
+        idle = self.rank_cpu.run_idle_s(list(self.ranks), now)
+        if idle is None or idle <= self.stall_min_s:
+            return []
+        newly = [rs for rs in self.ranks.values() if rs.state == "running"]
+        for rs in newly:
+            rs.state = "stalled"
+            self.add_event(rs.node, "stalled", "rank %d stalled: the run prints no steps and "
+                           "no rank's CPU has advanced for %.0f s" % (rs.rank, idle), rs.rank)
+        return newly
 
     def _check_silent_stalls(self, now: float) -> list[RankState]:
         """A silent rank waits with the run: when the run has made no step for longer than
@@ -497,7 +560,9 @@ class RunState:
                     "rank": rs.rank, "local_rank": rs.local_rank, "state": rs.state,
                     "step": rs.step, "loss": rs.loss, "lr": rs.lr, "step_time": rs.step_time,
                     "tok_s": rs.tok_s, "idle_s": None if idle is None else round(idle, 1),
-                    "silent": not rs.reports,
+                    "silent": not rs.reports, "cpu_s": self.rank_cpu.cpu_s(rs.rank),
+                    "straggler": rs.rank in self.stragglers.flagged,
+                    "slowdown": self.stragglers.slowdown(rs.rank),
                 })
             nodes.append({
                 "name": ns.name, "addr": ns.addr, "state": ns.state, "cause": ns.cause,
@@ -511,6 +576,7 @@ class RunState:
         return {"run_id": self.run_id, "state": self.run_state(), "nodes": nodes,
                 "started": self.started, "events": len(self.events),
                 "world_size": self.world_size, "checkpoints": self.checkpoints.status(),
+                "resumed_from": self.checkpoints.resumed_status(),
                 "waiting_for": self.waiting, "verdict": self.verdict}
 
 

@@ -144,6 +144,8 @@ def status_table(status: dict) -> str:
     causes = ["  %s: %s" % (n["name"], n["cause"]) for n in status["nodes"] if n.get("cause")]
     code = [sync_text(status["sync"])] if status.get("sync") else []
     ckpts = [checkpoints_text(status["checkpoints"])] if status.get("checkpoints") else []
+    ckpts += ["  %s resumed from step %s: %s" % (r["node"], r["step"], r["path"] or "?")
+              for r in status.get("resumed_from") or ()]
     return "\n".join([head] + code + ckpts + waiting_lines(status) + columns(rows, rule=True) +
                      (["causes:"] + causes if causes else []) + phase_lines(status))
 
@@ -169,7 +171,8 @@ def rank_state_text(rank: dict) -> str:
 
 
 def checkpoints_text(ckpts: list[dict]) -> str:
-    """``checkpoints: 4 saved, 2 deleted by the trainer; newest step 200 at /ckpt/...``."""
+    """``checkpoints: 4 saved, 2 deleted by the trainer; newest step 200 at /ckpt/... (node1);
+    last complete step 150 at /ckpt/...`` (``, complete`` when the newest is the last complete)."""
     there = [c for c in ckpts if c.get("exists")]
     text = "checkpoints: %d saved" % len(ckpts)
     if len(there) < len(ckpts):
@@ -177,6 +180,11 @@ def checkpoints_text(ckpts: list[dict]) -> str:
     if there:
         text += "; newest step %s at %s (%s)" % (there[-1]["step"], there[-1]["path"],
                                                  there[-1]["node"])
+        last = next((c for c in there if c.get("last_complete")), None)
+        if last is there[-1]:
+            text += ", complete"
+        elif last is not None:
+            text += "; last complete step %s at %s" % (last["step"], last["path"])
     return text
 
 

@@ -5,7 +5,7 @@ of its flight recorder (agent/fr_dump.py: per collective the process group, sequ
 op, sizes, finished or not, entry time); plus the nodes that did not answer. Output::
 
     {"kind": "stuck-in-python" | "mismatch" | "unreachable" | "straggler" | "unknown",
-     "suspects": [{"rank", "node", "frame"}], "evidence": {...}, "summary": "one line"}
+     "suspects": [{"rank", "node", "frame", "source"}], "evidence": {...}, "summary": "one line"}
 
 The rules are torch's flight-recorder analyzer's (torch.distributed.flight_recorder), cut to
 the cases a live hang has: in one process group, ranks that wait in collective N while others
@@ -34,18 +34,38 @@ _LIBRARY_PREFIXES = ("torch/", "<frozen ", "threading.py")
 _LIBRARY_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/threading.py")
 STRAGGLER_MIN_S = 0.005  # lateness below this is clock noise between hosts
 STRAGGLER_MIN_SAMPLES = 8
+SOURCE_MAX = 240  # characters of a suspect's source line
 
 
-def frame_of(stack: str | None) -> str | None:
-    """``file:line in function`` of the innermost frame of the main thread that is not torch's
-    or the standard library's (the innermost of all when every frame is)."""
+def _location(stack: str | None) -> tuple[str, str, int] | None:
+    """``(function, file, line)`` of the innermost frame of the main thread that is not
+    torch's or the standard library's (the innermost of all when every frame is)."""
     frames = main_thread_locations(stack or "")
     if not frames:
         return None
     own = [f for f in frames if not (f[1].startswith(_LIBRARY_PREFIXES)
                                      or any(p in f[1] for p in _LIBRARY_PARTS))]
-    fn, path, line = (own or frames)[0]
+    return (own or frames)[0]
+
+
+def frame_of(stack: str | None) -> str | None:
+    """``file:line in function`` of the rank's own innermost frame (:func:`_location`)."""
+    where = _location(stack)
+    if where is None:
+        return None
+    fn, path, line = where
     return clean("%s:%d in %s" % (path, line, fn), limit=300)
+
+
+def source_of(report: dict) -> str | None:
+    """The source line of the rank's own innermost frame, as its host read it (the agent's
+    ``sources``: agent/fr_dump.py), cleaned; None when the host could not read it."""
+    where, sources = _location(report.get("stack")), report.get("sources")
+    if where is None or not isinstance(sources, dict):
+        return None
+    text = sources.get("%s:%d" % (where[1], where[2]))
+    text = clean(text, limit=SOURCE_MAX).strip() if isinstance(text, str) else ""
+    return text or None
 
 
 def _entries(report: dict) -> list[dict]:
@@ -68,7 +88,8 @@ def _signature(entry: dict) -> tuple[str, str, str]:
 
 
 def _suspect(report: dict) -> dict:
-    return {"rank": report["rank"], "node": report["node"], "frame": frame_of(report.get("stack"))}
+    return {"rank": report["rank"], "node": report["node"], "frame": frame_of(report.get("stack")),
+            "source": source_of(report)}
 
 
 def _verdict(kind: str, suspects: list[dict], evidence: dict, summary: str) -> dict:
@@ -142,7 +163,7 @@ def _unreachable(reports: list[dict], unreachable: dict[str, str], expected: dic
         return None
     waiting = sorted(r["rank"] for r in reports
                      if any(not e.get("done") for e in _entries(r)[-1:]))
-    suspects = [{"rank": r, "node": expected[r], "frame": None} for r in lost]
+    suspects = [{"rank": r, "node": expected[r], "frame": None, "source": None} for r in lost]
     evidence = {"unreachable": {n: clean(str(c), limit=200) for n, c in sorted(unreachable.items())},
                 "waiting_ranks": waiting}
     summary = "%s unreachable (%s); rank(s) %s wait on them" % (
@@ -240,8 +261,38 @@ def decide(reports: list[dict], unreachable: dict[str, str] | None = None,
 
 
 def verdict_lines(verdict: dict) -> list[str]:
-    """Plain text: the kind and summary, then one line per suspect."""
+    """Plain text: the kind and summary, then per suspect a line and its source line."""
     lines = ["%s: %s" % (verdict["kind"], verdict["summary"])]
     for s in verdict["suspects"]:
         lines.append("  suspect rank %d on %s at %s" % (s["rank"], s["node"], s["frame"] or "?"))
+        if s.get("source"):
+            lines.append("    > " + s["source"])
     return lines
+
+
+def _in(c: dict) -> str:
+    return "%s #%s (pg %s) sizes %s" % (c.get("op"), c.get("seq"), c.get("pg"), c.get("sizes"))
+
+
+def evidence_lines(verdict: dict) -> list[str]:
+    """Plain text: what the verdict rests on (which collective the others wait in, each
+    rank's collective in a mismatch, the nodes that did not answer, lateness, or why not)."""
+    ev, lines = verdict.get("evidence") or {}, []
+    if ev.get("waiting_in"):
+        lines.append("rank(s) %s wait in %s" % (rank_ranges(ev.get("waiting_ranks") or []),
+                                                _in(ev["waiting_in"])))
+    for rank, c in (ev.get("suspect_last") or {}).items():
+        lines.append("rank %s finished %s last" % (rank, _in(c)))
+    if ev.get("majority"):
+        lines.append("the majority waits in " + _in(ev["majority"]))
+    for rank, c in (ev.get("collectives") or {}).items():
+        lines.append("rank %s waits in %s" % (rank, _in(c)))
+    for node, cause in (ev.get("unreachable") or {}).items():
+        lines.append("%s did not answer: %s" % (node, cause))
+    if "unreachable" in ev:
+        lines.append("rank(s) waiting: %s" % (rank_ranges(ev.get("waiting_ranks") or []) or "none"))
+    for rank, late in (ev.get("lateness_s") or {}).items():
+        lines.append("rank %s enters %.0f ms after the median rank" % (rank, late * 1000))
+    if ev.get("why"):
+        lines.append(ev["why"])
+    return [clean(line, limit=400) for line in lines]

@@ -54,6 +54,19 @@ async def take_verdict(ctl, gap: float = SAMPLE_GAP_S) -> dict:
     earlier, _ = await _sample(ctl)
     await asyncio.sleep(gap)
     reports, unreachable = await _sample(ctl)
-    verdict = decide(reports, unreachable, expected_ranks(ctl), earlier=earlier)
+    verdict = masked(decide(reports, unreachable, expected_ranks(ctl), earlier=earlier),
+                     ctl.state.masker)
     ctl.state.set_verdict(verdict)
     return verdict
+
+
+def masked(value, masker):
+    """``value`` (a verdict: dicts, lists, strings) with the run's secrets masked in every
+    string: a source line or a host's cause may hold one."""
+    if isinstance(value, str):
+        return masker.mask(value)
+    if isinstance(value, dict):
+        return {k: masked(v, masker) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v, masker) for v in value]
+    return value

@@ -41,8 +41,10 @@ from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, Ru
 from .nodes import NodesTable
 from .palette import rankdeck_commands
 from .prompt import PromptBar
+from .stacks import open_stacks
+from .verdict import open_verdict, verdict_arrived
 
-FOCUS_ACTIONS = ("filter", "goto", "focus_pane")  # their keys are priority bindings
+FOCUS_ACTIONS = ("filter", "goto", "focus_pane", "worst")  # their keys are priority bindings
 GC_THRESHOLDS = tuple(int(x) for x in os.environ.get("RANKDECK_GC", "10000,10,10").split(","))
 
 
@@ -58,6 +60,8 @@ class RankdeckApp(App[int]):
         # before it hands the next keys (typed fast, pasted) to the focused widget.
         Binding("slash", "filter", "Filter", key_display="/", priority=True),
         Binding("g", "goto", "Go to rank", priority=True),
+        Binding("exclamation_mark", "worst", "Worst row", key_display="!", priority=True),
+        Binding("z", "zoom", "Logs full width (hide nodes and GPUs)", show=False),
         Binding("left_square_bracket", "step(-1)", "Prev rank", key_display="["),
         Binding("right_square_bracket", "step(1)", "Next rank", key_display="]"),
         Binding("n", "cycle_source", "Rank/node/all"),
@@ -68,7 +72,9 @@ class RankdeckApp(App[int]):
         Binding("3", "focus_pane(2)", "Pane 3", show=False, priority=True),
         Binding("4", "focus_pane(3)", "Pane 4", show=False, priority=True),
         Binding("f", "follow", "Follow/pause"),
-        Binding("w", "toggle('wrap')", "Wrap", show=False),
+        Binding("w", "why", "Who is stuck"),
+        Binding("s", "stacks", "Stacks of the node"),
+        Binding("W", "toggle('wrap')", "Wrap", key_display="W", show=False),
         Binding("t", "toggle('timestamps')", "Timestamps", show=False),
         Binding("c", "toggle('collapse')", "Collapse identical", show=False),
         Binding("l", "loss_mode", "Loss: rank 0/all", show=False),
@@ -109,9 +115,10 @@ class RankdeckApp(App[int]):
         self.chart = LossChart(state, id="loss")
         self.events = EventsLog(state, secrets, id="events")
         self.prompt = PromptBar(id="prompt")
+        self.side = Vertical(id="side")
         yield self.header
         with Horizontal(id="body"):
-            with Vertical(id="side"):
+            with self.side:
                 yield self.nodes
                 yield self.gpus
             with Vertical(id="main"):
@@ -209,6 +216,8 @@ class RankdeckApp(App[int]):
     def on_run_event_added(self, message: RunEventAdded) -> None:
         if self.events.is_attached:
             self.events.add(message.event)
+        if message.event.kind == "verdict" and self.nodes.is_attached:
+            verdict_arrived(self)
 
     def on_source_chosen(self, message: SourceChosen) -> None:
         self.logs.show(message.source)
@@ -257,6 +266,20 @@ class RankdeckApp(App[int]):
     def action_goto(self) -> None:
         self.prompt.open("goto")
 
+    def action_worst(self) -> None:
+        """The nodes table's cursor on the worst row (shown if zoomed away), focused."""
+        self.side.display = True
+        what = self.nodes.go_to_worst()
+        self.screen.set_focus(self.nodes)
+        if what is not None:
+            self.notify("worst: %s" % what, timeout=4)
+
+    def action_zoom(self) -> None:
+        side = self.side
+        side.display = not side.display
+        if not side.display and self.focused in (self.nodes, self.gpus):
+            self.logs.focus_pane(self.logs.active)
+
     def action_clear_filter(self) -> None:
         if self.logs.pattern is not None:
             self.logs.set_options(pattern=None)
@@ -287,6 +310,12 @@ class RankdeckApp(App[int]):
     def action_loss_mode(self) -> None:
         chart = self.chart
         chart.all_ranks = not chart.all_ranks
+
+    def action_why(self) -> None:
+        open_verdict(self)
+
+    def action_stacks(self, node: str | None = None) -> None:
+        open_stacks(self, node or self.nodes.current_node)
 
     def action_kill_node(self) -> None:
         self.ask("stop", self.nodes.current_node or "")

@@ -21,6 +21,8 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from .confirm import ConfirmScreen
+from .stacks import StacksScreen
+from .verdict import VerdictScreen
 
 Section = tuple  # (title, [(keys, description), ...])
 
@@ -81,7 +83,8 @@ def key_sections(app, screen: Screen | None = None) -> list[Section]:
             same[0] += ", " + section_title(widget)
         else:
             sections.append([section_title(widget), rows])
-    for title, dialog in (("Confirmations", ConfirmScreen), ("This help", HelpScreen)):
+    for title, dialog in (("Who is stuck (w)", VerdictScreen), ("Stacks (s)", StacksScreen),
+                          ("Confirmations", ConfirmScreen), ("This help", HelpScreen)):
         sections.append([title, binding_rows(BindingsMap(dialog.BINDINGS))])
     return [(title, rows) for title, rows in sections if rows] + [MOUSE]
 

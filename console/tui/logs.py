@@ -20,6 +20,25 @@ from .logpane import LogPane
 MAX_PANES = 4
 
 
+def second_source(state: RunState) -> tuple | None:
+    """Beside rank 0, another rank: the first of the last node, once its ranks are known
+    (until then that node merged). One node of one rank: None (nothing else to show)."""
+    last = next(reversed(state.nodes), None)
+    if last is None:
+        return None
+    first = min((r for r, rs in state.ranks.items() if rs.node == last), default=None)
+    if first is not None and first != 0:
+        return (RANK, first)
+    if first == 0 and len(state.ranks) == 1:
+        return None
+    return (NODE, last)
+
+
+def default_sources(state: RunState) -> list[tuple]:
+    second = second_source(state)
+    return [(RANK, 0)] + ([second] if second else [])
+
+
 class LogPanes(Horizontal):
     DEFAULT_CSS = """
     LogPanes { height: 1fr; }
@@ -34,9 +53,10 @@ class LogPanes(Horizontal):
         self.fetch = fetch
         self.watch = watch
         self.secrets = tuple(secrets or ())
-        first_node = next(iter(state.nodes), None)
-        self._initial = list(sources or [(RANK, 0)] + ([(NODE, first_node)] if first_node
-                                                         else []))[:MAX_PANES]
+        self._initial = list(sources or default_sources(state))[:MAX_PANES]
+        # the second pane's source until the ranks are known, then it moves to a rank
+        self._placeholder = self._initial[1] if not sources and len(self._initial) > 1 and \
+            self._initial[1][0] == NODE and len(state.nodes) > 1 else None
         self.active = 0
         self.wrap = False
         self.timestamps = False
@@ -76,12 +96,29 @@ class LogPanes(Horizontal):
                 pane.add_entries(entries)
 
     def refresh_titles(self) -> None:
+        if self._placeholder is not None:
+            self._settle_second_pane()
         for pane in self.panes:
             pane.update_title(self.state)
 
+    def _settle_second_pane(self) -> None:
+        """The second pane leaves its placeholder (a node merged) for a rank once known,
+        unless the user chose what it shows meanwhile."""
+        panes = self.panes
+        if len(panes) < 2 or panes[1].source != self._placeholder:
+            self._placeholder = None
+            return
+        source = second_source(self.state)
+        if source is not None and source[0] == RANK:
+            self._placeholder = None
+            self.show(source, 1)
+
     # -- choosing what to show -------------------------------------------------------------
     def show(self, source: tuple, pane: int | None = None) -> None:
-        target = self.panes[self.active if pane is None else pane]
+        index = self.active if pane is None else pane
+        if index == 1:
+            self._placeholder = None  # chosen: it stays
+        target = self.panes[index]
         target.show(source, self.state, self.secrets)
         self._announce()
 

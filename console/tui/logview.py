@@ -84,6 +84,12 @@ class LogView(ScrollView, can_focus=True):
         Binding("home", "scroll_home", "The start of the log (fetched from the hosts)",
                 show=False),
         Binding("end", "scroll_end", "The newest line, and follow again", show=False),
+        Binding("left", "scroll_left", "Long lines: scroll sideways (with wrap off)",
+                show=False),
+        Binding("right", "scroll_right", "Long lines: scroll sideways (with wrap off)",
+                show=False),
+        Binding("ctrl+pageup", "page_left", "Long lines: a page sideways", show=False),
+        Binding("ctrl+pagedown", "page_right", "Long lines: a page sideways", show=False),
     ]
 
     follow: var[bool] = var(True)

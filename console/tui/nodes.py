@@ -6,22 +6,33 @@ failed, is unreachable or failed preflight) the cause follows on its own line un
 Rank rows show state, step, loss and step time. Enter (or a click on the highlighted row)
 shows that rank - or the whole node merged - in the active log pane; kill and restart act on
 the highlighted row's node.
+
+At 512 ranks a row per rank is 576 rows: past ``FOLD_ABOVE`` ranks every node starts folded
+to its one row (which names its ranks that are not like the node: ``2 stalled: r13 r14``);
+``e`` opens or folds the node under the cursor, ``E`` all of them. ``o`` cycles the order
+(nodeorder.py; the header says which), ``!`` (an app key) goes to the worst row.
 """
 
 from __future__ import annotations
+
+from textual.binding import Binding
 
 from ..sanitize import clean
 from ..state import RunState
 from .feed import NODE, RANK
 from .messages import SourceChosen
+from .nodeorder import ORDERS, ordered, worst
 from .rowsview import RowsView
 from ..summary import node_detail, node_phase, node_step, ranks_by_node
 from ..telemetry import far_nodes, node_telemetry, row_cells
 from ..text import fmt_float
 from .styles import state_style
+from .suspects import marked_line
 
-STATE_W, STEP_W, RST_W = 13, 6, 5
+STATE_W, STEP_W, RST_W = 11, 5, 4
 CAUSE_MAX = 400
+FOLD_ABOVE = 16  # ranks in the run: more, and each node starts as one row
+ODD_NAMED = 3  # ranks named on a folded node's row, per state
 BAD = ("failed", "unreachable", "lost", "preflight failed")
 
 
@@ -29,10 +40,19 @@ class NodesTable(RowsView):
     DEFAULT_CSS = """
     NodesTable { height: 1fr; }
     """
+    BINDINGS = [
+        Binding("e", "fold", "Open or fold the node under the cursor (its rank rows)",
+                show=False),
+        Binding("E", "fold_all", "Open or fold every node", key_display="E", show=False),
+        Binding("o", "order", "Order rows by node / state / step / step time", show=False),
+    ]
 
     def __init__(self, state: RunState, **kwargs):
         super().__init__(header=(), cursor=True, **kwargs)
         self.state = state
+        self.order = ORDERS[0]
+        self.folded: bool | None = None  # every node folded; None: by the rank count
+        self._flipped: set[str] = set()  # nodes opened (or folded) against that default
         self._by_node: dict[str, list] = {}
         self._name_w = 9
         self._cells: dict[str, list] = {}  # node -> its telemetry cells (row_cells)
@@ -61,20 +81,84 @@ class NodesTable(RowsView):
         self._cells = {name: row_cells(row) for name, row in rows.items()}
         self._far = far_nodes(rows)
         keys, heights = [], []
-        for ns in state.nodes.values():
+        for ns, ranks in ordered(list(state.nodes.values()), by_node, self.order):
             keys.append("n:" + ns.name)
             heights.append(2 if ns.cause else 1)
-            for rs in by_node.get(ns.name, []):
-                keys.append("r:%d" % rs.rank)
-                heights.append(1)
+            if self.is_open(ns.name):
+                keys.extend("r:%d" % rs.rank for rs in ranks)
+                heights.extend([1] * len(ranks))
         widest = max(state.ranks.values(), key=lambda r: (r.rank, r.local_rank or 0),
                      default=None)
-        self._name_w = max([9] + [len(n) for n in state.nodes] +
+        self._name_w = max([9] + [len(n) + 2 for n in state.nodes] +
                            ([len(self._rank_name(widest))] if widest else []))
-        self.header = (("node/rank".ljust(self._name_w) + "  " + "state".ljust(STATE_W) +
-                        "step".rjust(STEP_W) + "  " + "rst".ljust(RST_W) + "detail", ""),)
+        self.header = (self._header_line(),)
+        current, node = self.cursor_key, self.current_node
         self.set_shape(keys, heights)
+        if current not in keys and "n:%s" % node in keys:  # its rank row folded away
+            self.cursor = keys.index("n:%s" % node)
         self.invalidate()
+
+    def _header_line(self) -> tuple:
+        """Column names; the one the rows are ordered by ends in ``▼`` (step time: the
+        detail column, where ranks show it)."""
+        names = ["node/rank", "state", "step", "rst", "detail"]
+        if self.order != ORDERS[0]:
+            column = {"state": 1, "step": 2, "step time": 4}[self.order]
+            names[column] = "s/step" if self.order == "step time" else names[column]
+            names[column] += "▼"
+        return (names[0].ljust(self._name_w) + " " + names[1].ljust(STATE_W) +
+                names[2].rjust(STEP_W) + " " + names[3].ljust(RST_W) + names[4], "")
+
+    # -- folding and ordering --------------------------------------------------------------
+    @property
+    def all_folded(self) -> bool:
+        """Nodes fold by default: as ``E`` left them, else when the run has many ranks."""
+        if self.folded is not None:
+            return self.folded
+        return len(self.state.ranks) > FOLD_ABOVE
+
+    def is_open(self, node: str) -> bool:
+        """Whether ``node``'s rank rows are shown."""
+        return self.all_folded == (node in self._flipped)
+
+    def set_open(self, node: str, shown: bool) -> None:
+        if shown != self.is_open(node):
+            self._flipped ^= {node}
+            self.refresh_rows()
+
+    def action_fold(self) -> None:
+        node = self.current_node
+        if node is not None:
+            self.set_open(node, not self.is_open(node))
+            self.move_to("n:" + node)
+
+    def action_fold_all(self) -> None:
+        self.folded = not self.all_folded
+        self._flipped.clear()
+        self.refresh_rows()
+        self._cursor_moved()
+
+    def action_order(self) -> None:
+        self.order = ORDERS[(ORDERS.index(self.order) + 1) % len(ORDERS)]
+        self.refresh_rows()
+        self._cursor_moved()
+
+    def go_to_worst(self) -> str | None:
+        """Put the cursor on the worst row (nodeorder.worst), opening its node for a rank;
+        returns what it is in words (None: no nodes)."""
+        culprits = {ev.node: ev.rank for ev in self.state.events
+                    if ev.kind in ("failed", "worker failed") and ev.rank is not None}
+        found = worst(list(self.state.nodes.values()), self._by_node, culprits)
+        if found is None:
+            return None
+        ns, rs = found
+        if rs is None:
+            self.move_to("n:" + ns.name)
+            return "%s %s" % (ns.name, node_phase(self.state, ns, self._by_node.get(ns.name)))
+        self.set_open(ns.name, True)
+        self.move_to("r:%d" % rs.rank)
+        detail = self._rank_detail(rs)
+        return "r%d on %s: %s%s" % (rs.rank, ns.name, rs.state, ", " + detail if detail else "")
 
     @staticmethod
     def _rank_name(rs) -> str:
@@ -90,7 +174,9 @@ class NodesTable(RowsView):
             ranks = self._by_node.get(ns.name, [])
             step = node_step(state, ns.name, ranks)
             cause = clean(ns.cause)[:CAUSE_MAX] if ns.cause else ""
-            return (ns.name, node_phase(state, ns, ranks), "" if step is None else str(step),
+            mark = ("▾ " if self.is_open(ns.name) else "▸ ") if ranks else "  "
+            return (mark + ns.name, node_phase(state, ns, ranks),
+                    "" if step is None else str(step),
                     "%d/%d" % (ns.restarts_used, ns.restarts_left),
                     cause or node_detail(state, ns, ranks) or self._telemetry_text(ns.name))
         rs = state.ranks.get(int(key[2:])) if key.startswith("r:") else None
@@ -105,21 +191,41 @@ class NodesTable(RowsView):
             return ()
         name, phase, step, restarts, detail = values
         if key.startswith("r:"):
-            return (self._line(values, "", state_style(phase)),)
+            return (marked_line(self.state, key, self._line(values, "", state_style(phase))),)
         ns = self.state.nodes[key[2:]]
-        line = self._line(values if not ns.cause else values[:4] + ("",), "bold",
-                          state_style(phase))
+        line = marked_line(self.state, key, self._line(
+            values if not ns.cause else values[:4] + ("",), "bold", state_style(phase)))
+        odd = () if self.is_open(ns.name) else self._odd_ranks(ns.name)
         if not ns.cause and detail and detail == self._telemetry_text(ns.name):
-            return (line[:-1] + self._telemetry_pieces(ns.name),)
+            return (line[:-1] + odd + self._telemetry_pieces(ns.name),)
         if not ns.cause:
-            return (line,)
+            return (line[:-1] + odd + line[-1:],)
         return (line, (("  ↳ " + detail, "red" if ns.state in BAD else "yellow"),))
 
     def _line(self, values: tuple, name_style: str, phase_style: str) -> tuple:
         name, phase, step, restarts, detail = values
-        return ((name.ljust(self._name_w), name_style), ("  ", ""),
+        return ((name.ljust(self._name_w), name_style), (" ", ""),
                 (phase[:STATE_W].ljust(STATE_W), phase_style), (step.rjust(STEP_W), ""),
-                ("  ", ""), (restarts.ljust(RST_W), ""), (detail, "dim"))
+                (" ", ""), (restarts.ljust(RST_W), ""), (detail, "dim"))
+
+    def _odd_ranks(self, node: str) -> tuple:
+        """A folded node's ranks whose state is not the most common one among them, by state:
+        ``2 stalled: r13 r14  `` (at most ``ODD_NAMED`` named, then ``+N``)."""
+        ranks = self._by_node.get(node, [])
+        counts: dict[str, list] = {}
+        for rs in ranks:
+            counts.setdefault(rs.state, []).append(rs.rank)
+        if len(counts) < 2:
+            return ()
+        common = max(counts, key=lambda st: len(counts[st]))
+        pieces = []
+        for st, numbers in counts.items():
+            if st != common:
+                named = " ".join("r%d" % r for r in numbers[:ODD_NAMED])
+                more = " +%d" % (len(numbers) - ODD_NAMED) if len(numbers) > ODD_NAMED else ""
+                pieces.append(("%d %s: %s%s  " % (len(numbers), st, named, more),
+                               state_style(st)))
+        return tuple(pieces)
 
     def _telemetry_text(self, node: str) -> str:
         return clean("  ".join(text for text, _cols in self._cells.get(node, ())))

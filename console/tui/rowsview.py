@@ -76,7 +76,8 @@ class RowsView(ScrollView, can_focus=True):
         self._lines: list[tuple[int, int]] = []  # (row index, line in row)
         self._built: dict[str, tuple] = {}  # rows built since the last invalidate()
         self._generation = 0
-        self._width = 0
+        self._width = 0  # the virtual width: the widest row built
+        self._built_width = 0  # the widest row built since the last invalidate()
         self._cache: LRUCache = LRUCache(512)
         self._styles: dict | None = None
 
@@ -105,9 +106,15 @@ class RowsView(ScrollView, can_focus=True):
         self._resize()
 
     def invalidate(self) -> None:
-        """The data changed: rows on screen are rebuilt when next painted."""
+        """The data changed: rows on screen are rebuilt when next painted. The width shrinks
+        to that of the rows built since the last call: one wide line during the launch
+        ("NOT JOINED the rendezvous...") does not leave a scrollbar behind for good."""
         self._generation += 1
+        if self._built and self._built_width < self._width:
+            self._width = self._built_width
+            self._resize()
         self._built.clear()
+        self._built_width = 0
         self.refresh()
 
     def lines_of(self, key: str) -> tuple:
@@ -115,6 +122,7 @@ class RowsView(ScrollView, can_focus=True):
         if lines is None:
             lines = self._built[key] = self.row_lines(key)
             width = max(line_width(line) for line in lines) if lines else 0
+            self._built_width = max(self._built_width, width)
             if width > self._width:
                 self._width = width
                 self._resize()

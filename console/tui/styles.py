@@ -18,3 +18,7 @@ STATE_STYLE = {
 def state_style(state: str) -> str:
     """Style of a state, or of a phase with detail ("failed (1)")."""
     return STATE_STYLE.get(state) or STATE_STYLE.get(state.split(" ")[0], "")
+
+# who is stuck (console/tui/verdict.py): a suspect stands out from the ranks merely waiting
+SUSPECT_STYLE = "bold white on red"
+WAITING_STYLE = "yellow"

@@ -127,7 +127,7 @@ async def test_pick_rank_per_pane(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
         logs = app.logs
-        assert [p.source for p in logs.panes] == [(RANK, 0), (NODE, "node1")]
+        assert [p.source for p in logs.panes] == [(RANK, 0), (RANK, 6)]
         await pilot.press("2", "g", "5", "enter")
         assert logs.panes[1].source == (RANK, 5)
         assert logs.panes[0].source == (RANK, 0)
@@ -154,16 +154,40 @@ async def test_hidden_sources_get_no_writes_and_refill_when_shown(tmp_path):
     app, ctl, t = build(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
-        assert (RANK, 6) not in app.feed.watched
+        assert (RANK, 5) not in app.feed.watched
         live = RunScript(host_names(4), 2, t0=time.time())
-        live.lines("node4", 0, ["only for rank six"], time.time())
-        t.node("node4").append(live.recs["node4"])
-        await until(pilot, lambda: ctl.state.ranks[6].lines[-1] == "only for rank six")
+        live.lines("node3", 1, ["only for rank five"], time.time())
+        t.node("node3").append(live.recs["node3"])
+        await until(pilot, lambda: ctl.state.ranks[5].lines[-1] == "only for rank five")
         await pilot.pause(0.2)
         for pane in app.logs.panes:
-            assert "only for rank six" not in pane.view.lines_text()
-        await pilot.press("g", "6", "enter")
-        assert app.logs.active_pane.view.lines_text()[-1] == "only for rank six"
+            assert "only for rank five" not in pane.view.lines_text()
+        await pilot.press("g", "5", "enter")
+        assert app.logs.active_pane.view.lines_text()[-1] == "only for rank five"
+
+
+async def test_second_pane_shows_the_last_nodes_first_rank_once_known(tmp_path):
+    hosts = host_names(4)
+    app, ctl, t = build(tmp_path, hold={"open"})
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        logs = app.logs
+        assert [p.source for p in logs.panes] == [(RANK, 0), (NODE, "node4")]  # no ranks yet
+        t.release()
+        await running(pilot, app)
+        await until(pilot, lambda: logs.panes[1].source == (RANK, 6), timeout=5,
+                    what="pane 2 on rank 6")
+        assert logs.panes[1].view.lines_text()[-1].startswith("step 24 ")
+    # a pane the user chose before the ranks were known keeps its choice
+    app, ctl, t = build(tmp_path / "chosen", standard_script(hosts, t0=time.time()),
+                        hold={"open"})
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        await pilot.press("2", "g", *"node2", "enter")
+        t.release()
+        await running(pilot, app)
+        await pilot.pause(0.6)
+        assert app.logs.panes[1].source == (NODE, "node2")
 
 
 async def test_filter_regex_across_panes_highlights_matches(tmp_path):
@@ -223,9 +247,10 @@ async def test_collapse_identical_lines_from_many_ranks(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
         node1 = app.logs.panes[1].view
+        await pilot.press("2", "g", *"node1", "enter")
         assert app.logs.panes[1].source == (NODE, "node1")
         assert "ranks 0-1: using device cuda:0, world size 8" in node1.lines_text()
-        await pilot.press("g", *"all", "enter")
+        await pilot.press("1", "g", *"all", "enter")
         merged = app.logs.panes[0].view
         assert app.logs.panes[0].source == (ALL, None)
         # the older kept lines come in after the first paint
@@ -363,7 +388,7 @@ async def test_follow_pause_wrap_and_timestamps(tmp_path):
         assert last_step == time.strftime("%H:%M:%S ", time.localtime(t0 + 22)) + \
             "step 24 loss=1.3999 lr=3.00e-04 step_time=0.500s tok/s=32768"
         rows_before = pane.view.line_count
-        await pilot.press("w")
+        await pilot.press("W")
         assert pane.view.line_count > rows_before  # long lines take several rows
         await pilot.press("end")
         assert pane.view.follow
@@ -659,3 +684,20 @@ async def test_log_view_keeps_at_most_max_lines_wrapped_or_not():
                 if wrap:
                     assert len(view._rows) == sum(line.nrows for line in view._lines)
                     assert view.line_count > len(view.lines_text())
+
+
+async def test_zoom_gives_the_panes_the_width_and_long_lines_scroll_sideways(tmp_path):
+    app, ctl, t = build(tmp_path)
+    async with app.run_test(size=(120, 35)) as pilot:
+        await running(pilot, app)
+        view = app.logs.panes[0].view
+        narrow = view.size.width
+        assert narrow < len(view.lines_text()[-1])  # "step 24 loss=... tok/s=32768" is cut
+        await pilot.press("1", "right", "right")
+        assert view.scroll_x == 2
+        await pilot.press("z")
+        await pilot.pause(0.2)
+        assert not app.side.display and view.size.width >= narrow + 15
+        await pilot.press("z")
+        await pilot.pause(0.2)
+        assert app.side.display and view.size.width == narrow

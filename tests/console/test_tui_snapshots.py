@@ -15,9 +15,12 @@ import console.preflight
 import console.run
 import console.state
 from console.tui.app import RankdeckApp
+from console.tui.messages import RunChanged
 from tests.console.scripted import T0, controller, host_names, no_gpu_snapshot, standard_script
+from tests.console.test_tui_scale import HOSTS, NPROC, big_run
 
 SIZE = (160, 48)
+SIZES = [(120, 35), (160, 48), (200, 60)]
 NOW = T0 + 40  # the moment every event of the script has happened
 CLOCK = NOW + 754  # what the header shows as elapsed: 0:12:34
 
@@ -46,9 +49,9 @@ def frozen(monkeypatch, tmp_path):
     time.tzset()
 
 
-def make_app(tmp_path, script) -> RankdeckApp:
+def make_app(tmp_path, script, hosts: int = 4, slots: int = 2) -> RankdeckApp:
     transport = script.transport(gpus={"node4": no_gpu_snapshot()})
-    ctl, launch = controller(str(tmp_path), transport)
+    ctl, launch = controller(str(tmp_path), transport, hosts=hosts, slots=slots)
     return RankdeckApp(ctl, launch, clock=lambda: CLOCK)
 
 
@@ -62,10 +65,20 @@ async def settled(pilot) -> None:
             break
         await pilot.pause(0.05)
     await pilot.pause(1.2)  # the feed's state refresh runs twice a second
+    for _ in range(2):  # and on a loaded machine maybe not yet: two more, each painted
+        app.post_message(RunChanged())
+        await pilot.pause(0.3)
 
 
-def test_main_screen(snap_compare, tmp_path):
+@pytest.mark.parametrize("size", SIZES, ids=["%dx%d" % size for size in SIZES])
+def test_main_screen(snap_compare, tmp_path, size):
     app = make_app(tmp_path, standard_script(host_names(4)))
+    assert snap_compare(app, terminal_size=size, run_before=settled)
+
+
+def test_nodes_folded_at_512_ranks(snap_compare, tmp_path):
+    """64 nodes x 8 ranks: a row per node; rank 100 behind, rank 300 the slowest."""
+    app = make_app(tmp_path, big_run(T0), hosts=HOSTS, slots=NPROC)
     assert snap_compare(app, terminal_size=SIZE, run_before=settled)
 
 

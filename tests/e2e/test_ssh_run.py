@@ -77,9 +77,13 @@ def rankdeck(*args, **kw):
 
 
 def files_under(folder):
+    """Regular files only: a run folder also holds FIFOs (the flight-recorder hook's request
+    pipes, agent/frhook.py), which a read would wait on forever."""
     for root, _dirs, files in os.walk(folder):
         for name in files:
-            yield os.path.join(root, name)
+            path = os.path.join(root, name)
+            if os.path.isfile(path):
+                yield path
 
 
 def rank_logs(hosts, work, run_id, node) -> dict[str, str]:

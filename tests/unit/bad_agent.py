@@ -13,6 +13,8 @@ BAD = {
     "id": '{"t":"res","id":"1","ok":true,"data":{}}',
     "state": '{"t":"state","state":{"state":"exploded"}}',
     "ended": '{"t":"journal","end":10,"recs":[[{"k":"event","what":"ended","state":"gone"}]]}',
+    "sample-nan": '{"t":"journal","end":10,"recs":[[{"k":"sample","tick":5,"ts":50.0,'
+                  '"period":10,"ranks":[{"rank":0,"pid":7,"cpu_s":NaN}]}]]}',
     "escape": '{"t":"res","id":1,"ok":false,"error":"bad \\u001b[2J\\u001b]0;pwned\\u0007 [/x]"}',
 }
 

@@ -48,18 +48,23 @@ def journal_of_a_node(path):
     writer.close()
 
 
+def replay_journal(state: RunState, node: str, path: str) -> None:
+    """The journal at ``path`` into ``state`` as NodeLink gets it: serve's wire form, through
+    the protocol and its checks."""
+    reader = JournalReader(path, 0)
+    records = reader.read(1 << 20)
+    reader.close()
+    msg = parse(protocol.encode({"t": "journal", "end": records[-1][2],
+                                 "recs": Server._wire(records)}))
+    state.apply_records(node, msg["recs"], msg["end"])
+
+
 def replayed(tmp_path):
     path = str(tmp_path / "journal")
     journal_of_a_node(path)
     state = RunState("run7", [("node0", "10.0.0.1")])
     export = RunExport(state)
-    reader = JournalReader(path, 0)
-    records = reader.read(1 << 20)
-    reader.close()
-    # as NodeLink gets them: serve's wire form, through the protocol and its checks
-    msg = parse(protocol.encode({"t": "journal", "end": records[-1][2],
-                                 "recs": Server._wire(records)}))
-    state.apply_records("node0", msg["recs"], msg["end"])
+    replay_journal(state, "node0", path)
     return export
 
 
@@ -113,3 +118,42 @@ def test_cli_knows_export_and_refuses_an_unknown_format(capsys):
         build_parser().parse_args(["export", "R", "--format", "parquet"])
     assert exc.value.code == 2
     assert "invalid choice: 'parquet'" in capsys.readouterr().err
+
+
+def test_tensorboard_event_files_read_back_with_tensorboards_own_reader(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    export = replayed(tmp_path)
+    paths = export.write(str(tmp_path / "tb"), "tensorboard")
+    assert sorted(os.path.basename(os.path.dirname(p)) for p in paths) == ["node0", "rank3"]
+    rank = EventAccumulator(str(tmp_path / "tb" / "run7" / "rank3"))
+    rank.Reload()
+    assert sorted(rank.Tags()["scalars"]) == ["loss", "lr", "step_time", "tok_s"]
+    assert [(e.step, e.value, e.wall_time) for e in rank.Scalars("loss")] == [
+        (1, 4.0, 1001.0), (2, 2.0, 1002.0)]  # step 3 printed no loss
+    assert [e.step for e in rank.Scalars("tok_s")] == [1, 2]
+    node = EventAccumulator(str(tmp_path / "tb" / "run7" / "node0"))
+    node.Reload()
+    mem = node.Scalars("telemetry/mem_used")
+    assert [e.step for e in mem] == [0, 1] and all(e.value > 0 for e in mem)
+    assert "telemetry/links_down" not in node.Tags()["scalars"]  # a list, not a number
+
+
+def test_tensorboard_missing_is_a_usage_error_naming_the_extra(monkeypatch):
+    import builtins
+
+    from console.errors import UsageError
+    from console.export import check_format
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("tensorboard"):
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    check_format("csv")
+    with pytest.raises(UsageError, match=r"pip install 'rankdeck\[tensorboard\]'"):
+        check_format("tensorboard")

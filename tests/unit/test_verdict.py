@@ -1,7 +1,14 @@
 """The verdict from reports shaped as agent/fr_dump.py sends them (entries as the hook reads
 them from torch 2.13's gloo flight recorder; stacks as py-spy prints them)."""
 
-from console.verdict import decide, frame_of, verdict_lines
+import os
+import subprocess
+import sys
+
+from agent.fr_dump import sources
+from console.sanitize import Masker
+from console.verdict import decide, evidence_lines, frame_of, verdict_lines
+from console.why import masked
 
 STUCK_STACK = '''Thread 11 (idle): "MainThread"
     injected_hang (trainer/faults.py:87)
@@ -34,7 +41,7 @@ def test_the_rank_missing_from_the_collective_is_named_with_its_line():
     v = decide(hung_at(2))
     assert v["kind"] == "stuck-in-python"
     assert v["suspects"] == [{"rank": 2, "node": "node2",
-                              "frame": "trainer/faults.py:87 in injected_hang"}]
+                              "frame": "trainer/faults.py:87 in injected_hang", "source": None}]
     assert v["evidence"]["waiting_ranks"] == [0, 1, 3]
     assert v["evidence"]["waiting_in"] == {"pg": "0", "seq": 5, "op": "gloo:all_reduce",
                                            "sizes": "[[21600]]"}
@@ -84,7 +91,7 @@ def test_the_ranks_of_an_unreachable_node_are_named():
     v = decide(reports, unreachable={"node3": "node3: why got no answer within 20 s"},
                expected={0: "node0", 1: "node1", 2: "node2", 3: "node3"})
     assert v["kind"] == "unreachable"
-    assert v["suspects"] == [{"rank": 3, "node": "node3", "frame": None}]
+    assert v["suspects"] == [{"rank": 3, "node": "node3", "frame": None, "source": None}]
     assert v["evidence"]["waiting_ranks"] == [0, 1, 2]
 
 
@@ -104,3 +111,56 @@ def test_the_rank_that_enters_last_every_time_is_a_straggler():
 def test_the_frame_is_the_innermost_outside_torch():
     assert frame_of(WAITING_STACK) == "trainer/train.py:238 in train_step"
     assert frame_of(None) is None
+
+
+def test_the_suspects_source_line_is_read_on_its_host_and_shown(tmp_path):
+    """The agent reads each frame's line from the rank's working directory (py-spy prints
+    paths as imported); the verdict picks the suspect's own frame's line, cleaned."""
+    (tmp_path / "trainer").mkdir()
+    line = "        time.sleep(3600)  \x1b[2J\n"
+    (tmp_path / "trainer" / "faults.py").write_text("\n" * 86 + line)
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "f.py")  # never opened for a read that blocks
+    stack = STUCK_STACK + '  File "%s", line 1 in x\n' % (tmp_path / "fifo" / "f.py")
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        read = sources(stack, os.getpid())
+    finally:
+        os.chdir(old)
+    assert read == {"trainer/faults.py:87": line.strip()}
+    # py-spy shortens a path below a sys.path entry: PYTHONPATH is searched too
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rank = subprocess.Popen([sys.executable, "-c", "print(1, flush=True); input()"],
+                            cwd=str(elsewhere), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={"PYTHONPATH": "/nonexistent:%s" % tmp_path})
+    try:
+        rank.stdout.readline()  # it runs
+        assert sources(STUCK_STACK, rank.pid) == {"trainer/faults.py:87": line.strip()}
+    finally:
+        rank.kill()
+        rank.wait()
+    reports = hung_at(2)
+    reports[2]["sources"] = read
+    v = decide(reports)
+    assert v["suspects"][0]["source"] == "time.sleep(3600)"  # the escape sequence is gone
+    assert verdict_lines(v)[2] == "    > time.sleep(3600)"
+
+
+def test_the_evidence_says_where_the_others_wait():
+    assert evidence_lines(decide(hung_at(2))) == [
+        "rank(s) 0-1,3 wait in gloo:all_reduce #5 (pg 0) sizes [[21600]]",
+        "rank 2 finished gloo:all_reduce #4 (pg 0) sizes [[21600]] last"]
+    v = decide([report(r, [entry(4)]) for r in range(4)])
+    assert evidence_lines(v) == [v["evidence"]["why"]]
+
+
+def test_secrets_are_masked_in_the_whole_verdict():
+    """A source line can hold a secret (``token = "hf_..."``): the verdict kept and sent is
+    masked like every line (console/why.py masks it before it is kept)."""
+    reports = hung_at(2)
+    reports[2]["sources"] = {"trainer/faults.py:87": 'login(token="hf_s3cr3tvalue")'}
+    v = masked(decide(reports), Masker(["hf_s3cr3tvalue"]))
+    assert v["suspects"][0]["source"] == 'login(token="****")'
+    assert "hf_s3cr3tvalue" not in repr(v)

@@ -1,0 +1,66 @@
+"""Is a rank that prints nothing working? Its worker's CPU time, from the supervisors'
+periodic samples (agent/ranksample.py). Plain data.
+
+The rule (docs/STATUS.md, ``ranks[].silent``):
+- a rank's CPU *advances* in a sample when its worker (the same pid as in the sample
+  before) used at least ``CPU_MIN_SHARE`` of a core since then;
+- a silent rank still ``starting`` whose CPU advances is ``running``;
+- in a run where no rank prints steps, the run stalls when no rank's CPU has advanced for
+  longer than the stall threshold, and runs again when one does. A rank blocked in a gloo
+  collective uses almost no CPU, so one rank's idle CPU never stalls that rank alone: a
+  healthy job with a straggler has its fast ranks idle, waiting. The limit of the rule: a
+  hung rank that spins in Python keeps a silent run ``running``.
+"""
+
+from __future__ import annotations
+
+CPU_MIN_SHARE = 0.02  # of one core, over a sample period
+MOST = 2.0 ** 40  # seconds (CPU or since 1970), ids: past this a value is garbage
+
+
+class RankCpu:
+    """Fed the ``sample`` records of every node; says whose CPU advanced, and when last."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[int, float]] = {}  # rank -> (pid, cpu seconds)
+        self.advanced_at: dict[int, float] = {}  # rank -> when its CPU last advanced
+
+    def add(self, meta: dict) -> list[int]:
+        """One node's sample; the ranks whose CPU advanced since their previous sample."""
+        ts, period = meta.get("ts"), meta.get("period")
+        if not (_number(ts) and _number(period) and period > 0):
+            return []
+        moved = []
+        for rank in meta.get("ranks") if isinstance(meta.get("ranks"), list) else []:
+            if not isinstance(rank, dict):
+                continue
+            r, pid, cpu = rank.get("rank"), rank.get("pid"), rank.get("cpu_s")
+            if not (_whole(r) and _whole(pid) and _number(cpu)):
+                continue
+            before = self._last.get(r)
+            after = rank.get("cpu_after_s")  # the flight-recorder dump is not the rank's work
+            self._last[r] = (pid, float(after if _number(after) else cpu))
+            if (before is not None and before[0] == pid
+                    and cpu - before[1] >= CPU_MIN_SHARE * period):
+                self.advanced_at[r] = ts
+                moved.append(r)
+        return moved
+
+    def run_idle_s(self, ranks: list[int], now: float) -> float | None:
+        """Seconds since any of ``ranks`` last advanced; None before one ever did."""
+        seen = [self.advanced_at[r] for r in ranks if r in self.advanced_at]
+        return now - max(seen) if seen else None
+
+    def cpu_s(self, rank: int) -> float | None:
+        last = self._last.get(rank)
+        return None if last is None else last[1]
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MOST
+
+
+def _number(value) -> bool:
+    """A number in [0, MOST]: not NaN nor infinite (a host's NaN would stall or wake the
+    run for ever, and is not JSON in ``status --json``)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MOST

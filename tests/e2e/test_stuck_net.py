@@ -1,0 +1,49 @@
+"""Who is stuck when a host's network is cut: 4 real SSH hosts (sshhosts.py), real torchrun and
+gloo; node2's veth goes down inside its namespace. The others wait in their all-reduce (gloo's
+timeout is 600 s here); the verdict names node2's ranks `unreachable`, and no healthy rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from console.run import LaunchSpec
+
+# test_ssh_run puts tests/ on the path (spine.helpers); user_ssh and secret are its fixtures
+from test_ssh_run import SCRIPT, TIMEOUT, secret, ssh_controller, user_ssh  # noqa: F401
+from spine.helpers import TINY, wait_for, wind_down  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+CUT = "node2"
+
+
+async def test_a_cut_host_is_named_unreachable_and_no_healthy_rank(user_ssh, secret, tmp_path,
+                                                                   host_workdir, project):
+    ctl, _got = ssh_controller(user_ssh, tmp_path, host_workdir)
+    st = ctl.state
+    st.stall_min_s = 6.0  # the default is 60 s
+    try:
+        await ctl.launch(LaunchSpec(script=SCRIPT, sync=str(project), max_restarts=0, grace=3,
+                                    args=TINY + ["--steps", "100000", "--ckpt-every", "0",
+                                                 "--pg-timeout", "600"]), preflight=False)
+        await wait_for(lambda: len(st.ranks) == 4 and all((r.step or 0) >= 3
+                                                          for r in st.ranks.values()),
+                       TIMEOUT, "first steps")
+        cut_ranks = sorted(r.rank for r in st.ranks.values() if r.node == CUT)
+        user_ssh.link_down(CUT)
+        try:
+            await wait_for(lambda: (st.verdict or {}).get("kind") == "unreachable", 120,
+                           "a verdict naming the cut host")
+            verdict = st.verdict
+        finally:
+            user_ssh.link_up(CUT)
+            # back before the run is stopped: a stop must reach node2's processes too
+            await wait_for(lambda: ctl.links[CUT].connected.is_set() and
+                           st.nodes[CUT].state != "unreachable", 120, "node2 reconnected")
+        assert [(s["rank"], s["node"]) for s in verdict["suspects"]] == \
+            [(r, CUT) for r in cut_ranks], verdict
+        assert list(verdict["evidence"]["unreachable"]) == [CUT], verdict
+        healthy = sorted(set(st.ranks) - set(cut_ranks))
+        assert verdict["evidence"]["waiting_ranks"] == healthy, verdict
+    finally:
+        left = await wind_down(ctl)
+    assert left == [], "processes left behind: %s" % left

@@ -1,0 +1,87 @@
+"""`rankdeck launch --no-tui` prints who is stuck when the ranks stall: real torchrun and gloo
+on 4 local nodes, rank 2 hung in Python by the reference trainer; the verdict lines name
+rank 2, its node, its line and the source line the host read."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from .helpers import REPO, TINY, TRAINER, processes_of
+from .test_stuck import line_of
+
+pytestmark = pytest.mark.e2e
+TIMEOUT = 300
+
+
+def write_inventory(tmp_path) -> str:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    path = tmp_path / "hosts.yaml"
+    path.write_text("transport: local\nhosts:\n" + "".join(
+        "  - {name: node%d, addr: 127.0.0.%d, workdir: %s}\n" % (i, i + 2, workdir)
+        for i in range(4)))
+    return str(path)
+
+
+def read_lines(stream, into: queue.Queue) -> None:
+    for line in stream:
+        into.put(line.rstrip("\n"))
+    into.put(None)
+
+
+def lines_until(lines: queue.Queue, seen: list[str], done, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done(seen):
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError("timed out; rankdeck printed:\n" + "\n".join(seen[-40:]))
+        assert line is not None, "rankdeck ended first:\n" + "\n".join(seen[-40:])
+        seen.append(line)
+
+
+def test_no_tui_prints_the_verdict_naming_the_hung_rank_and_its_line(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "console", "launch", "--no-tui", "-i", write_inventory(tmp_path),
+         "--max-restarts", "0", "--stall-after", "6", TRAINER, "--"] + TINY +
+        ["--steps", "100000", "--ckpt-every", "0", "--pg-timeout", "600",
+         "--hang-at-step", "6", "--hang-rank", "2"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=read_lines, args=(proc.stdout, lines), daemon=True).start()
+    seen: list[str] = []
+    run_id = None
+    try:
+        lines_until(lines, seen, lambda s: any(" started on 4 nodes" in x for x in s), TIMEOUT)
+        run_id = next(x for x in seen if " started on 4 nodes" in x).split()[2]
+        lines_until(lines, seen, lambda s: any("> time.sleep(3600)" in x for x in s), TIMEOUT)
+    finally:
+        proc.send_signal(signal.SIGINT)  # detach; the run is stopped below
+        proc.wait(60)
+        if run_id:
+            subprocess.run([sys.executable, "-m", "console", "stop", run_id], cwd=REPO,
+                           env=env, capture_output=True, timeout=180)
+    verdict = [x for x in seen if x.startswith("[rankdeck] stuck-in-python:")]
+    assert len(verdict) == 1, seen[-40:]
+    i = seen.index(verdict[0])
+    line = line_of("time.sleep(3600)")
+    assert "never entered by rank 2 on node" in verdict[0], verdict
+    node = verdict[0].split("never entered by rank 2 on ")[1].split()[0]
+    assert seen[i + 1].startswith("[rankdeck]   suspect rank 2 on %s at " % node), seen[i + 1]
+    assert seen[i + 1].endswith("trainer/faults.py:%d in injected_hang" % line), seen[i + 1]
+    assert seen[i + 2] == "[rankdeck]     > time.sleep(3600)", seen[i + 2]
+    # the node named is where rank 2 ran: its own line says so
+    assert any(x.startswith("[%s r2] " % node) for x in seen), "rank 2 printed on another node"
+    left = processes_of(run_id)
+    for pid, _cmd in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], left
