@@ -51,6 +51,7 @@ class RunController:
         self.record: dict = {}
         self._tasks: list[asyncio.Task] = []
         self._ending: set[str] = set()  # nodes being stopped by console/finish.py's rules
+        self._ending_stops: list[asyncio.Task] = []  # their stop requests
         self._verdict_task: asyncio.Task | None = None
         self.secrets = inventory.secrets
         self.state.masker = Masker(self.secrets)
@@ -437,7 +438,9 @@ class RunController:
                 continue
             self._ending.add(name)
             self.state.add_event(name, "ending", end["say"])
-            self._tasks.append(asyncio.ensure_future(self._stop_as(link, end)))
+            task = asyncio.ensure_future(self._stop_as(link, end))
+            self._tasks.append(task)
+            self._ending_stops.append(task)
 
     async def _stop_as(self, link: NodeLink, end: dict) -> None:
         try:
@@ -474,6 +477,12 @@ class RunController:
     async def wait_done(self) -> str:
         """Wait for the run to end; its end state (one of RUN_ENDED)."""
         await self._until(lambda: self.state.run_state() in RUN_ENDED)
+        # A node the end rules stop (console/finish.py) counts as ended once its supervisor
+        # says so, a moment before that process is gone; its stop request returns only when
+        # nothing of the node is left, so the run is over when those stops are too.
+        pending = [t for t in self._ending_stops if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.spec.grace + 120)
         return self.state.run_state()
 
     async def close(self) -> None:
