@@ -328,16 +328,21 @@ class RunController:
                              % (node or "the nodes", self.run_id, "\n  ".join(why)))
 
     async def caught_up(self, timeout: float = 60.0) -> None:
-        """Wait until every connected node's journal has been replayed to its current end
-        (or ``timeout`` passed: a node that stopped sending is not waited for longer)."""
+        """Wait until every connected node's journal has been replayed to its current end and
+        its state.json has arrived (or ``timeout`` passed: a node that stopped sending is not
+        waited for longer). The state comes after the journal is drained: `status` printed
+        before it would show the node's torchrun phase as unknown."""
         async def one(link: NodeLink):
             st = await link.request("state", run_root=link.run_root, node=link.name)
             size = st.get("journal_size")
             if size is None:
                 return
             node = self.state.nodes[link.name]
+            has_state = st.get("state") != "missing"  # no state.json: no state message comes
             try:
-                await asyncio.wait_for(self._until(lambda: node.journal_offset >= size), timeout)
+                await asyncio.wait_for(self._until(
+                    lambda: node.journal_offset >= size and (node.state_seen or not has_state)),
+                    timeout)
             except asyncio.TimeoutError:
                 pass
         await self.gather_nodes(one, self.connected())

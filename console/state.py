@@ -119,6 +119,7 @@ class NodeState:
     host: dict | None = None  # the agent's host sample (agent/hoststats.py), sent with gpu
     phase: dict | None = None  # its torchrun's phase (console/rendezvous.py), from state.json
     worker_failure: dict | None = None  # the newest worker_failed of its current torchrun
+    state_seen: bool = False  # a state message (its state.json) has arrived since subscribing
 
     @property
     def torchrun_restarts(self) -> int:
@@ -447,6 +448,7 @@ class RunState:
         if not st:
             return
         ns = self.nodes[node]
+        ns.state_seen = True
         ns.restarts = st.get("restarts", ns.restarts)
         ns.max_restarts = st.get("max_restarts", ns.max_restarts)
         if "phase" in st:

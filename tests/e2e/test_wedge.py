@@ -76,7 +76,10 @@ async def test_a_rendezvous_waiting_for_a_stopped_torchrun_names_it(tmp_path):
 
         # past the threshold the run says what it waits for: node1, its torchrun's phase
         ctl.state.stall_min_s = WAIT_S
-        await wait_for(lambda: ctl.state.waiting is not None, TIMEOUT, "the run waiting")
+        # node0's new torchrun may take longer than WAIT_S to reach the rendezvous on a loaded
+        # machine (until then it too is "starting", not joined): wait for it to join
+        await wait_for(lambda: ctl.state.waiting is not None and ctl.state.waiting["joined"] == 1,
+                       TIMEOUT, "the run waiting, node0 joined")
         doc = status_json(ctl.run_id)
         wait = doc["waiting_for"]
         assert wait is not None, doc
