@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import resource
 import sys
 
 from inventory.loader import MAX_SLOTS
@@ -39,6 +40,7 @@ def bounded(kind: type, low: float, high: float = math.inf, low_open: bool = Fal
 
 
 SECONDS = bounded(float, 0, low_open=True)
+FDS_WANTED = 16384  # open files the console asks for: a socket per host, with room to spare
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,7 +183,24 @@ def own_option_after_script(parser: argparse.ArgumentParser, argv: list[str],
     return None
 
 
+def raise_fd_limit(want: int = FDS_WANTED) -> int:
+    """Raise this process's soft limit on open files towards ``want`` (never above the hard
+    limit): one SSH connection per host is one socket, and the soft default (256 on macOS,
+    1,024 on most Linux desktops) runs out before 1,024 hosts (docs/SCALE.md). Returns the
+    soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # a platform that refuses: keep what we have
+            pass
+    return soft
+
+
 def main(argv: list[str] | None = None) -> int:
+    raise_fd_limit()
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)

@@ -33,6 +33,9 @@ from .transport.base import HostUnreachable, Transport
 from .why import take_verdict
 
 ATTACH_BACKLOG = 4 << 20  # journal bytes per node a TUI attach reads log lines from
+# SSH handshakes under way at once: ~20 ms of laptop CPU each (docs/SCALE.md), so 64 finish
+# well inside a host's connect timeout even on one busy core
+CONNECT_AT_ONCE = 64
 
 
 class RunController:
@@ -60,6 +63,7 @@ class RunController:
         self.sync_listeners: list = []
         self.missing_env: dict[str, list[str]] = {}  # {node: why a secret is not known here}
         self.page_bytes = PAGE_BYTES  # log data per scrollback request
+        self.connect_at_once = CONNECT_AT_ONCE
         self._closed = False
         # set on every state change: wakes wait_done() and caught_up() (no polling)
         self._changed = asyncio.Event()
@@ -78,14 +82,21 @@ class RunController:
         return run_root(self.inventory.host(name), self.run_id)
 
     async def connect_all(self, reconnect: bool = True) -> dict[str, Exception]:
-        """Connect to every host at once; returns {host: error} for the ones that failed."""
+        """Connect to every host, ``CONNECT_AT_ONCE`` at a time (each host's connect timeout
+        counts from its own start, so a thousand handshakes on one laptop core do not time
+        out the last ones: docs/SCALE.md); returns {host: error} for the ones that failed."""
         for h in self.inventory.hosts:
             if h.name not in self.links:
                 self.links[h.name] = NodeLink(h, self.transport, self.state, self.root_of(h.name),
                                               reconnect=reconnect)
         names = [h.name for h in self.inventory.hosts]
-        results = await asyncio.gather(*(self.links[n].connect() for n in names),
-                                       return_exceptions=True)
+        slots = asyncio.Semaphore(self.connect_at_once)
+
+        async def one(name: str):
+            async with slots:
+                return await self.links[name].connect()
+
+        results = await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
         failed = {}
         for name, res in zip(names, results):
             if isinstance(res, BaseException):

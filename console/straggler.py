@@ -79,6 +79,7 @@ class Stragglers:
         self._ticks: dict[int, dict[int, dict]] = {}  # tick -> rank -> times
         self.history: dict[int, deque] = {}  # rank -> its shares, newest last
         self.flagged: set[int] = set()
+        self.ticks = 0  # ticks reduced into shares so far: the view redraws when it grows
 
     def add(self, meta: dict, world: int | None) -> list[tuple[int, str, str]]:
         """One node's sample; returns ``[(rank, kind, text)]`` events (``straggler``,
@@ -100,6 +101,7 @@ class Stragglers:
             return []
         for rank, share in found.items():
             self.history.setdefault(rank, deque(maxlen=HISTORY)).append(share)
+        self.ticks += 1
         return self._decide()
 
     def _pending(self, tick: int) -> dict | None:

@@ -32,13 +32,16 @@ FAR_RELATIVE = 0.2
 _MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
 # throttle reasons that slow a GPU down (gpu_idle and the clock settings do not)
 SLOWING = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+# no figure a host measures (bytes, Gbit/s, %, watts) comes near this; sums of a few stay finite
+NUM_MAX = 1e18
 
 
 def _num(value) -> float | None:
-    """A host's number, or None for anything else (text, bool, NaN)."""
+    """A host's number, or None for anything else (text, bool, NaN, infinite or past
+    ``NUM_MAX``: JSON's 1e400 or a 400-digit integer would overflow a mean or a format)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
-    return value
+    return value if -NUM_MAX <= value <= NUM_MAX else None
 
 
 def _list(value) -> list:

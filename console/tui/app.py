@@ -34,6 +34,7 @@ from .feed import ALL, NODE, RANK, RunFeed
 from .gpu import GpuPanel
 from .header import RunHeader
 from .help import HelpScreen, key_sections
+from .lateness import open_lateness
 from .logs import LogPanes
 from .losschart import LossChart
 from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, RunChanged,
@@ -74,6 +75,8 @@ class RankdeckApp(App[int]):
         Binding("f", "follow", "Follow/pause"),
         Binding("w", "why", "Who is stuck"),
         Binding("s", "stacks", "Stacks of the node"),
+        Binding("L", "lateness", "Lateness of each rank, worst first", key_display="L",
+                show=False),
         Binding("W", "toggle('wrap')", "Wrap", key_display="W", show=False),
         Binding("t", "toggle('timestamps')", "Timestamps", show=False),
         Binding("c", "toggle('collapse')", "Collapse identical", show=False),
@@ -313,6 +316,9 @@ class RankdeckApp(App[int]):
 
     def action_why(self) -> None:
         open_verdict(self)
+
+    def action_lateness(self) -> None:
+        open_lateness(self)
 
     def action_stacks(self, node: str | None = None) -> None:
         open_stacks(self, node or self.nodes.current_node)

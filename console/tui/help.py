@@ -21,6 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from .confirm import ConfirmScreen
+from .lateness import LatenessScreen
 from .stacks import StacksScreen
 from .verdict import VerdictScreen
 
@@ -84,6 +85,7 @@ def key_sections(app, screen: Screen | None = None) -> list[Section]:
         else:
             sections.append([section_title(widget), rows])
     for title, dialog in (("Who is stuck (w)", VerdictScreen), ("Stacks (s)", StacksScreen),
+                          ("Lateness (L)", LatenessScreen),
                           ("Confirmations", ConfirmScreen), ("This help", HelpScreen)):
         sections.append([title, binding_rows(BindingsMap(dialog.BINDINGS))])
     return [(title, rows) for title, rows in sections if rows] + [MOUSE]

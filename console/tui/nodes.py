@@ -10,7 +10,8 @@ the highlighted row's node.
 At 512 ranks a row per rank is 576 rows: past ``FOLD_ABOVE`` ranks every node starts folded
 to its one row (which names its ranks that are not like the node: ``2 stalled: r13 r14``);
 ``e`` opens or folds the node under the cursor, ``E`` all of them. ``o`` cycles the order
-(nodeorder.py; the header says which), ``!`` (an app key) goes to the worst row.
+(``O`` backwards; nodeorder.py, the header says which), ``!`` (an app key) goes to the worst
+row.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..sanitize import clean
 from ..state import RunState
 from .feed import NODE, RANK
 from .messages import SourceChosen
-from .nodeorder import ORDERS, ordered, worst
+from .nodeorder import ORDERS, TELEMETRY, header_label, ordered, worst
 from .rowsview import RowsView
 from ..summary import node_detail, node_phase, node_step, ranks_by_node
 from ..telemetry import far_nodes, node_telemetry, row_cells
@@ -44,7 +45,10 @@ class NodesTable(RowsView):
         Binding("e", "fold", "Open or fold the node under the cursor (its rank rows)",
                 show=False),
         Binding("E", "fold_all", "Open or fold every node", key_display="E", show=False),
-        Binding("o", "order", "Order rows by node / state / step / step time", show=False),
+        Binding("o", "order", "Order rows by node / state / step / step time / gpu util / "
+                "tok/s / network / cpu", show=False),
+        Binding("O", "order(-1)", "Order rows by the order before (o backwards)",
+                key_display="O", show=False),
     ]
 
     def __init__(self, state: RunState, **kwargs):
@@ -81,7 +85,7 @@ class NodesTable(RowsView):
         self._cells = {name: row_cells(row) for name, row in rows.items()}
         self._far = far_nodes(rows)
         keys, heights = [], []
-        for ns, ranks in ordered(list(state.nodes.values()), by_node, self.order):
+        for ns, ranks in ordered(list(state.nodes.values()), by_node, self.order, rows):
             keys.append("n:" + ns.name)
             heights.append(2 if ns.cause else 1)
             if self.is_open(ns.name):
@@ -100,9 +104,12 @@ class NodesTable(RowsView):
 
     def _header_line(self) -> tuple:
         """Column names; the one the rows are ordered by ends in ``▼`` (step time: the
-        detail column, where ranks show it)."""
+        detail column, where ranks show it; a telemetry order: the detail column, where
+        nodes show it, named by the order)."""
         names = ["node/rank", "state", "step", "rst", "detail"]
-        if self.order != ORDERS[0]:
+        if self.order in TELEMETRY:
+            names[4] = header_label(self.order) + "▼"
+        elif self.order != ORDERS[0]:
             column = {"state": 1, "step": 2, "step time": 4}[self.order]
             names[column] = "s/step" if self.order == "step time" else names[column]
             names[column] += "▼"
@@ -138,8 +145,9 @@ class NodesTable(RowsView):
         self.refresh_rows()
         self._cursor_moved()
 
-    def action_order(self) -> None:
-        self.order = ORDERS[(ORDERS.index(self.order) + 1) % len(ORDERS)]
+    def action_order(self, step: int = 1) -> None:
+        """The next order (``step`` -1: the one before)."""
+        self.order = ORDERS[(ORDERS.index(self.order) + step) % len(ORDERS)]
         self.refresh_rows()
         self._cursor_moved()
 

@@ -152,3 +152,20 @@ def test_sync_folder_that_is_not_there_is_exit_2(tmp_path):
     # a relative defaults.sync is read against the inventory's folder, and named as such
     assert "defaults.sync in %s (%s): not a folder" % (inv, tmp_path / "code") in out.stderr
     assert not (tmp_path / ".rankdeck").exists() and runs_recorded() == []
+
+
+@pytest.mark.parametrize("limits, expected", [((256, 20000), 16384), ((256, 512), 512)])
+def test_the_console_raises_its_open_files_limit_for_many_hosts(limits, expected):
+    """A socket per host: the console lifts a low soft limit (macOS: 256) towards 16,384,
+    never above the hard limit (docs/SCALE.md)."""
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < limits[1]:
+        pytest.skip("this machine's hard limit is %d" % hard)
+    code = ("import resource\nfrom console.cli import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limits),
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) == expected, out.stdout
