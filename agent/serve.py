@@ -20,13 +20,13 @@ from .gpu import GpuProbe
 from .hoststats import HostSampler
 from .hostpaths import host_path, host_python
 from .journal import JournalReader, read_back
+from .pace import Pace
 from .preflight import Listener, host_facts
 from .protocol import RequestError
 from .stacks import dump_stacks
 from .store import start_store, stop_store
 from .version import agent_version
 
-POLL = 0.02
 STATE_POLL = 0.25
 
 
@@ -52,6 +52,7 @@ class Server(object):
         self.gpu_interval = 1.0
         self.host = HostSampler()  # sampled with the GPUs, sent in the same message
         self.closed = threading.Event()
+        self.wake = threading.Event()  # set: the stream loop turns now (a new subscription)
         self.listeners = {}
         self.syncs = sync.Transfers()  # --sync transfers of this connection (agent/sync.py)
 
@@ -179,6 +180,7 @@ class Server(object):
             if old:
                 old.reader.close()
             self.subs[sub_id] = sub
+        self.wake.set()
         return {"sub": sub_id, "offset": sub.reader.offset}
 
     def op_unsubscribe(self, args):
@@ -214,10 +216,11 @@ class Server(object):
         return out
 
     def pump(self):
-        """Send what is new in subscribed journals and states; True if anything was sent."""
+        """Send what is new in subscribed journals and states; the journal bytes sent (a
+        state message counts as one)."""
         with self.subs_lock:
             subs = list(self.subs.values())
-        sent = False
+        sent = 0
         now = time.monotonic()
         for sub in subs:
             # state.json is read BEFORE the journal is drained and sent only once it is: the
@@ -231,7 +234,8 @@ class Server(object):
                 if not records:
                     drained = True
                     break
-                budget -= sum(len(d) for _m, d, _e in records) + 64 * len(records)
+                nbytes = sum(len(d) for _m, d, _e in records) + 64 * len(records)
+                budget -= nbytes
                 if sub.quiet_until and records[0][0]["j"] < sub.quiet_until:
                     # a console resuming its output or wanting recent lines only: state
                     # records yes, lines of records that start before quiet_until no
@@ -241,13 +245,13 @@ class Server(object):
                         continue
                 self.send({"t": "journal", "sub": sub.sub_id, "end": records[-1][2],
                            "recs": self._wire(records)})
-                sent = True
+                sent += nbytes
             if check and drained:
                 sub.last_state_check = now
                 if state != sub.last_state:
                     sub.last_state = state
                     self.send({"t": "state", "sub": sub.sub_id, "state": state})
-                    sent = True
+                    sent += 1
         return sent
 
     def _run_folder(self):
@@ -257,6 +261,7 @@ class Server(object):
 
     def stream_loop(self):
         last_gpu = 0.0
+        pace = Pace()
         while not self.closed.is_set():
             sent = self.pump()
             now = time.monotonic()
@@ -264,8 +269,11 @@ class Server(object):
                 last_gpu = now
                 self.send({"t": "gpu", "snap": self.gpu.snapshot(),
                            "host": self.host.sample(self._run_folder())})
-            if not sent:
-                self.closed.wait(POLL)
+            flood = sent >= pace.batch  # more is likely waiting: go on at once
+            wait = pace.after(sent)
+            if not flood:
+                self.wake.wait(wait)
+                self.wake.clear()
 
     def serve_forever(self, inp=None):
         inp = inp or sys.stdin.buffer
@@ -282,6 +290,7 @@ class Server(object):
                 continue
             threading.Thread(target=self.handle, args=(msg,), daemon=True).start()
         self.closed.set()
+        self.wake.set()
 
 
 def main():

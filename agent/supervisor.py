@@ -30,6 +30,7 @@ from .gpu import GpuProbe, gpu_pids_memory
 from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
 from .mask import Masker
+from .pace import Pace
 from .metrics import MetricParser
 from .ranksample import RankSampler, period_of
 from .resumed import resumed_records
@@ -38,7 +39,6 @@ from .runfiles import read_json, write_json_atomic
 from .tail import LogFollower
 from .torchrun_log import RANK_RECORD, TorchrunLog, with_rank_record
 
-POLL = 0.02
 ORPHAN_GRACE = 3.0
 STDERR_TAIL = 16 * 1024  # bytes of each worker's stderr kept for the cause of a failure
 PHASE_POLL = 0.25  # how often torchrun's phase (agent/torchrun_phase.py) is read
@@ -117,9 +117,10 @@ class Supervisor(object):
         return fields
 
     def pump(self, final=False):
+        """Journal what the ranks and torchrun wrote since the last turn; the bytes read."""
         records = self.follower.poll(final=final)
         if not records:
-            return
+            return 0
         out = []
         for meta, data in records:
             kind = meta["k"]
@@ -153,6 +154,7 @@ class Supervisor(object):
                     if rec["k"] == "ckpt":
                         self.checkpoints.add(rec)
         self.journal.append_many(out)
+        return sum(len(data) for _meta, data in records)
 
     def worker_failures(self, data):
         """``worker_failed`` events for the failures torchrun reports in its own output
@@ -320,8 +322,9 @@ class Supervisor(object):
         telemetry = TelemetryRecorder(self.journal, self.spec.get("cwd") or self.node_dir)
         # ranks' CPU and collective entry times (stragglers, silent ranks)
         ranks_sample = RankSampler(self.journal, self.node_dir, period_of(self.spec.get("env") or {}))
+        pace = Pace()
         while True:
-            self.pump()
+            read = self.pump()
             telemetry.tick()
             ranks_sample.tick()
             self.deleted_checkpoints()
@@ -358,7 +361,7 @@ class Supervisor(object):
                 if code == 0:
                     return self.finish("exited", 0, report)
                 return self.finish("failed", code, report, cause=self.root_cause(code))
-            time.sleep(POLL)
+            time.sleep(pace.after(read))
 
     def save_phase(self):
         """state.json's ``phase``: where torchrun is (rendezvous round, workers running...)."""

@@ -143,7 +143,8 @@ async def until(condition, timeout: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def measure(seconds: float, nproc: int, rate: float, work: str) -> dict:
+async def measure(seconds: float, nproc: int, rate: float, work: str,
+                  sample_s: str | None = None) -> dict:
     from console.history import History
     from console.run import LaunchSpec, RunController
     from console.transport.local import LocalTransport
@@ -161,7 +162,8 @@ async def measure(seconds: float, nproc: int, rate: float, work: str) -> dict:
     ctl.state.line_listeners.append(count)
     spec = LaunchSpec(script=os.path.abspath(__file__),
                       args=["--rank", str(rate), str(seconds + MARGIN)],
-                      nproc_per_node=nproc, max_restarts=0, grace=2.0)
+                      nproc_per_node=nproc, max_restarts=0, grace=2.0,
+                      env={} if sample_s is None else {"RANKDECK_SAMPLE_S": sample_s})
     await ctl.launch(spec)
     try:
         await until(lambda: len(arrived["ranks"]) == nproc, 120, "a line from every rank")
@@ -247,13 +249,15 @@ def main() -> int:
     ap.add_argument("--nproc", type=int, default=8)
     ap.add_argument("--rate", type=float, default=10.0, help="lines a second, per rank")
     ap.add_argument("--no-idle", action="store_true", help="skip the silent-ranks run")
+    ap.add_argument("--sample-s", help="RANKDECK_SAMPLE_S for the run (0: no rank samples, "
+                    "agent/ranksample.py); the supervisor's default (10 s) when not given")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="rdk-agentcpu-") as work:
-        result = asyncio.run(measure(args.seconds, args.nproc, args.rate, work))
+        result = asyncio.run(measure(args.seconds, args.nproc, args.rate, work, args.sample_s))
     idle = None
     if not args.no_idle:
         with tempfile.TemporaryDirectory(prefix="rdk-agentcpu-") as work:
-            idle = asyncio.run(measure(args.seconds, args.nproc, 0.0, work))
+            idle = asyncio.run(measure(args.seconds, args.nproc, 0.0, work, args.sample_s))
     report(result, args.nproc, args.rate, idle)
     return 0
 

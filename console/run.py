@@ -437,7 +437,7 @@ class RunController:
         last_save = 0.0
         while True:
             await asyncio.sleep(1.0)
-            if self.state.check_stalls():
+            if self.state.check_stalls() or self.state.verdict_again_due():
                 self._start_verdict()
             self._end_finished_nodes()
             now = time.monotonic()

@@ -30,6 +30,8 @@ LINES_PER_NODE = 2000
 EVENTS = 2000
 STALL_MIN_S = 60.0
 STALL_FACTOR = 5.0
+VERDICT_AGAIN_S = 10.0  # an unknown verdict is taken again this long after, while stalled,
+VERDICT_AGAIN_MAX_S = 120.0  # doubling each time up to this
 
 ENDED = ("exited", "failed", "stopped")  # a node's end states
 RUN_ENDED = ("succeeded", "failed", "stopped")  # a run's end states (RunState.run_state)
@@ -189,14 +191,34 @@ class RunState:
         self.ran = False  # a rank has stepped: the run is never `starting` again
         self.silent_waiting: set[int] = set()  # silent ranks the run's next step wakes
         self.verdict: dict | None = None  # who is stuck (console/verdict.py), while stalled
+        self.verdict_at = 0.0  # when it was taken
+        self._verdict_tries = 0  # looks again at an unknown verdict (verdict_again_due)
         self.stragglers = Stragglers()  # from the supervisors' samples (agent/ranksample.py)
         self.rank_cpu = RankCpu()  # silent ranks' CPU, from the same samples
 
     # -- feeding ---------------------------------------------------------------------------
     def set_verdict(self, verdict: dict) -> None:
-        """Keep who is stuck, and say it once as an event (the summary line)."""
-        self.verdict = verdict
-        self.add_event(None, "verdict", "%s: %s" % (verdict["kind"], verdict["summary"]))
+        """Keep who is stuck, and say it as an event (the summary line) when it is news: a
+        verdict taken again while the stall goes on says nothing if nothing changed."""
+        old, self.verdict = self.verdict, verdict
+        self.verdict_at = time.time()
+        if old is None or (old["kind"], old["summary"]) != (verdict["kind"], verdict["summary"]):
+            self.add_event(None, "verdict", "%s: %s" % (verdict["kind"], verdict["summary"]))
+
+    def verdict_again_due(self, now: float | None = None) -> bool:
+        """The stall goes on and the verdict named nobody (``unknown``: on a loaded host the
+        ranks may still have been entering collectives in the two samples): time to look
+        again, ``VERDICT_AGAIN_S`` after the first look, doubling up to ``VERDICT_AGAIN_MAX_S``."""
+        if self.verdict is None or self.verdict.get("kind") != "unknown":
+            self._verdict_tries = 0
+            return False
+        if not any(rs.state == "stalled" for rs in self.ranks.values()):
+            return False
+        wait = min(VERDICT_AGAIN_MAX_S, VERDICT_AGAIN_S * 2 ** self._verdict_tries)
+        if (now or time.time()) - self.verdict_at < wait:
+            return False
+        self._verdict_tries += 1
+        return True
 
     def add_event(self, node: str | None, kind: str, text: str, rank: int | None = None,
                   ts: float | None = None) -> None:

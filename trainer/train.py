@@ -86,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, help="inject: this global rank is a straggler")
     p.add_argument("--slow-s", type=float, default=0.05,
                    help="seconds --slow-rank spends outside collectives in every step")
+    p.add_argument("--slow-at-step", type=int, default=1,
+                   help="the first step --slow-rank is slow in (default: every step)")
     p.add_argument("--abort-at-exit", type=int, metavar="RANK",
                    help="inject: global rank RANK finishes its last step, then aborts (SIGABRT) "
                         "as an interpreter teardown can, without destroy_process_group")
@@ -250,7 +252,10 @@ class Trainer:
         losses, seconds = [], 0.0
         while self.step < args.steps:
             faults.fire_if_due(armed, self.step + 1, ranks.rank, args.ckpt_dir)
-            if args.slow_rank == ranks.rank:
+            if args.slow_rank == ranks.rank and self.step + 1 >= args.slow_at_step:
+                if self.step + 1 == args.slow_at_step:
+                    print(f"fault injected kind=slow step={self.step + 1} rank={ranks.rank}",
+                          file=sys.stderr, flush=True)
                 time.sleep(args.slow_s)  # a straggler: late into every all-reduce, never hung
             lr = self.optimizer.param_groups[0]["lr"]
             started = time.perf_counter()

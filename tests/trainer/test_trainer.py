@@ -137,6 +137,16 @@ def test_bad_flags_fail_with_one_error_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_slow_rank_turns_slow_at_the_step_asked_and_says_so_once(tmp_path):
+    # bench/stuck.py times a straggler from this line: the steps before it are the clean pace
+    proc = run_trainer("--steps", "4", "--ckpt-every", "0", "--slow-rank", "0", "--slow-s", "0.01",
+                       "--slow-at-step", "3", "--ckpt-dir", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [s[0] for s in parse_steps(proc.stdout)] == [1, 2, 3, 4]
+    said = [line for line in proc.stderr.splitlines() if "fault injected" in line]
+    assert said == ["fault injected kind=slow step=3 rank=0"], proc.stderr
+
+
 def test_sigterm_saves_checkpoint_and_exits_143(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = subprocess.Popen(

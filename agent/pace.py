@@ -1,0 +1,34 @@
+"""How long a polling loop sleeps between turns: fast while data pours in, slower when little comes.
+
+The supervisor (tailing the ranks' files) and ``serve`` (streaming the journal) poll: a turn
+costs about the same whether it finds one line or a thousand (a read per file, a directory
+scan, a message), so at a chatty trainer's 10 lines a second per rank, turns every 20 ms spent
+most of the agent's CPU finding one line each (docs/BENCHMARKS.md, "The whole agent"). A turn
+whose bytes come in at ``RATE`` or more keeps the next one ``FAST``; a slower trickle doubles
+the wait up to ``SLOW``. So a flood (where the latency target lives: p99 <= 200 ms at 10k
+lines/s) is read every 20 ms, and a trickle in batches of 100 ms, which a person reading the
+lines cannot tell apart; the first line after a quiet spell waits at most ``SLOW`` per stage.
+"""
+
+FAST = 0.02
+SLOW = 0.1
+RATE = 32 << 10  # bytes a second: 8 ranks x 10 lines/s is ~8 KiB/s, a busy node 100 KiB/s+
+
+
+class Pace:
+    def __init__(self, fast: float = FAST, slow: float = SLOW, rate: float = RATE):
+        self.fast, self.slow, self.rate = fast, slow, rate
+        self.wait = fast
+
+    @property
+    def batch(self) -> float:
+        """The bytes a turn must bring to count as a flood: the rate over the last wait."""
+        return self.rate * self.wait
+
+    def after(self, nbytes: int) -> float:
+        """The wait before the next turn, given the bytes this turn brought."""
+        if nbytes >= self.batch:
+            self.wait = self.fast
+        else:
+            self.wait = min(self.slow, self.wait * 2)
+        return self.wait

@@ -1,0 +1,30 @@
+"""agent/pace.py: the agent's polling loops turn fast in a flood and slow down in a trickle."""
+
+from math import ceil
+
+from agent.pace import FAST, RATE, SLOW, Pace
+
+
+def test_a_trickle_backs_off_to_slow_and_a_flood_turns_fast_again():
+    pace = Pace()
+    trickle = int(RATE * FAST / 10)  # a tenth of the flood rate, whatever the wait
+    waits = [pace.after(trickle) for _ in range(6)]
+    assert waits[0] == 2 * FAST and waits == sorted(waits)
+    assert waits[-1] == SLOW and max(waits) == SLOW
+    assert pace.after(ceil(RATE * SLOW)) == FAST  # the flood rate over the last wait: fast
+    assert pace.after(ceil(RATE * FAST)) == FAST  # and it stays fast while the rate holds
+    assert pace.after(0) == 2 * FAST
+
+
+def test_the_flood_rate_is_bytes_per_second_not_per_turn():
+    pace = Pace()
+    for _ in range(5):
+        pace.after(0)
+    assert pace.wait == SLOW
+    assert pace.after(int(RATE * FAST)) == SLOW  # 20 ms worth of the rate in a 100 ms turn: slow
+    assert pace.after(ceil(RATE * SLOW)) == FAST
+
+
+def test_silence_never_waits_longer_than_slow():
+    pace = Pace()
+    assert max(pace.after(0) for _ in range(100)) == SLOW
