@@ -60,6 +60,7 @@ MAX_MESSAGE = 1 << 20
 MAX_PUT_BYTES = (MAX_MESSAGE - 64 * 1024) // 4 * 3
 SKIP_PARTS = (".git", ".rankdeck")
 STALE_STAGING = 600.0  # seconds before a staging folder no transfer owns is swept
+KEEP_FAILED = 16  # failed transfers remembered per connection (their puts still in flight)
 SESSION_RE = re.compile(r"^[0-9a-f]{8,64}$")
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -268,14 +269,27 @@ class Transfers(object):
     def __init__(self):
         self.lock = threading.Lock()
         self.by_session = {}
+        self.failed = {}  # session -> (message, kind) of a transfer that failed, newest few
 
     def get(self, session):
         with self.lock:
             tr = self.by_session.get(session)
+            failed = self.failed.get(session)
+        if failed is not None:  # a put still in flight when another failed: the same cause
+            raise SyncError(*failed)
         if tr is None:
             raise SyncError("no sync transfer %r here (the connection dropped mid-transfer?): "
                             "sync again" % (session,), "usage")
         return tr
+
+    def fail(self, session, err):
+        """End a transfer for ``err`` (its staging is the caller's to remove); the puts of it
+        still in flight, on other threads, raise the same error rather than an OSError."""
+        with self.lock:
+            self.by_session.pop(session, None)
+            self.failed.setdefault(session, (str(err), err.kind))  # the first cause wins
+            while len(self.failed) > KEEP_FAILED:
+                del self.failed[next(iter(self.failed))]
 
     def pop(self, session):
         with self.lock:
@@ -393,8 +407,22 @@ def put(transfers, args):
     if total > MAX_PUT_BYTES:
         raise SyncError("sync %s: %d bytes in one message, at most %d"
                         % (tr.session, total, MAX_PUT_BYTES), "usage")
+    try:
+        return {"done": _write_pieces(transfers, tr, decoded)}
+    except (OSError, SyncError):
+        with transfers.lock:
+            failed = tr.session in transfers.failed
+        if failed:  # this or another put failed the transfer: clear what racing puts left,
+            shutil.rmtree(tr.staging, ignore_errors=True)
+            transfers.get(tr.session)  # and say its first cause
+        raise
+
+
+def _write_pieces(transfers, tr, decoded):
+    """Write decoded pieces into staging; the indexes of files they completed (each checked)."""
     done = []
     for index, offset, data in decoded:
+        transfers.get(tr.session)  # failed by another put meanwhile: write nothing more
         fd = os.open(tr.staged(index), os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             os.pwrite(fd, data, offset)
@@ -409,13 +437,13 @@ def put(transfers, args):
             path, _size, _mode, sha = tr.entries[index]
             got = file_sha256(tr.staged(index))
             if got != sha:
-                transfers.pop(tr.session)
-                shutil.rmtree(tr.staging, ignore_errors=True)
-                raise SyncError("%s: received bytes hash to %s, the manifest says %s (changed "
+                err = SyncError("%s: received bytes hash to %s, the manifest says %s (changed "
                                 "on the laptop while sending?); nothing was placed"
                                 % (path, got[:12], sha[:12]), "sha")
+                transfers.fail(tr.session, err)
+                raise err
             done.append(index)
-    return {"done": done}
+    return done
 
 
 class _WorkdirLock(object):

@@ -190,8 +190,9 @@ async def test_wrong_bytes_for_a_file_are_refused(tmp_path):
         await agent("sync_put", {"session": "ab" * 8, "pieces": [[0, 0, "YWJjZA=="]]})
     assert err.value.kind == "sha"
     assert host_files(host) == []
-    with pytest.raises(AgentError, match="no sync transfer"):
+    with pytest.raises(AgentError, match="hash to") as err:  # the transfer's own failure
         await agent("sync_commit", {"session": "ab" * 8})
+    assert err.value.kind == "sha"
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", "../outside.py", "a/../../outside.py",
