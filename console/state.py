@@ -121,7 +121,7 @@ class NodeState:
     host: dict | None = None  # the agent's host sample (agent/hoststats.py), sent with gpu
     phase: dict | None = None  # its torchrun's phase (console/rendezvous.py), from state.json
     worker_failure: dict | None = None  # the newest worker_failed of its current torchrun
-    state_seen: bool = False  # a state message (its state.json) has arrived since subscribing
+    state_seen: bool = False  # a state message (its state.json) has arrived (caught_up waits)
 
     @property
     def torchrun_restarts(self) -> int:
