@@ -25,6 +25,7 @@ from statistics import median
 
 from .sanitize import clean
 from .stacks import main_thread_locations
+from .straggler import MAD_FACTOR, SHARE_MIN, shares
 from .text import rank_ranges
 
 KINDS = ("stuck-in-python", "mismatch", "unreachable", "straggler", "unknown")
@@ -32,8 +33,6 @@ KINDS = ("stuck-in-python", "mismatch", "unreachable", "straggler", "unknown")
 # py-spy writes a path below sys.path relative to it ("torch/distributed/...").
 _LIBRARY_PREFIXES = ("torch/", "<frozen ", "threading.py")
 _LIBRARY_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/threading.py")
-STRAGGLER_MIN_S = 0.005  # lateness below this is clock noise between hosts
-STRAGGLER_MIN_SAMPLES = 8
 SOURCE_MAX = 240  # characters of a suspect's source line
 
 
@@ -175,39 +174,45 @@ def _unreachable(reports: list[dict], unreachable: dict[str, str], expected: dic
 def lateness(reports: list[dict]) -> dict[int, list[float]]:
     """Per rank, seconds it entered each collective after the median rank did (one sample per
     collective every rank recorded)."""
-    times: dict[tuple[str, int], dict[int, int]] = {}
-    for r in reports:
-        for e in _entries(r):
-            if isinstance(e.get("t_ns"), int) and e["t_ns"] > 0:
-                times.setdefault((e["pg"], e["seq"]), {})[r["rank"]] = e["t_ns"]
-    everyone = {r["rank"] for r in reports}
-    out: dict[int, list[float]] = {rank: [] for rank in everyone}
-    for entered in times.values():
-        if set(entered) != everyone:
-            continue
-        mid = median(entered.values())
-        for rank, t in entered.items():
-            out[rank].append((t - mid) / 1e9)
+    times = _entry_times(reports)
+    out: dict[int, list[float]] = {rank: [] for rank in times}
+    for key in set.intersection(*(set(t) for t in times.values())) if times else ():
+        mid = median(t[key] for t in times.values())
+        for rank, t in times.items():
+            out[rank].append((t[key] - mid) / 1e6)
     return out
 
 
+def _entry_times(reports: list[dict]) -> dict[int, dict[tuple[str, int], int]]:
+    """{rank: {(pg, seq): entry time in us}}, the shape console/straggler.py reduces."""
+    return {r["rank"]: {(e["pg"], e["seq"]): e["t_ns"] // 1000 for e in _entries(r)
+                        if isinstance(e.get("t_ns"), int) and e["t_ns"] > 0}
+            for r in reports}
+
+
 def straggler(reports: list[dict]) -> dict | None:
-    """The one rank that enters collectives last by a robust margin (median lateness over MAD)."""
-    late = {r: median(v) for r, v in lateness(reports).items() if len(v) >= STRAGGLER_MIN_SAMPLES}
-    if len(late) < 3:
+    """The one rank the others wait for, by the continuous detector's rule
+    (console/straggler.py) applied to one sample: its share of the others' wait is above the
+    median rank's by ``SHARE_MIN`` and by 5 x the MAD of all ranks' shares. A share, not a
+    lateness in ms: a rank 18 ms late in 100 ms steps on a loaded core is noise, one 1 s late
+    in them is the job's bottleneck."""
+    found = shares(_entry_times(reports))
+    if found is None:
         return None
-    values = list(late.values())
-    mid = median(values)
-    mad = median(abs(v - mid) for v in values) or 1e-6
-    worst = max(late, key=late.get)
-    margin = late[worst] - mid
-    if margin < STRAGGLER_MIN_S or margin < 5 * mad:
+    mid = median(found.values())
+    mad = median(abs(v - mid) for v in found.values())
+    worst = max(found, key=found.get)
+    if found[worst] - mid < max(SHARE_MIN, MAD_FACTOR * mad):
         return None
+    late = {r: median(v) for r, v in lateness(reports).items()}
     report = next(r for r in reports if r["rank"] == worst)
-    evidence = {"lateness_s": {str(r): round(v, 4) for r, v in sorted(late.items())}}
+    evidence = {"lateness_s": {str(r): round(v, 4) for r, v in sorted(late.items())},
+                "share": {str(r): round(v, 3) for r, v in sorted(found.items())}}
     return _verdict("straggler", [_suspect(report)], evidence,
-                    "rank %d on %s enters collectives %.0f ms after the others (median)"
-                    % (worst, report["node"], margin * 1000))
+                    "rank %d on %s enters collectives %.0f ms after the others (median); "
+                    "they wait for it %.0f%% of the time"
+                    % (worst, report["node"], (late[worst] - median(late.values())) * 1000,
+                       found[worst] * 100))
 
 
 def _progressed(earlier: list[dict], reports: list[dict]) -> list[int]:

@@ -88,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds --slow-rank spends outside collectives in every step")
     p.add_argument("--slow-at-step", type=int, default=1,
                    help="the first step --slow-rank is slow in (default: every step)")
+    p.add_argument("--idle-s", type=float, default=0.0,
+                   help="seconds every rank sleeps in every step, outside collectives: stands in "
+                        "for time on a GPU, when a real job leaves the CPU idle")
     p.add_argument("--abort-at-exit", type=int, metavar="RANK",
                    help="inject: global rank RANK finishes its last step, then aborts (SIGABRT) "
                         "as an interpreter teardown can, without destroy_process_group")
@@ -257,6 +260,8 @@ class Trainer:
                     print(f"fault injected kind=slow step={self.step + 1} rank={ranks.rank}",
                           file=sys.stderr, flush=True)
                 time.sleep(args.slow_s)  # a straggler: late into every all-reduce, never hung
+            if args.idle_s > 0:
+                time.sleep(args.idle_s)
             lr = self.optimizer.param_groups[0]["lr"]
             started = time.perf_counter()
             loss = self.train_step(batches)

@@ -1,7 +1,8 @@
 """Stragglers, continuously, with real parts: 4 local nodes, torchrun, gloo, the reference
 trainer's ``--slow-rank``; the supervisors sample the flight recorder every 2 s
 (agent/ranksample.py) and the console names the rank the others wait for
-(console/straggler.py) in ``status --json`` and in events; a clean run names nobody."""
+(console/straggler.py) in ``status --json``, in events and in ``why``'s verdict; a clean run
+names nobody."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ async def test_the_slow_rank_and_its_node_are_flagged_and_no_other(tmp_path):
         assert all(v["slowdown"] < 1.1 for r, v in ranks.items() if r != 1), ranks
         flagged = [e for e in ctl.state.events if e.kind == "straggler"]
         assert [(e.rank, e.node) for e in flagged] == [(1, ranks[1]["node"])], flagged
+        # `why` on the same run: nobody hung, rank 1 the one the others wait for
+        verdict = await ctl.why()
+        assert verdict["kind"] == "straggler", verdict
+        assert [(s["rank"], s["node"]) for s in verdict["suspects"]] == [(1, ranks[1]["node"])]
+        assert verdict["evidence"]["share"]["1"] > 0.5, verdict["evidence"]
     finally:
         left = await wind_down(ctl)
     assert left == [], "processes left behind: %s" % left
