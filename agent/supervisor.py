@@ -100,6 +100,7 @@ class Supervisor(object):
         self.torchrun = None  # pid
         self.instance_before = set()
         self.requests = []
+        self.exiting = []  # old torchruns a restart left exiting (kill, watch_exiting)
         self.ranks = {}  # fid -> (rank, local_rank, attempt, instance, stream)
         self.stderr_tails = {}  # fid -> the last bytes of a worker's stderr
         self.torchrun_log = TorchrunLog(os.path.join(self.node_dir, "torchrun.log"),
@@ -293,14 +294,43 @@ class Supervisor(object):
                 best = (fid, att)
         return best
 
-    def kill(self, grace):
+    def kill(self, grace, leave_torchrun=False):
+        """The run's verified kill (procs.kill_run). ``leave_torchrun``: return once its
+        workers are gone, torchrun still exiting: it is watched from the main loop
+        (``watch_exiting``), SIGKILLed past the grace."""
         probe = GpuProbe()
         run_pids = set(procs.run_pids(os.getpid(), self.marker))
         report = procs.kill_run(os.getpid(), self.marker, grace=grace, first=self.torchrun,
-                                on_wait=self.pump)
+                                on_wait=self.pump, leave_first=leave_torchrun)
         self.pump()
-        report["gpu"] = gpu_after_kill(probe, run_pids)
+        report["gpu"] = gpu_after_kill(probe, run_pids - {self.torchrun})
+        exiting = report.pop("exiting", None)
+        if exiting:
+            self.exiting.append(exiting)
+            report["torchrun_exiting"] = exiting["pid"]
         return report
+
+    def watch_exiting(self):
+        """An old torchrun left exiting by a restart: gone is done; past its grace, SIGKILL
+        (reaped by ``reap_torchrun``, this process being its parent) and a ``killed`` event
+        saying whether that worked."""
+        for old in list(self.exiting):
+            gone = not procs.alive(old["pid"], old["starttime"])
+            if gone and not old.get("killed"):
+                self.exiting.remove(old)
+            elif old.get("killed") and (gone or time.monotonic() > old["killed"] + 1):
+                self.exiting.remove(old)
+                left = [] if gone else [old["pid"]]
+                info = None if gone else procs.stat(old["pid"])
+                self.event("killed", report={
+                    "sigterm": [old["pid"]], "killed": [old["pid"]], "left": left,
+                    "dstate": left if info and info.state == "D" else []})
+            elif time.monotonic() > old["deadline"] and not old.get("killed"):
+                old["killed"] = time.monotonic()
+                try:
+                    os.kill(old["pid"], signal.SIGKILL)
+                except OSError:
+                    pass
 
     # -- main loop -------------------------------------------------------------------------
     def on_signal(self, signum, _frame):
@@ -342,7 +372,7 @@ class Supervisor(object):
                 if sig == signal.SIGUSR1:
                     self.save(state="restarting")
                     self.event("restarting")
-                    report = self.kill(grace)
+                    report = self.kill(grace, leave_torchrun=True)
                     self.reap_torchrun()
                     self.event("killed", report=report)
                     if report["left"]:
@@ -352,6 +382,7 @@ class Supervisor(object):
                     self.state["restarts"] += 1
                     self.launch()
                     continue
+            self.watch_exiting()
             code = self.reap_torchrun()
             if code is not None:
                 # every file torchrun made, read to its end: a worker of milliseconds too

@@ -172,6 +172,7 @@ async def main() -> int:
     ap.add_argument("--reps", type=int, default=2, help="measurements of each kind")
     ap.add_argument("--grace", type=float, default=10.0, help="the run's kill grace (s)")
     ap.add_argument("--node", default="node2")
+    ap.add_argument("--keep", action="store_true", help="keep the run's folders (journals)")
     args = ap.parse_args()
     own_state = None
     if "XDG_STATE_HOME" not in os.environ:  # keep the bench's run out of the real history
@@ -209,6 +210,8 @@ async def main() -> int:
         left = processes_of(ctl.run_id)
         if left:
             print("WARNING: processes left: %s" % left, file=sys.stderr)
+        elif args.keep:
+            print("kept:", work)
         else:
             shutil.rmtree(work, ignore_errors=True)
         if own_state:

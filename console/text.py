@@ -75,6 +75,9 @@ def kill_summary(report: dict) -> str:
                      % report["dstate"])
     elif report.get("left"):
         parts.append("LEFT RUNNING: %s" % report["left"])
+    elif isinstance(report.get("torchrun_exiting"), int):
+        parts.append("workers gone, torchrun %s exiting (SIGKILL after the grace)"
+                     % report["torchrun_exiting"])
     else:
         parts.append("none left")
     gpu = report.get("gpu")

@@ -58,3 +58,53 @@ def test_stat_parses_names_with_spaces_and_parentheses(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+# torchrun's shape on SIGTERM: forward it to the worker, wait for it, then take a while to
+# exit (its own teardown: 1.2-2 s on this machine).
+LINGERING = r"""
+import os, signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+def on_term(*_):
+    worker.terminate(); worker.wait()
+    time.sleep(%s)
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print(worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _lingering(linger_s):
+    root = subprocess.Popen([sys.executable, "-c", LINGERING % linger_s], stdout=subprocess.PIPE,
+                            env=dict(os.environ, RANKDECK_RUN="test/nodeL"))
+    return root, int(root.stdout.readline())
+
+
+def test_a_restart_leaves_torchrun_exiting_once_its_workers_are_gone():
+    root, worker = _lingering(600)
+    try:
+        report = procs.kill_run(os.getpid(), "test/nodeL", grace=30.0, first=root.pid,
+                                leave_first=True)
+        assert not procs.alive(worker)
+        assert root.poll() is None and procs.alive(root.pid)  # still exiting: not waited for
+        exiting = report["exiting"]
+        assert exiting["pid"] == root.pid
+        assert exiting["starttime"] == procs.stat(root.pid).starttime
+        assert report["killed"] == [] and report["left"] == []
+        assert "gone_s" not in report and report["others_gone_s"] >= 0
+    finally:
+        root.kill()
+        root.wait()
+
+
+def test_a_stop_waits_for_torchrun_itself():
+    root, worker = _lingering(0.5)
+    try:
+        report = procs.kill_run(os.getpid(), "test/nodeL", grace=30.0, first=root.pid)
+        root.wait(timeout=5)
+        assert "exiting" not in report and report["killed"] == [] and report["left"] == []
+        assert not procs.alive(worker) and report["gone_s"] >= report["others_gone_s"]
+    finally:
+        if root.poll() is None:
+            root.kill()

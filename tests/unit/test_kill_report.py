@@ -37,6 +37,11 @@ def test_no_gpu_means_no_gpu_line():
 def test_summaries():
     assert kill_summary({"sigterm": [1, 2], "killed": [], "left": [], "gpu": None}) == \
         "2 process(es) signalled, none left"
+    # a restart: the new torchrun starts once the workers are gone (agent/procs.kill_run)
+    assert kill_summary({"sigterm": [1, 2], "killed": [], "left": [], "torchrun_exiting": 1}) \
+        == "2 process(es) signalled, workers gone, torchrun 1 exiting (SIGKILL after the grace)"
+    assert kill_summary({"sigterm": [1], "left": [], "torchrun_exiting": "x" * 9999}) == \
+        "1 process(es) signalled, none left"  # a host's garbage is not repeated
     assert kill_summary({"sigterm": [1, 2], "killed": [2], "left": [2], "dstate": [2],
                          "gpu": {"held": 3 << 30, "pids": [2]}}) == (
         "2 process(es) signalled, 1 needed SIGKILL, HOST NEEDS ATTENTION: [2] stuck in "
