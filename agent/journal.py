@@ -26,6 +26,11 @@ READ_CHUNK = 1 << 20
 INDEX_EVERY = 1 << 20
 BACK_SCAN = 32 << 20  # bytes of journal one read_back may look through
 
+# Made once: json.dumps/json.loads with options build an encoder per call, a third of the
+# cost of a record's small meta (a record a rank a turn at a trickle; docs/BENCHMARKS.md).
+_encode_meta = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
+_decode_meta = json.JSONDecoder().decode
+
 
 class JournalWriter:
     """Appends records; one writer per journal (the node's supervisor)."""
@@ -48,7 +53,7 @@ class JournalWriter:
             if size - self._indexed >= INDEX_EVERY:  # this record starts a new index window
                 os.write(self._index_fd, b"%d\n" % size)
                 self._indexed = size
-            body = json.dumps(meta, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+            body = _encode_meta(meta).encode("ascii")
             header = b"%d %d\n" % (len(body), len(data))
             parts.append(header)
             parts.append(body)
@@ -85,7 +90,7 @@ def parse(buf, base_offset=0):
         end = nl + 1 + meta_len + data_len
         if end > size:
             break
-        meta = json.loads(buf[nl + 1 : nl + 1 + meta_len])
+        meta = _decode_meta(buf[nl + 1 : nl + 1 + meta_len].decode("utf-8"))
         meta["j"] = base_offset + pos
         data = bytes(buf[nl + 1 + meta_len : end])
         records.append((meta, data, base_offset + end))

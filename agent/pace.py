@@ -8,10 +8,16 @@ whose bytes come in at ``RATE`` or more keeps the next one ``FAST``; a slower tr
 the wait up to ``SLOW``. So a flood (where the latency target lives: p99 <= 200 ms at 10k
 lines/s) is read every 20 ms, and a trickle in batches of 100 ms, which a person reading the
 lines cannot tell apart; the first line after a quiet spell waits at most ``SLOW`` per stage.
+
+Where inotify wakes them (agent/watch.py) ``serve`` reads the journal as soon as the
+supervisor appends, so the supervisor may spend the pair's budget alone: ``SLOW_WATCHED``
+batches a trickle two turns into one, and a quiet spell costs a turn a second
+(agent/supervisor.py ``IDLE_WATCHED``).
 """
 
 FAST = 0.02
 SLOW = 0.1
+SLOW_WATCHED = 0.2  # the supervisor's ceiling when serve is woken by its appends
 RATE = 32 << 10  # bytes a second: 8 ranks x 10 lines/s is ~8 KiB/s, a busy node 100 KiB/s+
 
 

@@ -6,6 +6,10 @@ exits and the training carries on. This module dispatches requests (``op_<name>`
 what is new in subscribed journals. Requests are handled on threads so a slow one (a stop
 waiting out a grace period) never holds up the log stream; every pushed message goes through
 one writer lock.
+
+The stream loop sleeps until a subscribed node's folder changes (the supervisor appended to the
+journal, or replaced state.json: agent/watch.py), a new subscription, or the next telemetry
+sample; where inotify cannot be had it polls at agent/pace.py's rate.
 """
 
 import os
@@ -26,8 +30,10 @@ from .protocol import RequestError
 from .stacks import dump_stacks
 from .store import start_store, stop_store
 from .version import agent_version
+from .watch import open_watch
 
 STATE_POLL = 0.25
+IDLE = 1.0  # with a watch: the longest sleep of the stream loop (a dead supervisor is seen)
 
 
 class Subscription(object):
@@ -40,6 +46,7 @@ class Subscription(object):
         self.reader = JournalReader(os.path.join(ndir, "journal"), offset)
         self.last_state = None
         self.last_state_check = 0.0
+        self.watched = False  # its folder's changes wake the stream loop
 
 
 class Server(object):
@@ -53,6 +60,8 @@ class Server(object):
         self.host = HostSampler()  # sampled with the GPUs, sent in the same message
         self.closed = threading.Event()
         self.wake = threading.Event()  # set: the stream loop turns now (a new subscription)
+        self.watch = open_watch()  # None: the stream loop polls (agent/pace.py)
+        self.state_due = False  # a turn skipped a state check (read it within STATE_POLL)
         self.listeners = {}
         self.syncs = sync.Transfers()  # --sync transfers of this connection (agent/sync.py)
 
@@ -180,8 +189,15 @@ class Server(object):
             if old:
                 old.reader.close()
             self.subs[sub_id] = sub
-        self.wake.set()
+        self._watch(sub)
+        self.turn_now()
         return {"sub": sub_id, "offset": sub.reader.offset}
+
+    def turn_now(self):
+        """The stream loop turns at once (a new subscription, the end)."""
+        self.wake.set()
+        if self.watch is not None:
+            self.watch.wake()
 
     def op_unsubscribe(self, args):
         with self.subs_lock:
@@ -226,6 +242,7 @@ class Server(object):
             # state.json is read BEFORE the journal is drained and sent only once it is: the
             # records written before that state (a node's last lines, its "ended") go first.
             check = now - sub.last_state_check >= STATE_POLL
+            self.state_due = self.state_due or not check
             state = node.node_state(sub.ndir) if check else None
             drained = False
             budget = protocol.BATCH_BYTES * 4
@@ -271,9 +288,37 @@ class Server(object):
                            "host": self.host.sample(self._run_folder())})
             flood = sent >= pace.batch  # more is likely waiting: go on at once
             wait = pace.after(sent)
-            if not flood:
+            if flood:
+                continue
+            if self.watch is not None and self._all_watched():
+                # the supervisor batches its appends already: a change is read at once
+                idle = IDLE
+                if self.gpu_interval:
+                    idle = min(idle, last_gpu + self.gpu_interval - time.monotonic())
+                if self.state_due:
+                    idle = min(idle, STATE_POLL)
+                self.state_due = False
+                self.watch.wait(idle)
+                self.watch.drain()
+            else:
                 self.wake.wait(wait)
                 self.wake.clear()
+
+    def _watch(self, sub):
+        """Have the node's folder wake the stream loop; False while it cannot (no such folder
+        yet, or the user's inotify limit: that subscription is polled)."""
+        if not sub.watched and self.watch is not None:
+            try:
+                self.watch.add(sub.ndir)
+                sub.watched = True
+            except OSError:
+                pass
+        return sub.watched
+
+    def _all_watched(self):
+        with self.subs_lock:
+            subs = list(self.subs.values())
+        return all([self._watch(sub) for sub in subs])
 
     def serve_forever(self, inp=None):
         inp = inp or sys.stdin.buffer
@@ -290,7 +335,7 @@ class Server(object):
                 continue
             threading.Thread(target=self.handle, args=(msg,), daemon=True).start()
         self.closed.set()
-        self.wake.set()
+        self.turn_now()
 
 
 def main():

@@ -30,18 +30,20 @@ from .gpu import GpuProbe, gpu_pids_memory
 from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
 from .mask import Masker
-from .pace import Pace
+from .pace import SLOW, SLOW_WATCHED, Pace
 from .metrics import MetricParser
 from .ranksample import RankSampler, period_of
 from .resumed import resumed_records
 from .node import STOP_END
 from .runfiles import read_json, write_json_atomic
 from .tail import LogFollower
+from .watch import open_watch
 from .torchrun_log import RANK_RECORD, TorchrunLog, with_rank_record
 
 ORPHAN_GRACE = 3.0
 STDERR_TAIL = 16 * 1024  # bytes of each worker's stderr kept for the cause of a failure
 PHASE_POLL = 0.25  # how often torchrun's phase (agent/torchrun_phase.py) is read
+IDLE_WATCHED = 1.0  # with inotify, the longest sleep: writes, signals, a child's end wake it
 
 
 def gpu_after_kill(probe, run_pids, wait=5.0):
@@ -92,7 +94,8 @@ class Supervisor(object):
         except OSError:
             earlier = []
         self.follower = LogFollower(self.log_dir, self._resolve_rank,
-                                    first_fid=previous.get("next_fid", 1), ignore=earlier)
+                                    first_fid=previous.get("next_fid", 1), ignore=earlier,
+                                    watch=open_watch())  # woken by writes (agent/watch.py)
         self.parser = MetricParser(spec.get("metrics_regex"))
         # complete? deleted later? (and new entries of --checkpoint-dir)
         self.checkpoints = CheckpointWatch(spec.get("cwd") or self.node_dir,
@@ -352,13 +355,16 @@ class Supervisor(object):
         telemetry = TelemetryRecorder(self.journal, self.spec.get("cwd") or self.node_dir)
         # ranks' CPU and collective entry times (stragglers, silent ranks)
         ranks_sample = RankSampler(self.journal, self.node_dir, period_of(self.spec.get("env") or {}))
-        pace = Pace()
+        # torchrun's records (its phase), a stop or restart and torchrun's end wake the loop
+        self.follower.wake_on(self.node_dir, signals=(signal.SIGCHLD,))
+        pace = Pace(slow=SLOW if self.follower.watch is None else SLOW_WATCHED)
         while True:
             read = self.pump()
             telemetry.tick()
             ranks_sample.tick()
             self.deleted_checkpoints()
-            if time.monotonic() - phase_read >= PHASE_POLL:
+            # with a watch a turn comes of a write or a signal (torchrun's records among them)
+            if self.follower.watch is not None or time.monotonic() - phase_read >= PHASE_POLL:
                 phase_read = time.monotonic()
                 self.save_phase()
             if self.requests:
@@ -392,7 +398,8 @@ class Supervisor(object):
                 if code == 0:
                     return self.finish("exited", 0, report)
                 return self.finish("failed", code, report, cause=self.root_cause(code))
-            time.sleep(pace.after(read))
+            self.follower.wait(pace.after(read),
+                               PHASE_POLL if self.follower.watch is None else IDLE_WATCHED)
 
     def save_phase(self):
         """state.json's ``phase``: where torchrun is (rendezvous round, workers running...)."""

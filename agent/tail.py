@@ -10,16 +10,27 @@ Each followed file gets a file id (``fid``). :meth:`LogFollower.poll` returns jo
 one ``file`` record when a file's rank is known, then ``data`` records with the file's bytes
 and their source offset. Data is cut at the last newline so records hold whole lines, except
 when a line grows past ``MAX_PENDING`` bytes without one (then it is passed on in pieces).
+
+With a :class:`agent.watch.Watch` the follower watches the log dir's folders (and the files
+given to :meth:`LogFollower.add`) and a turn with nothing written costs a read of the inotify
+queue: the folders are rescanned when their entries change (and every ``RESCAN`` seconds,
+in case), the files read when something was written. Without one it scans every
+``SCAN_EVERY`` seconds and reads every file every turn.
 """
 
+import errno
 import os
 import re
 import time
+
+from .watch import FILE_EVENTS, STRUCTURE
 
 MAX_PENDING = 64 * 1024
 MAX_RECORD = 64 * 1024  # bytes of log data in one journal record (one protocol message)
 READ_SIZE = 1 << 20
 RANK_WAIT = 5.0  # seconds to wait for a worker's RANK before announcing the file without it
+SCAN_EVERY = 0.1  # seconds between scans of the log dir without a watch
+RESCAN = 2.0  # with a watch: a scan this often even if no folder reported a change
 
 _ATTEMPT = re.compile(r"attempt_(\d+)$")
 
@@ -51,8 +62,10 @@ class LogFollower(object):
     supervisor followed them already).
     """
 
-    def __init__(self, log_dir, resolve_rank, first_fid=1, ignore=()):
+    def __init__(self, log_dir, resolve_rank, first_fid=1, ignore=(), watch=None):
         self.log_dir = log_dir
+        self.watch = watch  # agent/watch.py, or None: poll
+        self._busy = True  # a file waits for its rank or its end: read next turn, changed or not
         self.resolve_rank = resolve_rank
         self.ignore = set(ignore)
         self.files = {}  # path -> FollowedFile (the live one at that path)
@@ -65,7 +78,37 @@ class LogFollower(object):
         ff = self._open(path, dict(meta, path=path))
         if ff is not None:
             ff.announced = None  # announce with the given meta, no rank lookup
+            self._watch(path, FILE_EVENTS)
         return ff
+
+    def _watch(self, path, mask=None):
+        """Watch one more folder or file; past the user's inotify limit, go back to polling."""
+        if self.watch is None:
+            return
+        try:
+            if mask is None:
+                self.watch.add(path)
+            else:
+                self.watch.add(path, mask)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES):  # nothing to watch there
+                return
+            self.watch.close()
+            self.watch = None
+
+    def wake_on(self, path, signals=()):
+        """Writes under ``path`` (a folder or a file) and ``signals`` end a :meth:`wait` too,
+        with a watch (main thread only)."""
+        self._watch(path)
+        if self.watch is not None:
+            self.watch.wake_on_signals(*signals)
+
+    def wait(self, seconds, idle):
+        """Sleep ``seconds`` between turns (lines gather into one read); with a watch and
+        nothing written meanwhile, on until something is or ``idle`` seconds have passed."""
+        time.sleep(seconds)
+        if self.watch is not None and not self._busy and idle > seconds:
+            self.watch.wait(idle - seconds)
 
     def _open(self, path, meta):
         try:
@@ -78,7 +121,9 @@ class LogFollower(object):
         return ff
 
     def scan(self):
-        """Look for new and replaced files under the log dir."""
+        """Look for new and replaced files under the log dir (each folder is watched before it
+        is listed, so an entry made in between is reported)."""
+        self._watch(self.log_dir)
         try:
             instances = os.listdir(self.log_dir)
         except OSError:
@@ -87,6 +132,7 @@ class LogFollower(object):
             if inst in self.ignore:
                 continue
             inst_dir = os.path.join(self.log_dir, inst)
+            self._watch(inst_dir)
             try:
                 attempts = os.listdir(inst_dir)
             except OSError:
@@ -96,6 +142,7 @@ class LogFollower(object):
                 if not m:
                     continue
                 att_dir = os.path.join(inst_dir, att)
+                self._watch(att_dir)
                 try:
                     ranks = os.listdir(att_dir)
                 except OSError:
@@ -103,6 +150,7 @@ class LogFollower(object):
                 for lr in ranks:
                     if not lr.isdigit():
                         continue
+                    self._watch(os.path.join(att_dir, lr))
                     for stream in ("stdout", "stderr"):
                         path = os.path.join(att_dir, lr, stream + ".log")
                         self._check(path, inst, int(m.group(1)), int(lr), stream)
@@ -128,7 +176,15 @@ class LogFollower(object):
     def poll(self, final=False):
         """Read what is new; returns journal records ``[(meta, data), ...]``."""
         now = time.monotonic()
-        if final or now - self._last_scan >= 0.1:
+        if self.watch is not None and not final:
+            changed = self.watch.drain()
+            stale = now - self._last_scan >= RESCAN
+            if not (changed or stale or self._busy):
+                return []  # nothing written, nothing waiting: an idle turn reads no file
+            due = stale or changed & STRUCTURE
+        else:
+            due = final or now - self._last_scan >= SCAN_EVERY
+        if due:
             self._last_scan = now
             self.scan()
         records = []
@@ -152,6 +208,10 @@ class LogFollower(object):
             if ff.fd is not None:
                 still.append(ff)
         self.closing = still
+        # a deleted file is no folder's entry any more (no event tells of its writes), and a
+        # file waiting for its rank must be looked at again: read those every turn
+        self._busy = bool(still) or any(ff.announced is not True or ff.gone
+                                        for ff in self.files.values())
         return records
 
     def _read(self, ff, records, final):
@@ -207,3 +267,6 @@ class LogFollower(object):
                 ff.fd = None
         self.files = {}
         self.closing = []
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
