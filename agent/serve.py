@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from . import fr_dump, node, protocol, sync
+from . import node, protocol
 from .gpu import GpuProbe
 from .hoststats import HostSampler
 from .hostpaths import host_path, host_python
@@ -27,7 +27,6 @@ from .journal import JournalReader, read_back
 from .pace import Pace
 from .preflight import Listener, host_facts
 from .protocol import RequestError
-from .stacks import dump_stacks
 from .store import start_store, stop_store
 from .version import agent_version
 from .watch import open_watch
@@ -63,7 +62,7 @@ class Server(object):
         self.watch = open_watch()  # None: the stream loop polls (agent/pace.py)
         self.state_due = False  # a turn skipped a state check (read it within STATE_POLL)
         self.listeners = {}
-        self.syncs = sync.Transfers()  # --sync transfers of this connection (agent/sync.py)
+        self._syncs = None  # --sync transfers of this connection (agent/sync.py), once used
 
     # -- output ----------------------------------------------------------------------------
     def send(self, msg):
@@ -142,8 +141,12 @@ class Server(object):
 
     # -- code to the hosts (agent/sync.py) --------------------------------------------------
     def _sync(self, op, args):
+        from . import sync  # here, not at the top: every connection starts serve (launch time)
+        with self.subs_lock:
+            if self._syncs is None:
+                self._syncs = sync.Transfers()
         try:
-            return sync.request(self.syncs, op, args)
+            return sync.request(self._syncs, op, args)
         except sync.SyncError as exc:
             raise RequestError(str(exc), exc.kind)
 
@@ -215,9 +218,11 @@ class Server(object):
         return {"recs": self._wire(records), "start": start}
 
     def op_stacks(self, args):
+        from .stacks import dump_stacks  # as for sync: not needed to start
         return dump_stacks(node.node_dir(args), args)
 
     def op_why(self, args):
+        from . import fr_dump  # as for sync: not needed to start
         return fr_dump.node_report(node.node_dir(args), args)
 
     # -- pushed streams --------------------------------------------------------------------
