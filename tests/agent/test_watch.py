@@ -183,11 +183,23 @@ def test_serve_streams_an_append_without_polling_or_by_polling(tmp_path, monkeyp
         pytest.skip("no inotify on this host")
     assert (server.watch is None) == (mode == "poll")
     server.gpu_interval = 0
+    asleep = threading.Event()  # the loop sleeps again after sending the first record
+    if server.watch is not None:
+        real_wait = server.watch.wait
+
+        def wait(timeout):
+            if b"launched" in out.buf:
+                asleep.set()
+            return real_wait(timeout)
+
+        server.watch.wait = wait
     loop = threading.Thread(target=server.stream_loop, daemon=True)
     loop.start()
     try:
         server.op_subscribe({"node": "node1"})
-        # the loop is asleep now (nothing to send); the supervisor appends one record
+        if mode == "inotify":
+            assert asleep.wait(WAIT), out.buf[-500:]
+        # the supervisor appends one record: only the watch can wake the loop in time
         journal.append({"k": "data", "f": 1, "o": 0, "ts": 1.0}, b"the line after\n")
         assert out.seen.wait(WAIT), out.buf[-500:]
         assert out.buf.count(b"the line after") == 1
