@@ -84,7 +84,10 @@ class Kept:
     def add(self, ts: float, node: str, journal: int | None, lines: list[str]) -> None:
         if not lines:
             return
-        self.chunks.append((ts, node, journal, lines, 0))
+        # A tuple of strings (not the list): the collector stops tracking a chunk after its
+        # first looks, so a full budget of kept lines no longer lengthens every collection
+        # (at 512 ranks a full one took 270 ms of the event loop; bench/tui.py, issue 12).
+        self.chunks.append((ts, node, journal, tuple(lines), 0))
         self.count += len(lines)
         self.per_node[node] = self.per_node.get(node, 0) + 1
         cost = line_cost(lines)

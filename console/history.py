@@ -45,8 +45,10 @@ class History:
 
     def save(self, record: dict) -> None:
         record = dict(record, updated=time.time())
-        self._write(self.path(record["run_id"]),
-                    lambda f: json.dump(record, f, indent=1, sort_keys=True))
+        # one json.dumps, no indent: json.dump and indent both take the pure-Python encoder
+        # (15-18 ms on the event loop every 5 s at 512 ranks, bench/tui.py; now ~2 ms)
+        text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+        self._write(self.path(record["run_id"]), lambda f: f.write(text))
 
     def _write(self, path: str, dump) -> None:
         """Write ``path`` whole: into a temporary file of this writer's own, then renamed."""

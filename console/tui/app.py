@@ -46,6 +46,7 @@ from .stacks import open_stacks
 from .verdict import open_verdict, verdict_arrived
 
 FOCUS_ACTIONS = ("filter", "goto", "focus_pane", "worst")  # their keys are priority bindings
+TURN_S = 0.05  # between the large widgets' redraws after a state change: a few frames
 GC_THRESHOLDS = tuple(int(x) for x in os.environ.get("RANKDECK_GC", "10000,10,10").split(","))
 
 
@@ -202,11 +203,10 @@ class RankdeckApp(App[int]):
     def on_run_changed(self, message: RunChanged) -> None:
         if not self.nodes.is_attached:  # shutting down: the feed's last messages
             return
-        self.nodes.refresh_rows()
-        self.gpus.refresh_rows()
-        self.chart.update_chart()
         self.header.update_info()
         self.logs.refresh_titles()
+        self._refresh_in_turn([self.nodes.refresh_rows, self.gpus.refresh_rows,
+                               self.chart.update_chart])
         final = self.ctl.state.run_state()
         if final in RUN_ENDED and not self._ended_seen and not self.launching:
             self._ended_seen = True
@@ -215,6 +215,18 @@ class RankdeckApp(App[int]):
                         timeout=30)
             if self.exit_on_done:
                 self.exit(self.exit_code)
+
+    def _refresh_in_turn(self, steps: list) -> None:
+        """The large widgets redrawn a few frames apart: at 512 ranks the nodes table, GPU
+        panel and loss chart painted in the same frame took 70-90 ms, and a key pressed
+        meanwhile waited for all of it (bench/tui.py, issue 12). A timer, not
+        call_after_refresh: that one can run before the first widget's frame."""
+        if not self.nodes.is_attached:
+            return
+        first, *rest = steps
+        first()
+        if rest:
+            self.set_timer(TURN_S, lambda: self._refresh_in_turn(rest))
 
     def on_run_event_added(self, message: RunEventAdded) -> None:
         if self.events.is_attached:

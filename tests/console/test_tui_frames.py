@@ -1,0 +1,58 @@
+"""What a state change redraws at once (issue 12: keys wait behind heavy frames).
+
+At 512 ranks the nodes table, the GPU panel and the loss chart redrawn in one frame took
+70-90 ms, and a key pressed meanwhile waited for all of it. A state change now redraws them
+a turn apart (bench/tui.py measures the time; this counts calls).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from console.tui.app import RankdeckApp
+from console.tui.messages import RunChanged
+from tests.console.pilot import until
+from tests.console.scripted import controller, gpu_snapshot, host_names, standard_script
+
+HOSTS, NPROC = 4, 2
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+async def test_a_state_change_redraws_the_large_widgets_a_turn_apart(tmp_path):
+    """The handler redraws the nodes table at once and leaves the GPU panel and the chart
+    to timers, one each; checked by holding the timers (no frame timing: a loaded machine
+    can stall past any gap), then letting them run."""
+    hosts = host_names(HOSTS)
+    script = standard_script(hosts, NPROC, t0=time.time())
+    transport = script.transport(gpus={h: gpu_snapshot(NPROC) for h in hosts})
+    ctl, launch = controller(str(tmp_path), transport, hosts=HOSTS, slots=NPROC)
+    app = RankdeckApp(ctl, launch)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: not app.launching, what="launch")
+        await until(pilot, lambda: app.gpus.row_text("node4"), what="the GPU rows")
+        await pilot.pause(1.0)  # the feed's last refresh is done
+        calls: list[str] = []
+        for name, widget, method in (("nodes", app.nodes, "refresh_rows"),
+                                     ("gpus", app.gpus, "refresh_rows"),
+                                     ("chart", app.chart, "update_chart")):
+            real = getattr(widget, method)
+            setattr(widget, method, lambda real=real, name=name: (calls.append(name), real()))
+        held: list = []
+        app.set_timer = lambda delay, callback, *a, **k: held.append((delay, callback))
+        app.on_run_changed(RunChanged())
+        assert calls == ["nodes"], calls  # the rest waits for a later turn
+        while held:
+            delay, callback = held.pop(0)
+            assert delay > 0
+            callback()
+        assert calls == ["nodes", "gpus", "chart"], calls
+        del app.set_timer  # the class's own again
+        await pilot.pause(0.3)
+        assert app.nodes.row_values("n:node4")[2] == "24"  # the rows show the state
