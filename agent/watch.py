@@ -10,7 +10,6 @@ the callers poll at their paced rate (agent/pace.py), as before. Standard librar
 """
 
 import ctypes
-import ctypes.util
 import os
 import select
 import signal
@@ -41,7 +40,9 @@ _HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (struct inotify_event)
 
 
 def _libc():
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # the program's own symbols (libc among them), as agent/procs.py does: find_library
+    # would run ldconfig, ~5 ms of every agent start (each connection starts serve)
+    libc = ctypes.CDLL(None, use_errno=True)
     for name in ("inotify_init1", "inotify_add_watch", "inotify_rm_watch"):
         getattr(libc, name)  # AttributeError: a libc without inotify
     libc.inotify_add_watch.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
