@@ -36,7 +36,7 @@ SLOWING = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_
 NUM_MAX = 1e18
 
 
-def _num(value) -> float | None:
+def host_number(value) -> float | None:
     """A host's number, or None for anything else (text, bool, NaN, infinite or past
     ``NUM_MAX``: JSON's 1e400 or a 400-digit integer would overflow a mean or a format)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
@@ -67,32 +67,32 @@ def node_telemetry(snap, host, ranks=()) -> dict:
     RankStates (step time: their median; tokens/s: their sum)."""
     gpus = gpus_of(snap)
     host = host if isinstance(host, dict) else {}
-    utils = [u for u in (_num(g.get("util")) for g in gpus) if u is not None]
-    temps = [t for t in (_num(g.get("temp")) for g in gpus) if t is not None]
+    utils = [u for u in (host_number(g.get("util")) for g in gpus) if u is not None]
+    temps = [t for t in (host_number(g.get("temp")) for g in gpus) if t is not None]
     ib = _dicts(host.get("ib"))
     disk = host.get("disk") if isinstance(host.get("disk"), dict) else {}
     load = _list(host.get("load"))
-    step_times = [t for t in (_num(r.step_time) for r in ranks) if t is not None]
+    step_times = [t for t in (host_number(r.step_time) for r in ranks) if t is not None]
     return {
         "gpu_util_min": min(utils) if utils else None,
         "gpu_util_mean": round(statistics.fmean(utils), 1) if utils else None,
-        "gpu_mem_used": _total(_num(g.get("mem_used")) for g in gpus),
-        "gpu_mem_total": _total(_num(g.get("mem_total")) for g in gpus),
-        "net_rx_gbps": _num(host.get("net_rx_gbps")),
-        "net_tx_gbps": _num(host.get("net_tx_gbps")),
-        "ib_rx_gbps": _total(_num(p.get("rx_gbps")) for p in ib),
-        "ib_tx_gbps": _total(_num(p.get("tx_gbps")) for p in ib),
+        "gpu_mem_used": _total(host_number(g.get("mem_used")) for g in gpus),
+        "gpu_mem_total": _total(host_number(g.get("mem_total")) for g in gpus),
+        "net_rx_gbps": host_number(host.get("net_rx_gbps")),
+        "net_tx_gbps": host_number(host.get("net_tx_gbps")),
+        "ib_rx_gbps": _total(host_number(p.get("rx_gbps")) for p in ib),
+        "ib_tx_gbps": _total(host_number(p.get("tx_gbps")) for p in ib),
         "step_time": statistics.median(step_times) if step_times else None,
-        "tok_s": _total(_num(r.tok_s) for r in ranks),
-        "cpu_pct": _num(host.get("cpu_pct")),
-        "mem_used": _num(host.get("mem_used")),
-        "mem_total": _num(host.get("mem_total")),
-        "load1": _num(load[0]) if load else None,
-        "disk_read_mbs": _num(disk.get("read_mbs")),
-        "disk_write_mbs": _num(disk.get("write_mbs")),
+        "tok_s": _total(host_number(r.tok_s) for r in ranks),
+        "cpu_pct": host_number(host.get("cpu_pct")),
+        "mem_used": host_number(host.get("mem_used")),
+        "mem_total": host_number(host.get("mem_total")),
+        "load1": host_number(load[0]) if load else None,
+        "disk_read_mbs": host_number(disk.get("read_mbs")),
+        "disk_write_mbs": host_number(disk.get("write_mbs")),
         "gpu_temp_max": max(temps) if temps else None,
-        "gpu_power": _total(_num(g.get("power")) for g in gpus),
-        "ecc_uncorrected": _total(_num(g.get("ecc_uncorrected")) for g in gpus),
+        "gpu_power": _total(host_number(g.get("power")) for g in gpus),
+        "ecc_uncorrected": _total(host_number(g.get("ecc_uncorrected")) for g in gpus),
         "xid_count": _total(len(_list(g.get("xid"))) for g in gpus if g.get("xid") is not None),
         "throttle": sorted({str(r) for g in gpus for r in _list(g.get("throttle"))
                             if r in SLOWING}),
@@ -130,14 +130,14 @@ def hardware_events(old_snap, new_snap, old_host, new_host) -> list[tuple[str, s
         index = gpu.get("index")
         name = "GPU %s" % index
         for entry in _list(gpu.get("xid")):
-            xid = _num(entry[1]) if isinstance(entry, list) and len(entry) == 2 else None
+            xid = host_number(entry[1]) if isinstance(entry, list) and len(entry) == 2 else None
             if xid is not None:
                 events.append(("xid", "%s: Xid %d" % (name, xid)))
         old = old_gpus.get(index)
         if old is None:
             continue
         for key, words in (("ecc_uncorrected", "uncorrected"), ("ecc_corrected", "corrected")):
-            before, now = _num(old.get(key)), _num(gpu.get(key))
+            before, now = host_number(old.get(key)), host_number(gpu.get(key))
             if before is not None and now is not None and now > before:
                 events.append(("ecc", "%s: %d new %s ECC error%s (%d since the driver loaded)"
                                % (name, now - before, words, "" if now - before == 1 else "s",

@@ -24,9 +24,8 @@ something that is not a finite number) sorts last under these orders.
 
 from __future__ import annotations
 
-import math
 
-from ..telemetry import node_telemetry
+from ..telemetry import host_number, node_telemetry
 
 ORDERS = ("node", "state", "step", "step time", "gpu util", "tok/s", "network", "cpu")
 # the telemetry orders: (the row's columns it sorts by, 1 lowest first / -1 highest first,
@@ -69,22 +68,16 @@ def node_badness(ns, ranks: list) -> tuple:
     return min([own] + [rank_badness(rs) for rs in ranks])
 
 
-def _finite(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if math.isfinite(value) else None
-
-
 def telemetry_key(row: dict | None, order: str) -> tuple:
     """A node's sort key under a telemetry order: ``(0, value...)``, or ``(1,)`` for n/a (no
     row, or no finite value), so that nodes without the value come last."""
     columns, direction, _label = TELEMETRY[order]
     row = row or {}
     if order == "network":  # in+out over every link the host reports
-        values = [v for v in (_finite(row.get(c)) for c in columns) if v is not None]
-        total = _finite(sum(values)) if values else None  # inf when it overflows
+        values = [v for v in (host_number(row.get(c)) for c in columns) if v is not None]
+        total = host_number(sum(values)) if values else None  # inf when it overflows
         return (1,) if total is None else (0, direction * total)
-    values = [_finite(row.get(c)) for c in columns]
+    values = [host_number(row.get(c)) for c in columns]
     if values[0] is None:
         return (1,)
     return (0,) + tuple(direction * (v if v is not None else values[0]) for v in values)
