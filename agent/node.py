@@ -156,10 +156,12 @@ def restart(args):
     ndir = node_dir(args)
     state = node_state(ndir)
     if state and state["alive"]:
+        # done: the new torchrun started and the old one is gone (the supervisor starts the
+        # new one as soon as the old workers are, and watches the old torchrun's exit)
         return signal_and_wait(
             ndir, signal.SIGUSR1,
             lambda old, new: new.get("launches", 0) > old.get("launches", 0)
-            or not new["alive"], float(args.get("timeout", 90)))
+            and not new.get("exiting") or not new["alive"], float(args.get("timeout", 90)))
     if not args.get("spec"):
         raise RequestError("node %s is not running here; restart needs the run spec"
                            % args["node"], "missing")

@@ -311,14 +311,23 @@ class Supervisor(object):
         if exiting:
             self.exiting.append(exiting)
             report["torchrun_exiting"] = exiting["pid"]
+            self.state["exiting"] = [old["pid"] for old in self.exiting]  # saved by launch()
         return report
 
     def watch_exiting(self):
         """An old torchrun left exiting by a restart: gone is done; past its grace, SIGKILL
         (reaped by ``reap_torchrun``, this process being its parent) and a ``killed`` event
-        saying whether that worked."""
+        saying whether that worked. state.json's ``exiting`` lists them: a restart request
+        is answered once it is empty (agent/node.py), so that nothing of the old run is left
+        when the console hears the restart is done."""
+        before = len(self.exiting)
+        self._watch_exiting()
+        if len(self.exiting) != before:
+            self.save(exiting=[old["pid"] for old in self.exiting])
+
+    def _watch_exiting(self):
         for old in list(self.exiting):
-            gone = not procs.alive(old["pid"], old["starttime"])
+            gone = _reaped(old["pid"], old["starttime"])
             if gone and not old.get("killed"):
                 self.exiting.remove(old)
             elif old.get("killed") and (gone or time.monotonic() > old["killed"] + 1):
@@ -452,6 +461,16 @@ class Supervisor(object):
         self.follower.close()
         self.journal.close()
         return 0
+
+
+def _reaped(pid, starttime):
+    """True once ``pid`` (a child of this process) has ended: reaped here, by ``procs.reap``
+    earlier, or not the process that started at ``starttime`` any more."""
+    try:
+        done, _status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # reaped already
+        return True
+    return bool(done) or not procs.alive(pid, starttime)
 
 
 def main(node_dir):
