@@ -456,8 +456,9 @@ class Supervisor(object):
         self.torchrun_log.phase.end(time.time(), state if code is None else "exit %s" % code)
         self.state["phase"] = dict(self.torchrun_log.phase.phase)
         self.event("ended", state=state, exit_code=code, cause=cause, kill=report)
+        self.exiting = []  # the end's kill took any old torchrun too (it carries the marker)
         self.save(state=state, exit_code=code, cause=cause, kill=report, ended=time.time(),
-                  torchrun_pid=None)
+                  torchrun_pid=None, exiting=[])
         self.follower.close()
         self.journal.close()
         return 0
