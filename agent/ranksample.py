@@ -33,6 +33,7 @@ MIN_PERIOD = 1.0  # each sample makes every rank dump its flight recorder: not e
 MAX_PERIOD = 3600.0
 KEEP = 64  # collectives a rank, a sample: a few KB a node a period
 ANSWER_WAIT = 3.0
+LATE_SAMPLES = 2  # samples marked ``rebase`` after an unanswered dump (it may answer later)
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -80,6 +81,9 @@ class RankSampler(object):
         self._clock = clock
         self._last_tick = None
         self._pending = None  # (record, {rank: asked}, deadline) while answers come in
+        # pid -> samples left to mark: a rank that answered its dump after ANSWER_WAIT spent
+        # that CPU after cpu_after_s could be read; its next samples say so (``rebase``)
+        self._late = {}
 
     def tick(self):
         if not self._period:
@@ -98,6 +102,9 @@ class RankSampler(object):
             info = procs.stat(w["pid"])
             rank = {"rank": w["rank"], "pid": w["pid"], "cpu_s": cpu_seconds(w["pid"]),
                     "state": info.state if info else "?"}
+            if self._late.get(w["pid"]):
+                rank["rebase"] = True  # its CPU since the last sample holds a late dump
+                self._late[w["pid"]] -= 1
             try:
                 ask = fr_dump.ask(self._fr_dir, w["pid"])
             except OSError as exc:
@@ -131,8 +138,10 @@ class RankSampler(object):
                     rank["fr"] = entry_times(trace)
         if asked and time.monotonic() < deadline:
             return
+        self._late = {pid: n for pid, n in self._late.items() if n > 0}
         for rank in record["ranks"]:
             if rank["rank"] in asked:
                 rank["fr_error"] = "the rank did not answer within %.0f s" % ANSWER_WAIT
+                self._late[rank["pid"]] = LATE_SAMPLES
         self._pending = None
         self._journal.append(record)

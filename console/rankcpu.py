@@ -3,7 +3,9 @@ periodic samples (agent/ranksample.py). Plain data.
 
 The rule (docs/STATUS.md, ``ranks[].silent``):
 - a rank's CPU *advances* in a sample when its worker (the same pid as in the sample
-  before) used at least ``CPU_MIN_SHARE`` of a core since then;
+  before) used at least ``CPU_MIN_SHARE`` of a core since then, the flight-recorder dump the
+  sample asked for left out (``cpu_after_s``; a sample marked ``rebase`` follows a dump
+  answered too late to leave out, and counts as no evidence either way);
 - a silent rank still ``starting`` whose CPU advances is ``running``;
 - in a run where no rank prints steps, the run stalls when no rank's CPU has advanced for
   longer than the stall threshold, and runs again when one does. A rank blocked in a gloo
@@ -40,7 +42,7 @@ class RankCpu:
             before = self._last.get(r)
             after = rank.get("cpu_after_s")  # the flight-recorder dump is not the rank's work
             self._last[r] = (pid, float(after if _number(after) else cpu))
-            if (before is not None and before[0] == pid
+            if (before is not None and before[0] == pid and rank.get("rebase") is not True
                     and cpu - before[1] >= CPU_MIN_SHARE * period):
                 self.advanced_at[r] = ts
                 moved.append(r)

@@ -146,3 +146,26 @@ def test_no_sample_when_switched_off_or_without_workers(tmp_path):
         assert records(tmp_path) == []
     finally:
         journal.close()
+
+
+def test_a_dump_answered_too_late_marks_the_next_samples(node, monkeypatch):
+    """A rank that cannot answer within ANSWER_WAIT (a loaded host) answers later, and that
+    CPU lands in a later sample: those samples say ``rebase`` so the console does not take the
+    dump for the rank working (console/rankcpu.py). The late answer is made by holding the
+    real answer back from the sampler for one sample (a load that delays it is not made on
+    demand)."""
+    folder, journal, proc = node
+    monkeypatch.setattr(ranksample, "ANSWER_WAIT", 0.3)
+    now = [1_720_000_000.0]
+    sampler = ranksample.RankSampler(journal, str(folder), 10.0, clock=lambda: now[0])
+    sample_once(sampler, now, 1_720_000_010.0)  # answered in time
+    real_answer = ranksample.fr_dump.answer
+    monkeypatch.setattr(ranksample.fr_dump, "answer", lambda *a: None)
+    sample_once(sampler, now, 1_720_000_020.0)  # not answered within the wait
+    monkeypatch.setattr(ranksample.fr_dump, "answer", real_answer)
+    for at in (30, 40, 50):
+        sample_once(sampler, now, 1_720_000_000.0 + at)
+    ranks = [r["ranks"][0] for r in records(folder)]
+    assert "did not answer" not in ranks[0].get("fr_error", "")
+    assert "did not answer" in ranks[1]["fr_error"]
+    assert [r.get("rebase") for r in ranks] == [None, None, True, True, None]

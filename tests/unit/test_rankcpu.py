@@ -79,3 +79,16 @@ def test_hostile_values_never_advance_a_rank_nor_end_up_in_status():
         assert rc.add(meta) == []
     assert rc.advanced_at == {}
     assert all(isinstance(rc.cpu_s(r), float) and math.isfinite(rc.cpu_s(r)) for r in (0, 1))
+
+
+def test_a_sample_after_a_late_dump_is_no_evidence():
+    """``rebase``: the rank answered its dump after the supervisor stopped waiting, so the
+    CPU since the last sample may be the dump's (agent/ranksample.py): the counter moves on,
+    the rank is not named."""
+    rc = RankCpu()
+    rc.add(sample(0, {0: 1.0}))
+    late = sample(1, {0: 1.5})
+    late["ranks"][0]["rebase"] = True
+    assert rc.add(late) == [] and rc.cpu_s(0) == 1.5
+    assert rc.add(sample(2, {0: 1.5})) == []  # counted from the new base
+    assert rc.add(sample(3, {0: 4.0})) == [0]
