@@ -72,6 +72,15 @@ def shares(times: dict[int, dict[tuple[str, int], int]]) -> dict[int, float] | N
     return out
 
 
+def over_median(found: dict[int, float]) -> tuple[dict[int, float], float]:
+    """Each rank's share above the median rank's, and the bar a straggler's must reach:
+    ``SHARE_MIN`` and ``MAD_FACTOR`` x the MAD of all ranks' shares. Used here on each rank's
+    sustained share and by the ``why`` verdict (console/verdict.py) on one sample's."""
+    mid = median(found.values())
+    mad = median(abs(s - mid) for s in found.values())
+    return {rank: share - mid for rank, share in found.items()}, max(SHARE_MIN, MAD_FACTOR * mad)
+
+
 class Stragglers:
     """Fed the ``sample`` records of every node; says which rank is a straggler."""
 
@@ -127,12 +136,11 @@ class Stragglers:
         now = {r: s for r in self.history if (s := self.sustained(r)) is not None}
         if len(now) < 3:
             return []
-        mid = median(now.values())
-        mad = median(abs(s - mid) for s in now.values())
+        margins, bar = over_median(now)
         events = []
         for rank, share in sorted(now.items()):
-            margin = share - mid
-            if rank not in self.flagged and margin >= max(SHARE_MIN, MAD_FACTOR * mad):
+            margin = margins[rank]
+            if rank not in self.flagged and margin >= bar:
                 self.flagged.add(rank)
                 events.append((rank, "straggler", "rank %d is a straggler: the others wait "
                                "for it %.0f%% of the time (%.2fx slower)"

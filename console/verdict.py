@@ -25,7 +25,7 @@ from statistics import median
 
 from .sanitize import clean
 from .stacks import main_thread_locations
-from .straggler import MAD_FACTOR, SHARE_MIN, shares
+from .straggler import over_median, shares
 from .text import rank_ranges
 
 KINDS = ("stuck-in-python", "mismatch", "unreachable", "straggler", "unknown")
@@ -199,10 +199,9 @@ def straggler(reports: list[dict]) -> dict | None:
     found = shares(_entry_times(reports))
     if found is None:
         return None
-    mid = median(found.values())
-    mad = median(abs(v - mid) for v in found.values())
-    worst = max(found, key=found.get)
-    if found[worst] - mid < max(SHARE_MIN, MAD_FACTOR * mad):
+    margins, bar = over_median(found)
+    worst = max(margins, key=margins.get)
+    if margins[worst] < bar:
         return None
     late = {r: median(v) for r, v in lateness(reports).items()}
     report = next(r for r in reports if r["rank"] == worst)
