@@ -160,8 +160,9 @@ def restart(args):
         # new one as soon as the old workers are, and watches the old torchrun's exit)
         return signal_and_wait(
             ndir, signal.SIGUSR1,
-            lambda old, new: new.get("launches", 0) > old.get("launches", 0)
-            and not new.get("exiting") or not new["alive"], float(args.get("timeout", 90)))
+            lambda old, new: (new.get("launches", 0) > old.get("launches", 0)
+                              and not new.get("exiting")) or not new["alive"],
+            float(args.get("timeout", 90)))
     if not args.get("spec"):
         raise RequestError("node %s is not running here; restart needs the run spec"
                            % args["node"], "missing")

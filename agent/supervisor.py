@@ -316,7 +316,7 @@ class Supervisor(object):
 
     def watch_exiting(self):
         """An old torchrun left exiting by a restart: gone is done; past its grace, SIGKILL
-        (reaped by ``reap_torchrun``, this process being its parent) and a ``killed`` event
+        (reaped by ``_reaped``, this process being its parent) and a ``killed`` event
         saying whether that worked. state.json's ``exiting`` lists them: a restart request
         is answered once it is empty (agent/node.py), so that nothing of the old run is left
         when the console hears the restart is done."""
