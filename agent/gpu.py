@@ -34,6 +34,7 @@ import csv
 import os
 import signal
 import subprocess
+import sys
 import time
 
 __all__ = ["GpuProbe", "gpu_pids_memory", "SMI_GPU_FIELDS", "THROTTLE_REASONS"]
@@ -66,6 +67,24 @@ _NVML_REASONS = (
     ("NVMLError_NoPermission", "no permission to use NVML"),
     ("NVMLError_Uninitialized", "NVML not initialised"),
 )
+
+
+_site_added = False
+
+
+def import_pynvml():
+    """The pynvml module (ImportError where it is not installed). ``serve`` on a host runs in
+    the bootstrap's interpreter, started without ``site`` (console/transport/agent_copy.py):
+    site-packages, where pynvml lives, join ``sys.path`` here, when first wanted."""
+    global _site_added
+    if sys.flags.no_site and not _site_added:
+        _site_added = True
+        import site
+
+        site.main()
+    import pynvml
+
+    return pynvml
 
 
 def _nvml_query(nvml, func_name, *args):
@@ -239,7 +258,7 @@ class GpuProbe:
     def _init_nvml(self):
         """None once NVML is initialised, else a short reason."""
         try:
-            import pynvml
+            pynvml = import_pynvml()
         except ImportError:
             return "not installed"
         try:

@@ -16,8 +16,10 @@ runs a small bootstrap with the host's python (:func:`AgentBundle.remote_command
   (half-copied, tampered, planted) is moved aside and copied afresh: the bootstrap prints
   :data:`SEND_MARKER`, reads the payload (:meth:`AgentBundle.framed`) from stdin, unpacks it
   into a private temporary folder and renames that into place;
-- execs ``<python> -m agent serve`` in the checked folder (with the login's umask, which
-  serve keeps for the job; serve itself writes with 077).
+- runs ``agent serve`` from the checked folder in its own interpreter, as ``python -m agent
+  serve`` would (with the login's umask, which serve keeps for the job; serve itself writes
+  with 077). No second interpreter is started: the bootstrap's runs without site (``-E -S``),
+  so the agent imports ``site`` only when it needs site-packages (pynvml, agent/gpu.py).
 
 So a warm host costs one round trip and no payload; a cold one costs one more, to send the
 files. Nothing is installed, nothing secret is on a command line.
@@ -49,7 +51,6 @@ import hashlib, shutil, stat, zlib  # only cheap imports: this runs on every con
 login_umask = os.umask(0o077)  # the copy is private
 root = os.path.expanduser(sys.argv[1])
 version = sys.argv[2]
-python = sys.argv[3]
 home = os.path.join(root, "agent-" + version)
 me = os.geteuid()
 
@@ -195,11 +196,22 @@ if why is not None:
     if why is not None:
         sys.stderr.write("rankdeck: the agent copy in %s is %s\n" % (home, why))
         sys.exit(5)
+try:  # made here, private: with the login's umask (002, say) it is group-writable, which
+    # the check above refuses, and every connection would copy the agent again
+    os.mkdir(os.path.join(home, "agent", "__pycache__"), 0o700)
+except OSError:
+    pass
 os.chdir(home)
 os.umask(login_umask)
 path = os.environ.get("PYTHONPATH")
-os.environ["PYTHONPATH"] = home + (os.pathsep + path if path else "")
-os.execvp(python, [python, "-m", "agent", "serve"])
+os.environ["PYTHONPATH"] = home + (os.pathsep + path if path else "")  # for serve's children
+# serve runs in this interpreter: a second one (exec) would cost its start and site's scan of
+# site-packages again, ~80 ms of a host's CPU a connection. This one ignored PYTHON* (-E) and
+# site (-S): PYTHONPATH is put on sys.path here, site-packages when pynvml is first wanted.
+sys.path[:0] = os.environ["PYTHONPATH"].split(os.pathsep)
+sys.argv = [os.path.join(home, "agent", "__main__.py"), "serve"]
+import runpy
+runpy.run_module("agent", run_name="__main__", alter_sys=True)
 """
 
 # One line, no quotes of its own: survives any login shell (csh does not allow newlines in
