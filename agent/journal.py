@@ -77,6 +77,20 @@ def parse(buf, base_offset=0):
     gets ``j``, the record's start offset in the journal (added on reading, not stored): the
     console's handle for asking for what came before a line, or since a file appeared.
     """
+    raw, used = split(buf, base_offset)
+    return [(decode_meta(meta, start), data, end) for meta, data, start, end in raw], used
+
+
+def decode_meta(meta, start):
+    """A record's meta bytes as a dict, with ``j``: the record's offset ``start``."""
+    meta = _decode_meta(meta.decode("utf-8"))
+    meta["j"] = start
+    return meta
+
+
+def split(buf, base_offset=0):
+    """:func:`parse` without decoding the metas: ``([(meta_bytes, data, start_offset,
+    end_offset), ...], consumed)`` (``serve`` passes the metas on as they are)."""
     records = []
     pos = 0
     size = len(buf)
@@ -90,10 +104,9 @@ def parse(buf, base_offset=0):
         end = nl + 1 + meta_len + data_len
         if end > size:
             break
-        meta = _decode_meta(buf[nl + 1 : nl + 1 + meta_len].decode("utf-8"))
-        meta["j"] = base_offset + pos
+        meta = bytes(buf[nl + 1 : nl + 1 + meta_len])
         data = bytes(buf[nl + 1 + meta_len : end])
-        records.append((meta, data, base_offset + end))
+        records.append((meta, data, base_offset + pos, base_offset + end))
         pos = end
     return records, pos
 
@@ -107,8 +120,9 @@ class JournalReader:
         self._fh = None
         self._pending = b""
 
-    def read(self, limit=READ_CHUNK):
-        """Records appended since the last call (at most about ``limit`` bytes of them)."""
+    def read(self, limit=READ_CHUNK, raw=False):
+        """Records appended since the last call (at most about ``limit`` bytes of them), as
+        :func:`parse` gives them, or with ``raw`` as :func:`split` does."""
         if self._fh is None:
             try:
                 self._fh = open(self.path, "rb")
@@ -120,7 +134,7 @@ class JournalReader:
             return []
         buf = self._pending + chunk if self._pending else chunk
         start = self.offset
-        records, used = parse(buf, start)
+        records, used = (split if raw else parse)(buf, start)
         self._pending = buf[used:]
         self.offset = start + used
         return records

@@ -88,6 +88,31 @@ def decode(line):
     return msg
 
 
+_encode_compact = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
+_encode_text = json.encoder.encode_basestring_ascii  # what json.dumps does with a str
+
+
+def journal_line(sub, end, records):
+    """The ``journal`` message of ``records`` as agent.journal.split gives them: the bytes
+    :func:`encode` makes of ``{"t": "journal", "sub", "end", "recs"}`` with the records parsed,
+    built without parsing them. Each meta, an ASCII JSON object as the supervisor wrote it, is
+    passed on with ``j`` (its offset) put at its end: decoding and encoding every meta again
+    was most of ``serve``'s work a line. Raises ValueError for a meta that is not one line of
+    ASCII JSON object (a journal only the supervisor writes has none)."""
+    parts = []
+    for meta, data, start, _end in records:
+        if not (meta[:1] == b"{" and meta[-1:] == b"}" and meta.isascii()) or b"\n" in meta:
+            raise ValueError("journal record at offset %d is not a JSON object" % start)
+        j = (b',"j":%d}' if len(meta) > 2 else b'"j":%d}') % start
+        if data:
+            text = _encode_text(bytes_to_text(data)).encode("ascii")
+            parts.append(b"[%s%s,%s]" % (meta[:-1], j, text))
+        else:
+            parts.append(b"[%s%s]" % (meta[:-1], j))
+    return b'{"t":"journal","sub":%s,"end":%d,"recs":[%s]}\n' % (
+        _encode_compact(sub).encode("ascii"), end, b",".join(parts))
+
+
 def bytes_to_text(data):
     """Log bytes as a str that round-trips exactly through JSON (see module docstring)."""
     return data.decode("utf-8", "surrogateescape")

@@ -34,6 +34,11 @@ MAX_PERIOD = 3600.0
 KEEP = 64  # collectives a rank, a sample: a few KB a node a period
 ANSWER_WAIT = 3.0
 LATE_SAMPLES = 2  # samples marked ``rebase`` after an unanswered dump (it may answer later)
+# Finding the workers reads every process on the host (agent/stacks.py ``workers``): milliseconds
+# on a quiet machine, tens of them on a busy host, once a sample. The ones found are sampled
+# again while all of them live and they are as many as their LOCAL_WORLD_SIZE, and looked for
+# afresh at least this often (a worker that came without another going).
+FIND_EVERY = 60.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -84,6 +89,8 @@ class RankSampler(object):
         # pid -> samples left to mark: a rank that answered its dump after ANSWER_WAIT spent
         # that CPU after cpu_after_s could be read; its next samples say so (``rebase``)
         self._late = {}
+        self._found = []  # [(worker, its start time)]: the workers the last search found
+        self._found_at = None  # time.monotonic() of that search
 
     def tick(self):
         if not self._period:
@@ -96,10 +103,24 @@ class RankSampler(object):
             self._last_tick = tick
             self._start(tick)
 
+    def _workers(self):
+        """``[(worker, ProcInfo)]``: the workers found last time while they all still run
+        (same start time, not a zombie) and are as many as they were launched, else a search."""
+        if self._found and time.monotonic() - self._found_at < FIND_EVERY:
+            infos = [procs.stat(w["pid"]) for w, _start in self._found]
+            if all(info is not None and info.starttime == start and info.state != "Z"
+                   for info, (_w, start) in zip(infos, self._found)) \
+                    and len(self._found) >= max(w["local_world_size"] for w, _s in self._found):
+                return [(w, info) for (w, _s), info in zip(self._found, infos)]
+        self._found_at = time.monotonic()
+        found = [(w, procs.stat(w["pid"])) for w in workers(os.getpid())]
+        found = [(w, info) for w, info in found if info is not None]
+        self._found = [(w, info.starttime) for w, info in found]
+        return found
+
     def _start(self, tick):
         ranks, asked = [], {}
-        for w in workers(os.getpid()):
-            info = procs.stat(w["pid"])
+        for w, info in self._workers():
             rank = {"rank": w["rank"], "pid": w["pid"], "cpu_s": cpu_seconds(w["pid"]),
                     "state": info.state if info else "?"}
             if self._late.get(w["pid"]):

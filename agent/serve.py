@@ -23,7 +23,7 @@ from . import node, protocol
 from .gpu import GpuProbe
 from .hoststats import HostSampler
 from .hostpaths import host_path, host_python
-from .journal import JournalReader, read_back
+from .journal import JournalReader, decode_meta, read_back
 from .pace import Pace
 from .preflight import Listener, host_facts
 from .protocol import RequestError
@@ -66,7 +66,10 @@ class Server(object):
 
     # -- output ----------------------------------------------------------------------------
     def send(self, msg):
-        data = protocol.encode(msg)
+        self.write(protocol.encode(msg))
+
+    def write(self, data):
+        """One message, encoded (a line)."""
         with self.lock:
             try:
                 self.out.write(data)
@@ -236,6 +239,15 @@ class Server(object):
                 out.append([meta])
         return out
 
+    def _journal_line(self, sub_id, records):
+        """The ``journal`` message of raw records (agent/journal.py ``split``)."""
+        try:
+            return protocol.journal_line(sub_id, records[-1][3], records)
+        except ValueError:  # a meta not as the supervisor writes them: parsed, as before
+            parsed = [(decode_meta(meta, start), data, end) for meta, data, start, end in records]
+            return protocol.encode({"t": "journal", "sub": sub_id, "end": records[-1][3],
+                                    "recs": self._wire(parsed)})
+
     def pump(self):
         """Send what is new in subscribed journals and states; the journal bytes sent (a
         state message counts as one)."""
@@ -252,21 +264,20 @@ class Server(object):
             drained = False
             budget = protocol.BATCH_BYTES * 4
             while budget > 0:
-                records = sub.reader.read(protocol.BATCH_BYTES)
+                records = sub.reader.read(protocol.BATCH_BYTES, raw=True)
                 if not records:
                     drained = True
                     break
-                nbytes = sum(len(d) for _m, d, _e in records) + 64 * len(records)
+                nbytes = sum(len(d) for _m, d, _s, _e in records) + 64 * len(records)
                 budget -= nbytes
-                if sub.quiet_until and records[0][0]["j"] < sub.quiet_until:
+                if sub.quiet_until and records[0][2] < sub.quiet_until:
                     # a console resuming its output or wanting recent lines only: state
                     # records yes, lines of records that start before quiet_until no
-                    records = [r for r in records if r[0]["j"] >= sub.quiet_until or
-                               r[0].get("k") != "data"]
+                    records = [r for r in records if r[2] >= sub.quiet_until or
+                               decode_meta(r[0], r[2]).get("k") != "data"]
                     if not records:
                         continue
-                self.send({"t": "journal", "sub": sub.sub_id, "end": records[-1][2],
-                           "recs": self._wire(records)})
+                self.write(self._journal_line(sub.sub_id, records))
                 sent += nbytes
             if check and drained:
                 sub.last_state_check = now

@@ -53,6 +53,7 @@ def workers(supervisor_pid):
             info = procs.stat(pid)
             out.append({"pid": pid, "rank": int(env["RANK"]),
                         "local_rank": int(env["LOCAL_RANK"]),
+                        "local_world_size": _int(env.get("LOCAL_WORLD_SIZE")),
                         "state": info.state if info else "?",
                         "executable": _exe(pid)})
     # a worker's own children (dataloader workers) carry RANK too: keep the topmost
@@ -60,6 +61,13 @@ def workers(supervisor_pid):
     out = [w for w in out if (procs.stat(w["pid"]) or procs.ProcInfo(0, 0, 0, 0, "", 0, "")
                               ).ppid not in pids]
     return sorted(out, key=lambda w: w["rank"])
+
+
+def _int(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _exe(pid):

@@ -355,7 +355,9 @@ class Supervisor(object):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         console_log = os.path.join(self.node_dir, "torchrun.log")
-        os.close(os.open(console_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        record = os.path.join(self.node_dir, RANK_RECORD)
+        for path in (console_log, record):  # made now, so that they can be watched
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
         self.follower.add(console_log, stream="torchrun",
                           attempt=None, local_rank=None, instance=None)
         self.launch()
@@ -364,8 +366,10 @@ class Supervisor(object):
         telemetry = TelemetryRecorder(self.journal, self.spec.get("cwd") or self.node_dir)
         # ranks' CPU and collective entry times (stragglers, silent ranks)
         ranks_sample = RankSampler(self.journal, self.node_dir, period_of(self.spec.get("env") or {}))
-        # torchrun's records (its phase), a stop or restart and torchrun's end wake the loop
-        self.follower.wake_on(self.node_dir, signals=(signal.SIGCHLD,))
+        # torchrun's records (its phase: torchrun.log, followed above, and the rank record), a
+        # stop or restart and torchrun's end wake the loop. Not the whole node folder: this
+        # loop's own journal and state.json writes would wake it for a turn that finds nothing.
+        self.follower.wake_on(record, signals=(signal.SIGCHLD,))
         pace = Pace(slow=SLOW if self.follower.watch is None else SLOW_WATCHED)
         while True:
             read = self.pump()

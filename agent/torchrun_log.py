@@ -99,7 +99,9 @@ class _Reader(object):
         self.in_failure = False
 
     def new_lines(self):
-        try:
+        try:  # read every turn of the supervisor: most turns find the same size
+            if os.stat(self.path).st_size == self.offset:
+                return []
             fd = os.open(self.path, os.O_RDONLY)
         except OSError:
             return []

@@ -83,6 +83,21 @@ def cpu_of(pid: int, children: bool = False) -> float:
     return ticks / CLK
 
 
+def wakes_of(pid: int) -> int:
+    """Voluntary context switches of a process, all its threads: about how often it slept
+    and was woken (a turn of its loop is one, a blocking read another)."""
+    total = 0
+    for path in glob.glob("/proc/%d/task/*/status" % pid):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
 def children_of(pid: int) -> list[int]:
     out = []
     for path in glob.glob("/proc/%d/task/*/children" % pid):
@@ -186,9 +201,13 @@ async def measure(seconds: float, nproc: int, rate: float, work: str,
         def cpu() -> dict:
             return {g: sum(cpu_of(p, children=g in waited) for p in pids)
                     for g, pids in groups.items()}
+        def wakes() -> dict:
+            return {g: sum(wakes_of(p) for p in groups[g]) for g in waited}
         cpu0, lines0, tail0, wall0 = cpu(), arrived["lines"], tail.lines, time.monotonic()
+        wakes0 = wakes()
         await asyncio.sleep(seconds)  # the console keeps reading meanwhile
         cpu1, lines1, tail1, wall1 = cpu(), arrived["lines"], tail.lines, time.monotonic()
+        wakes1 = wakes()
         gone = [g for g, pids in groups.items() if not all(os.path.exists("/proc/%d" % p)
                                                             for p in pids)]
         tail.close()
@@ -200,6 +219,7 @@ async def measure(seconds: float, nproc: int, rate: float, work: str,
         await ctl.close()
     return {"wall": wall1 - wall0, "lines": lines1 - lines0, "tail_lines": tail1 - tail0,
             "cpu": {g: cpu1[g] - cpu0[g] for g in cpu0}, "files": len(files),
+            "wakes": {g: wakes1[g] - wakes0[g] for g in wakes0},
             "gpu": (ctl.state.nodes["node1"].gpu or {}).get("source"),
             "host": sorted((ctl.state.nodes["node1"].host or {}).keys())}
 
@@ -224,6 +244,8 @@ def report(r: dict, nproc: int, rate: float, idle: dict | None) -> None:
             ("the %d ranks themselves" % nproc, cpu["ranks"]))
     for name, seconds in rows:
         print("  %-54s %7.3f s CPU = %6.3f %% of a core" % (name, seconds, pct(seconds, wall)))
+    print("wake-ups a second (voluntary context switches): serve %.1f, supervisor %.1f"
+          % (r["wakes"]["serve"] / wall, r["wakes"]["supervisor"] / wall))
     print("ratios: agent / tail -F %.1fx, agent / torchrun's agent %.2fx; agent CPU per "
           "line %.0f us" % (agent / max(cpu["tail"], 1.0 / CLK),
                             agent / max(cpu["torchrun"], 1.0 / CLK),
@@ -232,10 +254,11 @@ def report(r: dict, nproc: int, rate: float, idle: dict | None) -> None:
         return
     idle_agent = idle["cpu"]["serve"] + idle["cpu"]["supervisor"]
     print("the same with silent ranks (%.1f s, %d lines): serve %.3f %%, supervisor %.3f %%, "
-          "agent %.3f %% of a core; agent with lines / silent %.2fx; the lines' own cost "
-          "%.3f %% of a core" % (
+          "agent %.3f %% of a core (wake-ups a second: serve %.1f, supervisor %.1f); agent "
+          "with lines / silent %.2fx; the lines' own cost %.3f %% of a core" % (
               idle["wall"], idle["lines"], pct(idle["cpu"]["serve"], idle["wall"]),
               pct(idle["cpu"]["supervisor"], idle["wall"]), pct(idle_agent, idle["wall"]),
+              idle["wakes"]["serve"] / idle["wall"], idle["wakes"]["supervisor"] / idle["wall"],
               pct(agent, wall) / max(pct(idle_agent, idle["wall"]), 1e-9),
               pct(agent, wall) - pct(idle_agent, idle["wall"])))
 

@@ -169,3 +169,63 @@ def test_a_dump_answered_too_late_marks_the_next_samples(node, monkeypatch):
     assert "did not answer" not in ranks[0].get("fr_error", "")
     assert "did not answer" in ranks[1]["fr_error"]
     assert [r.get("rebase") for r in ranks] == [None, None, True, True, None]
+
+
+def test_the_workers_found_are_sampled_again_until_one_goes(tmp_path, monkeypatch):
+    """Finding the workers reads every process on the host; the ones found are reused while
+    they all live and are as many as LOCAL_WORLD_SIZE says, and searched for again when one
+    went (a restart's new workers) or one is missing (workers still starting)."""
+    searches = []
+    real = ranksample.workers
+    monkeypatch.setattr(ranksample, "workers",
+                        lambda pid: searches.append(pid) or real(pid))
+    journal = JournalWriter(str(tmp_path / "journal"))
+    env = dict(os.environ, LOCAL_WORLD_SIZE="2")
+    started = []
+
+    def worker(rank):
+        proc = subprocess.Popen([sys.executable, "-c", WORKER],
+                                env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)))
+        started.append(proc)
+        return proc
+
+    def sampled(at):
+        sample_once(sampler, now, 1_720_000_000.0 + at)
+        return sorted(r["pid"] for r in records(tmp_path)[-1]["ranks"])
+
+    def until_sampled(at, procs):
+        """Samples from ``at`` on until one holds exactly ``procs``; the last one's time."""
+        deadline = time.monotonic() + 30
+        while sampled(at) != sorted(p.pid for p in procs):
+            assert time.monotonic() < deadline, "a new worker was never found"
+            at += 10
+        return at
+
+    try:
+        first = worker(0)
+        now = [1_720_000_000.0]
+        sampler = ranksample.RankSampler(journal, str(tmp_path), 10.0, clock=lambda: now[0])
+        deadline = time.monotonic() + 30
+        at = 0
+        while not records(tmp_path):  # until the child's environ is readable as a worker
+            assert time.monotonic() < deadline
+            at += 10
+            sample_once(sampler, now, 1_720_000_000.0 + at)
+        searches.clear()
+        assert sampled(at + 10) == [first.pid] and len(searches) == 1  # one of two: look again
+        second = worker(1)
+        at = until_sampled(at + 20, [first, second])
+        searches.clear()
+        for _ in range(3):  # both found: no more searches while they live
+            at += 10
+            assert sampled(at) == sorted([first.pid, second.pid])
+        assert searches == []
+        first.kill()
+        first.wait()  # reaped: gone from /proc (a zombie would count as gone too)
+        at = until_sampled(at + 10, [second, worker(0)])
+        assert searches, "a worker went: the workers were searched for again"
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+        journal.close()

@@ -3,8 +3,10 @@
 import os
 import shutil
 
+import pytest
+
 from agent import tail
-from agent.journal import JournalReader, JournalWriter
+from agent.journal import JournalReader, JournalWriter, parse
 from agent.tail import LogFollower
 
 
@@ -159,3 +161,35 @@ def test_read_back_pages_through_a_journal_exactly_once(tmp_path, monkeypatch):
     assert got == want and pages > 5
     size = os.path.getsize(path)
     assert read_back(path, before=size, fids=[99], want=1) == ([], 0)  # no such file
+
+
+def test_serve_passes_metas_on_as_they_are_the_same_bytes_as_parsed(tmp_path):
+    """serve builds its journal messages from the metas' bytes (protocol.journal_line); the
+    line must be the one encoding the parsed records would give, for every kind of record."""
+    from agent import protocol
+    from agent.journal import split
+    from agent.serve import Server
+
+    w = JournalWriter(str(tmp_path / "journal"))
+    w.append({"k": "file", "f": 1, "rank": 3, "path": "/x/\u00e9t\u00e9 \"q\"\\\n", "o": None})
+    w.append({"k": "data", "f": 1, "o": 0}, b"ok\n\xff\xfe bad utf-8 \x1b[31m red \x00\r\n")
+    w.append({"k": "metric", "f": 1, "step": 7, "loss": 0.1 + 0.2, "lr": 1e-05,
+              "big": 2 ** 70, "neg": -3.5e-300, "nested": {"a": [1, 2.5, None, True]}})
+    w.append({"k": "event", "what": "x", "text": "\u2603 \ud83d\ude00 tab\tend"})
+    w.append({"k": "data", "f": 1, "o": 40}, "caf\u00e9 \u4e2d\n".encode())
+    w.close()
+    with open(tmp_path / "journal", "rb") as f:
+        buf = f.read()
+    raw, used = split(buf, 1000)
+    parsed, used2 = parse(buf, 1000)
+    assert used == used2 == len(buf) and len(raw) == len(parsed) == 5
+    for sub in ("node1", 7):
+        line = protocol.journal_line(sub, raw[-1][3], raw)
+        assert line == protocol.encode({"t": "journal", "sub": sub, "end": parsed[-1][2],
+                                        "recs": Server._wire(parsed)})
+        assert protocol.decode(line)["recs"][1][0]["j"] == raw[1][2]
+    # a meta not as the supervisor writes them is refused (serve then parses, as before)
+    with pytest.raises(ValueError):
+        protocol.journal_line("n", 1, [(b'{"k":"data"}\n{"x":1}', b"", 0, 1)])
+    with pytest.raises(ValueError):
+        protocol.journal_line("n", 1, [("{\"k\":\"\u00e9\"}".encode(), b"", 0, 1)])
