@@ -44,7 +44,7 @@ class Subscription(object):
         self.ndir = ndir
         self.reader = JournalReader(os.path.join(ndir, "journal"), offset)
         self.last_state = None
-        self.last_state_check = 0.0
+        self.last_state_check = float("-inf")  # never (monotonic starts at boot)
         self.watched = False  # its folder's changes wake the stream loop
 
 
@@ -293,7 +293,7 @@ class Server(object):
             return next((sub.ndir for sub in self.subs.values()), None)
 
     def stream_loop(self):
-        last_gpu = 0.0
+        last_gpu = float("-inf")
         pace = Pace()
         while not self.closed.is_set():
             sent = self.pump()

@@ -71,7 +71,7 @@ class LogFollower(object):
         self.files = {}  # path -> FollowedFile (the live one at that path)
         self.closing = []  # replaced/deleted files still being read to EOF
         self.next_fid = first_fid
-        self._last_scan = 0.0
+        self._last_scan = float("-inf")  # never: the first poll scans (monotonic starts at boot)
 
     def add(self, path, **meta):
         """Follow one more file whose metadata is known (announced at once)."""

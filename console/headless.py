@@ -135,7 +135,7 @@ class SyncProgressLine:
         self.out = out or sys.stderr
         self.tty = self.out.isatty()
         self.interval = interval
-        self.last = 0.0
+        self.last = float("-inf")
         self.width = 0
 
     def __call__(self, line: str, final: bool) -> None:

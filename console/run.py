@@ -434,7 +434,7 @@ class RunController:
 
     # -- lifetime --------------------------------------------------------------------------
     async def _housekeeping(self) -> None:
-        last_save = 0.0
+        last_save = float("-inf")
         while True:
             await asyncio.sleep(1.0)
             if self.state.check_stalls() or self.state.verdict_again_due():

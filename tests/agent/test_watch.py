@@ -100,6 +100,19 @@ def test_follower_finds_new_folders_and_lines_by_events(tmp_path, inotify, no_re
     f.close()
 
 
+def test_the_first_poll_reads_on_a_host_booted_a_moment_ago(tmp_path, inotify, monkeypatch):
+    """time.monotonic() counts from boot: a follower whose "last scan" started at 0 never
+    scanned on a host up for less than RESCAN (the fresh-clone suite's machine, up 7
+    minutes, with the 3600 s of the fixtures above)."""
+    monkeypatch.setattr(tail.time, "monotonic", lambda: 1.0)  # up one second, RESCAN 2 s
+    path = make_rank_file(str(tmp_path))
+    with open(path, "ab") as out:
+        out.write(b"early\n")
+    f = LogFollower(str(tmp_path), lambda attempt, lr: 0, watch=inotify)
+    assert data_of(f.poll()) == b"early\n"
+    f.close()
+
+
 def test_follower_reads_a_replaced_attempt_to_its_end_then_the_new_one(tmp_path, inotify,
                                                                       no_rescan):
     base = str(tmp_path)
