@@ -45,7 +45,10 @@ from .prompt import PromptBar
 from .stacks import open_stacks
 from .verdict import open_verdict, verdict_arrived
 
-FOCUS_ACTIONS = ("filter", "goto", "focus_pane", "worst")  # their keys are priority bindings
+# Their keys are priority bindings: the app acts on them when it receives them. Those that
+# move the focus must (the keys typed after them go to the new focus); those that change what
+# a pane shows save the key's trip to the focused widget and back, a frame or two at a flood.
+PRIORITY_ACTIONS = ("filter", "goto", "focus_pane", "worst", "step", "cycle_source")
 TURN_S = 0.05  # between the large widgets' redraws after a state change: a few frames
 GC_THRESHOLDS = tuple(int(x) for x in os.environ.get("RANKDECK_GC", "10000,10,10").split(","))
 
@@ -58,15 +61,18 @@ class RankdeckApp(App[int]):
     BINDINGS = [
         Binding("q", "detach", "Detach"),
         Binding("question_mark", "help", "Help", key_display="?"),
-        # Keys that move the focus are priority bindings: they act when the app receives them,
-        # before it hands the next keys (typed fast, pasted) to the focused widget.
+        # Keys that move the focus, or change what a pane shows, are priority bindings
+        # (PRIORITY_ACTIONS): they act when the app receives them, before it hands the next
+        # keys (typed fast, pasted) to the focused widget.
         Binding("slash", "filter", "Filter", key_display="/", priority=True),
         Binding("g", "goto", "Go to rank", priority=True),
         Binding("exclamation_mark", "worst", "Worst row", key_display="!", priority=True),
         Binding("z", "zoom", "Logs full width (hide nodes and GPUs)", show=False),
-        Binding("left_square_bracket", "step(-1)", "Prev rank", key_display="["),
-        Binding("right_square_bracket", "step(1)", "Next rank", key_display="]"),
-        Binding("n", "cycle_source", "Rank/node/all"),
+        Binding("left_square_bracket", "step(-1)", "Prev rank", key_display="[",
+                priority=True),
+        Binding("right_square_bracket", "step(1)", "Next rank", key_display="]",
+                priority=True),
+        Binding("n", "cycle_source", "Rank/node/all", priority=True),
         Binding("plus", "add_pane", "Add pane", key_display="+"),
         Binding("minus", "remove_pane", "Remove pane", key_display="-", show=False),
         Binding("1", "focus_pane(0)", "Pane 1", show=False, priority=True),
@@ -258,10 +264,10 @@ class RankdeckApp(App[int]):
 
     # -- actions ---------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """The focus-moving (priority) keys act on the main screen only (None: shown, off
-        under a modal, like the other keys), and not while typing in the prompt: there they
-        are text (False)."""
-        if action in FOCUS_ACTIONS:
+        """The priority keys act on the main screen only (None: shown, off under a modal,
+        like the other keys), and not while typing in the prompt: there they are text
+        (False)."""
+        if action in PRIORITY_ACTIONS:
             if len(self.screen_stack) > 1:
                 return None
             if self.focused is self.prompt:
