@@ -36,6 +36,7 @@ from .header import RunHeader
 from .help import HelpScreen, key_sections
 from .lateness import open_lateness
 from .logs import LogPanes
+from .lru import strips_without_cycles
 from .losschart import LossChart
 from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, RunChanged,
                        RunEventAdded, SourceChosen)
@@ -409,11 +410,14 @@ def tune_gc() -> None:
     and with CPython's default young generation (700 objects) those strips outlived it and
     reached the oldest one: in bench/tui.py full collections then ran 1.5 times a second for
     up to 0.3 s each. With 10,000 (``RANKDECK_GC`` overrides) most die young, and what exists
-    once the screen is up (modules, widgets) is frozen out of the collector. Process-wide, so
-    only ``run_app`` asks for it, and puts the defaults back afterwards.
+    once the screen is up (modules, widgets) is frozen out of the collector. The strips' cycle
+    itself is cut too (lru.strips_without_cycles): with it the full collections that were
+    left still took 70 ms at 512 ranks. Process-wide, so only ``run_app`` asks for it, and
+    puts the defaults back afterwards.
     """
     gc.freeze()
     gc.set_threshold(GC_THRESHOLDS[0], GC_THRESHOLDS[1], GC_THRESHOLDS[2])
+    strips_without_cycles()
 
 
 async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = None,
@@ -430,6 +434,7 @@ async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = N
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
+        strips_without_cycles(False)
     # The screen that showed how it went is gone: say it again, as --no-tui does.
     if app.launch_error is not None:
         print(clean_lines("rankdeck: launch failed: %s" % app.launch_error, ctl),

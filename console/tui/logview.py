@@ -22,7 +22,6 @@ from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding
-from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.reactive import var
 from textual.scroll_view import ScrollView
@@ -32,6 +31,7 @@ from ..text import clock_text, rank_ranges
 from ..window import EntryWindow
 from .cells import fit, width_of
 from .messages import FollowChanged, OlderWanted
+from .lru import LRU
 from .scrolling import set_virtual_size
 
 CACHED_ROWS = 1024
@@ -110,7 +110,7 @@ class LogView(ScrollView, can_focus=True):
         self._width = 0
         self._wrap_width = 0
         # Rendered rows of recently shown lines (see _rows_of).
-        self._cache: LRUCache = LRUCache(CACHED_ROWS)
+        self._cache = LRU(CACHED_ROWS)
         self._styles: dict | None = None
 
     # -- options (set by the pane; each rebuilds from the kept entries) -----------------

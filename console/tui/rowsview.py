@@ -17,12 +17,12 @@ from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding
-from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from .cells import width_of
+from .lru import LRU
 from .scrolling import set_virtual_size
 
 
@@ -78,7 +78,7 @@ class RowsView(ScrollView, can_focus=True):
         self._generation = 0
         self._width = 0  # the virtual width: the widest row built
         self._built_width = 0  # the widest row built since the last invalidate()
-        self._cache: LRUCache = LRUCache(512)
+        self._cache = LRU(512)
         self._styles: dict | None = None
 
     # -- what subclasses provide -------------------------------------------------------

@@ -1,0 +1,64 @@
+"""Caches that leave no garbage for the cycle collector.
+
+Textual's ``LRUCache`` links its entries in a ring of lists; ``clear()`` drops the ring whole,
+so every entry and the rows it held become cyclic garbage that only a collection frees. The
+log view clears its cache on every refill (each rank switch), 1,024 rows at a time, and with
+``Strip.divide`` below that garbage was what made the console's full collections run 70 ms
+at 512 ranks (bench/tui.py), in the middle of a key press.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from textual.strip import Strip
+
+
+class LRU:
+    """At most ``maxsize`` entries, the least recently used dropped first."""
+
+    __slots__ = ("maxsize", "_data")
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._data: OrderedDict = OrderedDict()
+
+    def get(self, key, default=None):
+        value = self._data.get(key, default)
+        if value is not default:
+            self._data.move_to_end(key)
+        return value
+
+    def __setitem__(self, key, value) -> None:
+        data = self._data
+        data[key] = value
+        data.move_to_end(key)
+        if len(data) > self.maxsize:
+            data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+
+_divide = Strip.divide
+
+
+def _divide_without_cycle(self: Strip, cuts) -> list[Strip]:
+    """``Strip.divide``, less the cycle it makes when the one piece is the strip itself: it
+    caches ``[self]`` inside itself, so every strip the compositor divides at its own length
+    (each line of a widget that spans its region) outlives its last reference until a
+    collection. Without the cache entry such a strip is freed when the next frame replaces
+    it; dividing it again costs a list."""
+    strips = _divide(self, cuts)
+    if len(strips) == 1 and strips[0] is self:
+        self._divide_cache.clear()
+    return strips
+
+
+def strips_without_cycles(on: bool = True) -> None:
+    """Put the cycle-free ``Strip.divide`` in place (``on``) or Textual's own back. Process
+    wide, like the collector's settings it goes with (app.tune_gc)."""
+    Strip.divide = _divide_without_cycle if on else _divide
