@@ -81,6 +81,15 @@ def kept_lines(state: RunState, source: tuple, limit: int) -> tuple[list, dict]:
     across ranks and nodes by time (within a node by journal position), and for each node the
     floor from which the entries hold all of its lines (None: no positions, no scrolling back).
     """
+    taken, floors = kept_chunks(state, source, limit)
+    return entries_of(taken), floors
+
+
+def kept_chunks(state: RunState, source: tuple, limit: int) -> tuple[list, dict]:
+    """:func:`kept_lines` before its entries are made: ``(taken, floors)``, ``taken`` the
+    chunks' lines to show, oldest first, for :func:`entries_of`. A pane switching source
+    makes entries of the newest few hundred at once and of the rest after the screen shows
+    them (a refill's 5,000 entries made at once were a young collection in the key press)."""
     nodes = nodes_of(state, source)
     streams = streams_of(state, source)
     # Per node, the position from which every stream of the source still has all its lines;
@@ -148,12 +157,41 @@ def kept_lines(state: RunState, source: tuple, limit: int) -> tuple[list, dict]:
     for node, journal, index in left_out:  # everything after them is shown
         if floors.get(node) is not None and journal >= 0:
             floors[node] = max(floors[node], after((journal, index)))
+    taken.reverse()
+    return taken, floors
+
+
+def entries_of(taken: list) -> list[Entry]:
+    """The entries of :func:`kept_chunks`'s chunks (or of a run of them), oldest first."""
     entries = []
-    for (ts, journal, node, rank, lines, first), skip in reversed(taken):
+    for (ts, journal, node, rank, lines, first), skip in taken:
         ts, journal = ts or None, None if journal < 0 else journal
         entries.extend([Entry(ts, node, rank, lines[x], journal, first + x)
                         for x in range(skip, len(lines))])
-    return entries, floors
+    return entries
+
+
+def split_newest(taken: list, count: int) -> tuple[list, list]:
+    """``(older, newest)``: ``taken`` cut so that ``newest`` holds at least ``count`` lines
+    (whole chunks: a record's lines stay together)."""
+    lines = 0
+    for i in range(len(taken) - 1, -1, -1):
+        (_ts, _j, _n, _r, chunk_lines, _f), skip = taken[i]
+        lines += len(chunk_lines) - skip
+        if lines >= count:
+            return taken[:i], taken[i:]
+    return [], taken
+
+
+def newest_positions(taken: list) -> dict:
+    """Per node, the position ``(journal, index)`` of the newest line of ``taken``."""
+    marks: dict = {}
+    for (_ts, journal, node, _rank, lines, first), skip in taken:
+        if journal >= 0 and len(lines) > skip:
+            position = (journal, first + len(lines) - 1)
+            if position > marks.get(node, (-1, -1)):
+                marks[node] = position
+    return marks
 
 
 class Scrollback:

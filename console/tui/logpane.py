@@ -15,7 +15,8 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ..sanitize import cleaned
-from ..scrollback import Fetch, Scrollback, kept_lines, streams_of
+from ..scrollback import (Fetch, Scrollback, entries_of, kept_chunks, newest_positions,
+                          split_newest, streams_of)
 from ..state import LINES_PER_RANK, RunState
 from .feed import ALL, NODE, RANK
 from .logview import LogView
@@ -23,15 +24,6 @@ from .messages import OlderWanted
 from .styles import state_style
 
 FIRST_PAINT = 300  # lines shown at once when a pane switches source; the rest follow
-
-
-def refilled_to(entries: list) -> dict:
-    """Per node, the position ``(journal, index)`` of the newest of ``entries`` there."""
-    marks: dict = {}
-    for entry in entries:
-        if entry.journal is not None and entry.position > marks.get(entry.node, (-1, -1)):
-            marks[entry.node] = entry.position
-    return marks
 
 
 def source_label(source: tuple) -> str:
@@ -101,11 +93,11 @@ class LogPane(Vertical):
         view.multi_rank = multi
         view.show_node = source[0] == ALL
         view.follow = True
-        raw, floors = kept_lines(state, source, view.max_lines)
-        # the feed may hold lines of this source already in ``raw`` (another pane shows it)
-        self._refilled_to = refilled_to(raw)
-        older, newest = raw[:-FIRST_PAINT], raw[-FIRST_PAINT:]
-        view.set_entries(cleaned(newest, secrets), floors)
+        taken, floors = kept_chunks(state, source, view.max_lines)
+        # the feed may hold lines of this source already in ``taken`` (another pane shows it)
+        self._refilled_to = newest_positions(taken)
+        older, newest = split_newest(taken, FIRST_PAINT)
+        view.set_entries(cleaned(entries_of(newest), secrets), floors)
         self._filling = bool(older)
         if older:
             self.call_after_refresh(self._backfill, self._generation, older, secrets)
@@ -133,7 +125,7 @@ class LogPane(Vertical):
 
     def _backfill(self, generation: int, older: list, secrets) -> None:
         if generation == self._generation:  # still showing the same source
-            self.view.prepend_entries(cleaned(older, secrets))
+            self.view.prepend_entries(cleaned(entries_of(older), secrets))
             self._filling = False
 
     # -- older lines from the nodes ------------------------------------------------------

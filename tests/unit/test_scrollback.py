@@ -16,7 +16,8 @@ import pytest
 from agent import journal as journal_mod
 from agent.journal import JournalReader, JournalWriter, read_back
 from agent.protocol import bytes_to_text
-from console.scrollback import ALL, NODE, RANK, Scrollback, kept_lines
+from console.scrollback import (ALL, NODE, RANK, Scrollback, entries_of, kept_chunks, kept_lines,
+                                newest_positions, split_newest)
 from console.state import RunState
 
 T0 = 1_700_000_000.0
@@ -167,3 +168,32 @@ def test_lines_spread_over_records_lose_nothing(tmp_path, monkeypatch):
     shown = "".join(e[3] for e in entries)
     whole = "".join(line for _r, line in lines_of(host, lambda r: r == 0))
     assert shown == whole
+
+
+@pytest.mark.parametrize("first", [1, 7, 300, 10 ** 6])
+def test_a_refill_made_in_two_parts_is_the_same_entries(tmp_path, first):
+    """A pane makes entries of the newest chunks at once and of the older ones later
+    (console/tui/logpane.py): together they are kept_lines' entries, and the newest part
+    holds at least ``first`` lines (all, when fewer are kept)."""
+    rnd = random.Random(first)
+    ts = iter(T0 + i * 0.001 for i in range(10 ** 6))
+    hosts = [Host(tmp_path / ("j%d" % i), "node%d" % i, [2 * i, 2 * i + 1], rnd, ts)
+             for i in range(2)]
+    state = make_state(hosts, 400)
+    for host in hosts:
+        reader = JournalReader(host.path)
+        host.write(200, ts)
+        host.feed(state, reader)
+    for source in ((RANK, 1), (NODE, "node1"), (ALL, None)):
+        entries, floors = kept_lines(state, source, 700)
+        taken, floors2 = kept_chunks(state, source, 700)
+        older, newest = split_newest(taken, first)
+        assert floors2 == floors
+        assert entries_of(older) + entries_of(newest) == entries
+        assert len(entries_of(newest)) >= min(first, len(entries))
+        assert not older or len(entries_of(newest[1:])) < first  # no more than needed
+        marks = {}
+        for e in entries:
+            if e.journal is not None:
+                marks[e.node] = max(marks.get(e.node, (-1, -1)), e.position)
+        assert newest_positions(taken) == marks
