@@ -17,7 +17,7 @@ from xml.sax.saxutils import escape as xml_escape
 
 from .sanitize import clean
 from .state import RunState
-from .telemetry import node_telemetry
+from .telemetry import node_row
 from .text import human_bytes
 
 # event kinds the report lists: what an operator asks about after a run
@@ -67,7 +67,7 @@ class RunReport:
         rows = []
         for node in status["nodes"]:
             ns = self.state.nodes[node["name"]]
-            tele = node_telemetry(ns.gpu, ns.host, self.state.ranks_of(ns.name))
+            tele = node_row(ns, self.state.ranks_of(ns.name))
             ranks = node["ranks"]
             rows.append([self.text(node["name"]), self.text(node["state"]),
                          str(node.get("restarts_used") or 0),

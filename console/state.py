@@ -22,7 +22,7 @@ from .lines import MAX_PARTIAL, split_lines  # noqa: F401 (MAX_PARTIAL: for impo
 from .rankcpu import RankCpu
 from .sanitize import NO_SECRETS, Masker, clean
 from .straggler import Stragglers
-from .telemetry import hardware_events, node_telemetry
+from .telemetry import hardware_events, hardware_of, node_row
 from .text import human_bytes, kill_summary
 
 LINES_PER_RANK = 5000
@@ -122,6 +122,7 @@ class NodeState:
     phase: dict | None = None  # its torchrun's phase (console/rendezvous.py), from state.json
     worker_failure: dict | None = None  # the newest worker_failed of its current torchrun
     state_seen: bool = False  # a state message (its state.json) has arrived (caught_up waits)
+    hardware: tuple | None = None  # (gpu, host, their telemetry.hardware_row): hardware_of
 
     @property
     def torchrun_restarts(self) -> int:
@@ -238,6 +239,7 @@ class RunState:
         for kind, text in hardware_events(ns.gpu, snap, ns.host, host):
             self.add_event(node, kind, clean(text, self.masker))
         ns.gpu, ns.host = snap, host
+        hardware_of(ns)  # made here, one node at a time, not for all nodes at a redraw
         self.changed(node)
 
     def set_node(self, node: str, state: str, cause: str | None = None) -> None:
@@ -592,7 +594,7 @@ class RunState:
                 "name": ns.name, "addr": ns.addr, "state": ns.state, "cause": ns.cause,
                 "restarts_used": ns.restarts_used, "restarts_left": ns.restarts_left,
                 "exit_code": ns.exit_code, "ranks": ranks,
-                "host": node_telemetry(ns.gpu, ns.host, self.ranks_of(ns.name))
+                "host": node_row(ns, self.ranks_of(ns.name))
                 if ns.gpu or ns.host else None,
                 "phase": dict(ns.phase, text=rendezvous.phase_text(ns.phase))
                 if ns.phase else None,

@@ -61,10 +61,35 @@ def gpus_of(snap) -> list[dict]:
     return _dicts(snap.get("gpus")) if isinstance(snap, dict) else []
 
 
-def node_telemetry(snap, host, ranks=()) -> dict:
+def node_telemetry(snap, host, ranks=(), hardware: dict | None = None) -> dict:
     """One node's row (``COLUMNS``, plus ``throttle`` and ``links_down``): every value may be
     None. ``snap``/``host``: the node's last GPU snapshot and host sample; ``ranks``: its
-    RankStates (step time: their median; tokens/s: their sum)."""
+    RankStates (step time: their median; tokens/s: their sum). ``hardware``: what
+    :func:`hardware_row` made of ``snap`` and ``host`` already (:func:`node_row` keeps it)."""
+    row = dict(hardware_row(snap, host) if hardware is None else hardware)
+    step_times = [t for t in (host_number(r.step_time) for r in ranks) if t is not None]
+    row["step_time"] = statistics.median(step_times) if step_times else None
+    row["tok_s"] = _total(host_number(r.tok_s) for r in ranks)
+    return row
+
+
+def node_row(ns, ranks=()) -> dict:
+    """:func:`node_telemetry` of a NodeState: the hardware columns are made once for each
+    GPU snapshot and host sample the node sends (at 64 nodes, making them for every node at
+    each redraw of the nodes table was ~6 ms of the event loop at once)."""
+    return node_telemetry(ns.gpu, ns.host, ranks, hardware_of(ns))
+
+
+def hardware_of(ns) -> dict:
+    """The node's :func:`hardware_row`, kept on it until its ``gpu`` or ``host`` changes."""
+    kept = ns.hardware
+    if kept is None or kept[0] is not ns.gpu or kept[1] is not ns.host:
+        kept = ns.hardware = (ns.gpu, ns.host, hardware_row(ns.gpu, ns.host))
+    return kept[2]
+
+
+def hardware_row(snap, host) -> dict:
+    """:func:`node_telemetry`'s row without the ranks' columns (None there)."""
     gpus = gpus_of(snap)
     host = host if isinstance(host, dict) else {}
     utils = [u for u in (host_number(g.get("util")) for g in gpus) if u is not None]
@@ -72,7 +97,6 @@ def node_telemetry(snap, host, ranks=()) -> dict:
     ib = _dicts(host.get("ib"))
     disk = host.get("disk") if isinstance(host.get("disk"), dict) else {}
     load = _list(host.get("load"))
-    step_times = [t for t in (host_number(r.step_time) for r in ranks) if t is not None]
     return {
         "gpu_util_min": min(utils) if utils else None,
         "gpu_util_mean": round(statistics.fmean(utils), 1) if utils else None,
@@ -82,8 +106,8 @@ def node_telemetry(snap, host, ranks=()) -> dict:
         "net_tx_gbps": host_number(host.get("net_tx_gbps")),
         "ib_rx_gbps": _total(host_number(p.get("rx_gbps")) for p in ib),
         "ib_tx_gbps": _total(host_number(p.get("tx_gbps")) for p in ib),
-        "step_time": statistics.median(step_times) if step_times else None,
-        "tok_s": _total(host_number(r.tok_s) for r in ranks),
+        "step_time": None,  # the ranks' (node_telemetry): here for the columns' order
+        "tok_s": None,
         "cpu_pct": host_number(host.get("cpu_pct")),
         "mem_used": host_number(host.get("mem_used")),
         "mem_total": host_number(host.get("mem_total")),

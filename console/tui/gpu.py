@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..sanitize import clean
 from ..state import RunState
-from ..telemetry import SLOWING, node_telemetry
+from ..telemetry import SLOWING, hardware_of
 from .rowsview import RowsView
 from ..summary import ranks_by_node
 from ..text import gib, rank_ranges
@@ -45,7 +45,7 @@ def host_lines(ns) -> tuple:
     ``cpu 23%  mem 4.0/16.0G  load 2.5  net 41.2↓ 40.8↑G  ib 182↓ 181↑G  disk 12 r 300 w MB/s``."""
     if not isinstance(ns.host, dict):
         return ()
-    row = node_telemetry(None, ns.host)
+    row = hardware_of(ns)
     text = "  cpu %s%%  mem %s/%sG  load %s  net %s↓ %s↑G" % (
         _num(row["cpu_pct"], "%.0f"), gib(row["mem_used"]), gib(row["mem_total"]),
         _num(row["load1"], "%.1f"), _num(row["net_rx_gbps"], "%.1f"),

@@ -25,7 +25,7 @@ something that is not a finite number) sorts last under these orders.
 from __future__ import annotations
 
 
-from ..telemetry import host_number, node_telemetry
+from ..telemetry import host_number, node_row
 
 ORDERS = ("node", "state", "step", "step time", "gpu util", "tok/s", "network", "cpu")
 # the telemetry orders: (the row's columns it sorts by, 1 lowest first / -1 highest first,
@@ -104,7 +104,7 @@ def node_sort_key(ns, ranks: list, order: str, row: dict | None = None) -> tuple
     ``ns`` and ``ranks`` when not given."""
     if order in TELEMETRY:
         return telemetry_key(row if row is not None else
-                             node_telemetry(ns.gpu, ns.host, ranks), order)
+                             node_row(ns, ranks), order)
     if order == "state":
         return node_badness(ns, ranks)[:1]
     keys = [rank_sort_key(rs, order) for rs in ranks]

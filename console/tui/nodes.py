@@ -25,7 +25,7 @@ from .messages import SourceChosen
 from .nodeorder import ORDERS, TELEMETRY, header_label, ordered, worst
 from .rowsview import RowsView
 from ..summary import node_detail, node_phase, node_step, ranks_by_node
-from ..telemetry import far_nodes, node_telemetry, row_cells
+from ..telemetry import far_nodes, node_row, row_cells
 from ..text import fmt_float
 from .styles import state_style
 from .suspects import marked_line
@@ -80,7 +80,7 @@ class NodesTable(RowsView):
         """Re-read RunState: the shape now, the rows on screen when painted."""
         state = self.state
         self._by_node = by_node = ranks_by_node(state)
-        rows = {ns.name: node_telemetry(ns.gpu, ns.host, by_node.get(ns.name, []))
+        rows = {ns.name: node_row(ns, by_node.get(ns.name, []))
                 for ns in state.nodes.values() if ns.gpu or ns.host}
         self._cells = {name: row_cells(row) for name, row in rows.items()}
         self._far = far_nodes(rows)

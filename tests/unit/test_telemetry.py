@@ -1,6 +1,7 @@
 """Per-node telemetry in the console: the flat row, the odd node out, hardware events."""
 
 from console.state import RunState
+from console import telemetry
 from console.telemetry import far_nodes, hardware_events, node_telemetry, row_cells
 
 
@@ -115,3 +116,30 @@ def test_gpu_panel_shows_host_line_and_gpu_health():
     assert lines[3].endswith("300/-W  1410MHz  hw_thermal  ECC 2")
     state.nodes["node0"].host = None  # an older agent: no host line, GPU lines as before
     assert len(node_gpu_lines(state, "node0", [])) == 3
+
+
+def test_a_nodes_hardware_columns_are_made_once_for_each_sample(monkeypatch):
+    """The nodes table redraws every node's row several times a second; the hardware part
+    of a row changes only when the node sends a sample (once a second)."""
+    made = []
+    real = telemetry.hardware_row
+    monkeypatch.setattr(telemetry, "hardware_row", lambda s, h: made.append(1) or real(s, h))
+
+    class Rank:
+        step_time, tok_s = 0.5, 1000.0
+
+    state = RunState("r1", [("node0", "10.0.0.1")])
+    ns = state.nodes["node0"]
+    snap = {"gpus": [gpu(0, 80)]}
+    state.apply_telemetry("node0", snap, host())
+    assert len(made) == 1
+    rows = [telemetry.node_row(ns, [Rank()]) for _ in range(5)]
+    assert len(made) == 1
+    assert rows[0] == node_telemetry(snap, host(), [Rank()])  # the same row as made afresh
+    assert list(rows[0]) == list(node_telemetry(snap, host(), [Rank()]))  # column order too
+    made.clear()
+    state.apply_telemetry("node0", {"gpus": [gpu(0, 20)]}, host())
+    assert len(made) == 1  # the new sample
+    assert telemetry.node_row(ns)["gpu_util_min"] == 20
+    ns.gpu = {"gpus": [gpu(0, 55)]}  # set directly (as a resumed attach or a test may)
+    assert telemetry.node_row(ns)["gpu_util_min"] == 55
