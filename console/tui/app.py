@@ -31,6 +31,7 @@ from ..summary import control_lines, detach_hint, status_table
 from .confirm import control_confirm
 from .events import EventsLog
 from .feed import ALL, NODE, RANK, RunFeed
+from .frames import paint_now
 from .gpu import GpuPanel
 from .header import RunHeader
 from .help import HelpScreen, key_sections
@@ -308,9 +309,11 @@ class RankdeckApp(App[int]):
 
     def action_step(self, delta: int) -> None:
         self.logs.step(delta)
+        paint_now(self.screen)  # the key's answer before more lines are taken in
 
     def action_cycle_source(self) -> None:
         self.logs.cycle_kind()
+        paint_now(self.screen)
 
     def action_add_pane(self) -> None:
         self.logs.add_pane()

@@ -56,3 +56,31 @@ async def test_a_state_change_redraws_the_large_widgets_a_turn_apart(tmp_path):
         del app.set_timer  # the class's own again
         await pilot.pause(0.3)
         assert app.nodes.row_values("n:node4")[2] == "24"  # the rows show the state
+
+
+async def test_a_rank_switch_is_drawn_by_the_key_not_by_the_next_timer_tick(tmp_path):
+    """``]`` draws its frame at once (console/tui/frames.py): checked with the screen's
+    update timer held, so that no other frame can come; before, the switch waited for it."""
+    hosts = host_names(HOSTS)
+    script = standard_script(hosts, NPROC, t0=time.time())
+    ctl, launch = controller(str(tmp_path), script.transport(), hosts=HOSTS, slots=NPROC)
+    app = RankdeckApp(ctl, launch)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: not app.launching, what="launch")
+        await until(pilot, lambda: len(ctl.state.ranks) == HOSTS * NPROC, what="the ranks")
+        await pilot.pause(0.5)
+        screen = app.screen
+        pane = app.logs.active_pane
+        before = pane.source
+        drawn: list = []
+        display = app._display
+        app._display = lambda s, update: (drawn.append(pane.source), display(s, update))
+        screen._update_timer.resume = lambda: None  # no frame but the key's own
+        try:
+            await pilot.press("right_square_bracket")
+            assert pane.source != before
+            assert drawn and drawn[-1] == pane.source
+            assert not pane.view._repaint_required  # drawn: not to be drawn again
+        finally:
+            del screen._update_timer.resume
+            del app._display
