@@ -92,6 +92,13 @@ def test_kill_leaves_a_process_group_that_is_not_the_runs():
     try:
         marked = int(wait_line(stranger))
         assert procs.stat(marked).pgid == stranger.pid
+        # The marker is in the child's environment once it has exec'd, not at fork (its
+        # parent has none): the pid is printed before that, and on a loaded host the kill
+        # came first and found no process of the run (the fresh-clone suite, a CPU hog beside).
+        deadline = time.monotonic() + 30
+        while procs.run_pids(None, "grp/n0") != [marked]:
+            assert time.monotonic() < deadline, "the marked child never carried the marker"
+            time.sleep(0.02)
         report = procs.kill_run(None, "grp/n0", grace=5.0)
         assert report["left"] == [] and not procs.alive(marked)
         time.sleep(0.2)
