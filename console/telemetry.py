@@ -66,7 +66,7 @@ def node_telemetry(snap, host, ranks=(), hardware: dict | None = None) -> dict:
     None. ``snap``/``host``: the node's last GPU snapshot and host sample; ``ranks``: its
     RankStates (step time: their median; tokens/s: their sum). ``hardware``: what
     :func:`hardware_row` made of ``snap`` and ``host`` already (:func:`node_row` keeps it)."""
-    row = dict(hardware_row(snap, host) if hardware is None else hardware)
+    row = hardware_row(snap, host) if hardware is None else dict(hardware)
     step_times = [t for t in (host_number(r.step_time) for r in ranks) if t is not None]
     row["step_time"] = statistics.median(step_times) if step_times else None
     row["tok_s"] = _total(host_number(r.tok_s) for r in ranks)

@@ -423,6 +423,13 @@ def tune_gc() -> None:
     strips_without_cycles()
 
 
+def untune_gc(thresholds: tuple) -> None:
+    """What :func:`tune_gc` changed put back (``thresholds``: gc.get_threshold() before)."""
+    gc.set_threshold(*thresholds)
+    gc.unfreeze()
+    strips_without_cycles(False)
+
+
 async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = None,
                   **run_kwargs) -> int:
     """Show ``ctl``'s run until the user quits; returns the exit code.
@@ -435,9 +442,7 @@ async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = N
     try:
         await app.run_async(**run_kwargs)
     finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
-        strips_without_cycles(False)
+        untune_gc(thresholds)
     # The screen that showed how it went is gone: say it again, as --no-tui does.
     if app.launch_error is not None:
         print(clean_lines("rankdeck: launch failed: %s" % app.launch_error, ctl),

@@ -18,7 +18,7 @@ from textual.cache import LRUCache
 from textual.strip import Strip
 
 from console.tui import lru
-from console.tui.app import RankdeckApp
+from console.tui.app import RankdeckApp, untune_gc
 from tests.console.pilot import until
 from tests.console.scripted import controller, host_names, standard_script
 
@@ -65,9 +65,7 @@ def restore_gc():
     yield
     gc.set_debug(0)
     gc.garbage.clear()
-    gc.set_threshold(*thresholds)
-    gc.unfreeze()
-    lru.strips_without_cycles(False)
+    untune_gc(thresholds)
 
 
 async def test_switching_ranks_while_lines_stream_leaves_no_strip_to_collect(
