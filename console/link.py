@@ -49,25 +49,26 @@ class NodeLink:
         """Open the stream and read the agent's hello. Raises HostUnreachable."""
         stream = await self.transport.open(self.host)
         try:
-            line = await asyncio.wait_for(stream.readline(), HELLO_TIMEOUT)
-        except asyncio.TimeoutError:
-            await stream.close()
-            raise HostUnreachable("agent-failed", "%s: agent sent no hello within %d s"
-                                  % (self.name, HELLO_TIMEOUT)) from None
-        if not line:
-            await stream.close()
-            raise HostUnreachable("agent-failed", "%s: agent exited before its hello; run "
-                                  "`rankdeck check` for the cause" % self.name)
-        try:
-            hello = self._check_hello(line)
-        except HostUnreachable:
-            await stream.close()
+            hello = await self._read_hello(stream)
+        except BaseException:  # a bad hello, or close() cancelling a reconnect: end the agent
+            await asyncio.shield(stream.close())
             raise
         self.stream = stream
         self.hello = hello
         self._reader = asyncio.ensure_future(self._read_loop(stream))
         self.connected.set()
         return hello
+
+    async def _read_hello(self, stream: AgentStream) -> dict:
+        try:
+            line = await asyncio.wait_for(stream.readline(), HELLO_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise HostUnreachable("agent-failed", "%s: agent sent no hello within %d s"
+                                  % (self.name, HELLO_TIMEOUT)) from None
+        if not line:
+            raise HostUnreachable("agent-failed", "%s: agent exited before its hello; run "
+                                  "`rankdeck check` for the cause" % self.name)
+        return self._check_hello(line)
 
     def _check_hello(self, line: bytes) -> dict:
         """The agent's hello, if it speaks this console's protocol and is the agent version
@@ -93,9 +94,13 @@ class NodeLink:
 
     async def close(self) -> None:
         self._closing = True
-        for task in (self._reconnecting, self._reader):
-            if task is not None and not task.done():
-                task.cancel()
+        tasks = [task for task in (self._reconnecting, self._reader)
+                 if task is not None and not task.done() and task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        # wait for them: a reconnect cancelled while it waits for a new agent's hello closes
+        # that agent on its way out
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.stream is not None:
             await self.stream.close()
             self.stream = None

@@ -44,6 +44,10 @@ class ProcessStream(AgentStream):
             except asyncio.TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
+            except asyncio.CancelledError:  # e.g. NodeLink.close() ending a reader that was
+                self.proc.kill()            # closing this stream: reap it, leave nothing behind
+                await self.proc.wait()
+                raise
 
 
 class LocalTransport(Transport):

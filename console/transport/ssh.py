@@ -245,6 +245,9 @@ class SshTransport(Transport):
             process.close()
             raise HostUnreachable("closed", "%s: the connection broke while starting the agent:"
                                   " %s" % (link.label, exc)) from exc
+        except asyncio.CancelledError:  # a caller's timeout or a close(): end what was started
+            process.close()
+            raise
         return SshAgentStream(process, link.label, hello, stderr, copied)
 
     async def _await_hello(self, process, label: str, host, stderr: StderrTail):

@@ -126,4 +126,5 @@ class SshAgentStream(AgentStream):
             await asyncio.wait_for(self.process.wait_closed(), 5)
         except (asyncio.TimeoutError, OSError, asyncssh.Error):
             pass
-        self._stderr.task.cancel()
+        finally:  # also when the close itself is cancelled
+            self._stderr.task.cancel()

@@ -140,6 +140,33 @@ async def test_close_ends_serve(ssh_hosts, transports):
     assert not os.path.exists("/proc/%d" % pid), "serve outlived its closed channel"
 
 
+async def test_an_open_cancelled_before_the_hello_leaves_nothing_running(ssh_hosts, transports):
+    """A caller's timeout (open_all's, or close() during a reconnect) cancels open() while it
+    waits for the hello: the channel is closed, so what it started on the host ends."""
+    node = ssh_hosts.names[2]
+    mute = ssh_hosts.expand("~/mutepy/python3")  # starts, never says hello, ends at stdin EOF
+    ssh_hosts.put_text(node, mute, "#!/bin/sh\necho $$ > $HOME/mutepy/pid\n"
+                                   "exec cat > /dev/null\n", mode=0o755)
+    pid_file = ssh_hosts.local_path(node, "~/mutepy/pid")
+    if os.path.exists(pid_file):
+        os.unlink(pid_file)
+    t = transports()  # kept open past the cancel: its connection to the host stays up
+    opening = asyncio.ensure_future(t.open(ssh_hosts.inventory(python=mute)[2]))
+    for _ in range(600):  # until the mute interpreter runs on the host
+        if os.path.exists(pid_file) and open(pid_file).read().strip():
+            break
+        await asyncio.sleep(0.05)
+    pid = int(open(pid_file).read())
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    for _ in range(100):
+        if not os.path.exists("/proc/%d" % pid):
+            break
+        await asyncio.sleep(0.05)
+    assert not os.path.exists("/proc/%d" % pid), "the cancelled start outlived its open()"
+
+
 async def test_half_copied_folder_is_redone(ssh_hosts, transports):
     h = ssh_hosts.hosts[2]
     clear_caches(ssh_hosts)

@@ -26,6 +26,10 @@ def send(line):
 
 def main():
     mode = sys.argv[1]
+    if mode == "silent":  # an agent that never says hello; it ends when its stdin closes
+        for _ in sys.stdin:
+            pass
+        return
     if mode == "hello-deep":
         send(BAD["deep"])
         return

@@ -25,13 +25,13 @@ WAIT = 30.0  # generous: only a broken link waits this long
 class BadAgentTransport(Transport):
     """Starts tests/unit/bad_agent.py as the host's agent; counts the opens."""
 
-    def __init__(self, mode: str):
-        self.mode = mode
+    def __init__(self, mode: str, then: str | None = None):
+        self.mode, self.then = mode, then or mode  # `then`: the agent of every later open
         self.opened: list[ProcessStream] = []
 
     async def open(self, host) -> ProcessStream:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, BAD_AGENT, self.mode, stdin=asyncio.subprocess.PIPE,
+            sys.executable, BAD_AGENT, self.then if self.opened else self.mode, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, limit=STREAM_LIMIT)
         self.opened.append(ProcessStream(proc))
         return self.opened[-1]
@@ -44,11 +44,11 @@ async def until(condition, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-async def broken_link(mode: str):
+async def broken_link(mode: str, then: str | None = None):
     """A subscribed link whose agent then sends one bad line; (link, state, transport)
-    once the node shows the protocol error and the link has connected again."""
+    once the node shows the protocol error and the link has opened a new agent (`then`)."""
     state = RunState("r1", [("node0", "127.0.0.2")])
-    transport = BadAgentTransport(mode)
+    transport = BadAgentTransport(mode, then)
     link = NodeLink(Host("node0", "127.0.0.2"), transport, state, "/nowhere")
     await link.connect()
     try:
@@ -79,6 +79,18 @@ def test_a_malformed_message_shows_a_protocol_error_and_reconnects(mode, reason)
         assert any("protocol error" in ev.text for ev in state.events)
         assert transport.opened[0].proc.returncode is not None  # the bad agent was ended
         await link.close()
+    asyncio.run(main())
+
+
+def test_closing_while_a_reconnect_waits_for_the_hello_ends_that_agent():
+    """close() during a reconnect's connect(): the agent just started must not be left behind
+    (it held its stream open until the console exited, and warned at exit)."""
+    async def main():
+        link, state, transport = await broken_link("recs5", then="silent")
+        waiting = transport.opened[1]  # the reconnect's agent: started, no hello yet
+        assert waiting.proc.returncode is None and link.stream is None
+        await link.close()
+        assert waiting.proc.returncode is not None, "the reconnect's agent is still running"
     asyncio.run(main())
 
 
@@ -172,3 +184,18 @@ def test_preflight_facts_from_a_host_are_cleaned():
     check.problems.append("python: %s" % facts["python_error"])
     table = check_table([check])
     assert "\x1b" not in table and "\x07" not in table and "bad" in table
+
+
+def test_a_stream_close_that_is_cancelled_still_ends_the_agent():
+    """NodeLink.close() cancels a reader that may itself be closing its stream (after a
+    protocol error): the agent process must be ended and reaped, not left running."""
+    async def main():
+        proc = await asyncio.create_subprocess_exec(  # ignores the EOF close() sends
+            sys.executable, "-c", "import time; time.sleep(60)", stdin=asyncio.subprocess.PIPE)
+        closing = asyncio.ensure_future(ProcessStream(proc).close())
+        await asyncio.sleep(0.3)  # in close(), waiting for the process to exit
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert proc.returncode is not None, "the agent outlived its cancelled close"
+    asyncio.run(main())
