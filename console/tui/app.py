@@ -21,7 +21,6 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from ..errors import EXIT_FAILED, EXIT_OK, LaunchError
 from ..run import RunController
@@ -37,6 +36,7 @@ from .header import RunHeader
 from .help import HelpScreen, key_sections
 from .lateness import open_lateness
 from .logs import LogPanes
+from .footer import SteadyFooter
 from .lru import strips_without_cycles
 from .losschart import LossChart
 from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, RunChanged,
@@ -139,7 +139,7 @@ class RankdeckApp(App[int]):
                     yield self.chart
                     yield self.events
         yield self.prompt
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         for widget, title in ((self.nodes, "nodes & ranks"), (self.gpus, "GPUs"),

@@ -84,3 +84,32 @@ async def test_a_rank_switch_is_drawn_by_the_key_not_by_the_next_timer_tick(tmp_
         finally:
             del screen._update_timer.resume
             del app._display
+
+
+async def test_the_footer_is_rebuilt_only_when_its_keys_change(tmp_path):
+    """Focus moving between the panes and the nodes table (the same keys) leaves the footer
+    as it is; into the prompt (where `/ g ! [ ] n` are text) rebuilds it without them."""
+    from textual.widgets import Footer
+    from textual.widgets._footer import FooterKey
+    hosts = host_names(HOSTS)
+    script = standard_script(hosts, NPROC, t0=time.time())
+    ctl, launch = controller(str(tmp_path), script.transport(), hosts=HOSTS, slots=NPROC)
+    app = RankdeckApp(ctl, launch)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: not app.launching, what="launch")
+        footer = app.query_one(Footer)
+        app.logs.focus_pane(0)
+        await pilot.pause(0.5)
+        built = footer.query(FooterKey).first()
+        for widget in (app.logs.panes[1].view, app.nodes):
+            widget.focus()
+            await pilot.pause(0.5)
+            assert app.focused is widget
+            assert footer.query(FooterKey).first() is built, "rebuilt for the same keys"
+        await pilot.press("slash")
+        await until(pilot, lambda: footer.query(FooterKey).first() is not built,
+                    what="the footer rebuilt for the prompt's keys")
+        assert app.focused is app.prompt
+        shown = {key.action for key in footer.query(FooterKey)} - {"command_palette"}
+        assert shown == {keys[1] for keys in footer.shown_keys()}, shown
+        assert not shown & {"step(1)", "cycle_source", "goto"}, shown  # text in the prompt
