@@ -25,6 +25,14 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
+def scripted_app(tmp_path):
+    """(controller, app) of a scripted run of HOSTS x NPROC ranks, not yet started."""
+    hosts = host_names(HOSTS)
+    script = standard_script(hosts, NPROC, t0=time.time())
+    ctl, launch = controller(str(tmp_path), script.transport(), hosts=HOSTS, slots=NPROC)
+    return ctl, RankdeckApp(ctl, launch)
+
+
 async def test_a_state_change_redraws_the_large_widgets_a_turn_apart(tmp_path):
     """The handler redraws the nodes table at once and leaves the GPU panel and the chart
     to timers, one each; checked by holding the timers (no frame timing: a loaded machine
@@ -61,10 +69,7 @@ async def test_a_state_change_redraws_the_large_widgets_a_turn_apart(tmp_path):
 async def test_a_rank_switch_is_drawn_by_the_key_not_by_the_next_timer_tick(tmp_path):
     """``]`` draws its frame at once (console/tui/frames.py): checked with the screen's
     update timer held, so that no other frame can come; before, the switch waited for it."""
-    hosts = host_names(HOSTS)
-    script = standard_script(hosts, NPROC, t0=time.time())
-    ctl, launch = controller(str(tmp_path), script.transport(), hosts=HOSTS, slots=NPROC)
-    app = RankdeckApp(ctl, launch)
+    ctl, app = scripted_app(tmp_path)
     async with app.run_test(size=(160, 48)) as pilot:
         await until(pilot, lambda: not app.launching, what="launch")
         await until(pilot, lambda: len(ctl.state.ranks) == HOSTS * NPROC, what="the ranks")
@@ -91,10 +96,8 @@ async def test_the_footer_is_rebuilt_only_when_its_keys_change(tmp_path):
     as it is; into the prompt (where `/ g ! [ ] n` are text) rebuilds it without them."""
     from textual.widgets import Footer
     from textual.widgets._footer import FooterKey
-    hosts = host_names(HOSTS)
-    script = standard_script(hosts, NPROC, t0=time.time())
-    ctl, launch = controller(str(tmp_path), script.transport(), hosts=HOSTS, slots=NPROC)
-    app = RankdeckApp(ctl, launch)
+
+    ctl, app = scripted_app(tmp_path)
     async with app.run_test(size=(160, 48)) as pilot:
         await until(pilot, lambda: not app.launching, what="launch")
         footer = app.query_one(Footer)
