@@ -244,6 +244,7 @@ class RankdeckApp(App[int]):
 
     def on_source_chosen(self, message: SourceChosen) -> None:
         self.logs.show(message.source)
+        paint_now(self.screen)  # the answer to the Enter or click first, as for `]`
 
     def on_filter_changed(self, message: FilterChanged) -> None:
         pattern = re.compile(message.pattern) if message.pattern else None
@@ -259,6 +260,8 @@ class RankdeckApp(App[int]):
             self.logs.show((RANK, int(text.lstrip("r"))))
         else:
             self.notify("no rank or node %r" % text, severity="error")
+            return
+        paint_now(self.screen)
 
     def on_follow_changed(self, message: FollowChanged) -> None:
         if self.logs.is_attached:

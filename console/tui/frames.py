@@ -1,4 +1,5 @@
-"""Drawing the frame now, for a key that changed what a pane shows.
+"""Drawing the frame now, for a key that changed what a pane shows (`[ ] n`, a goto, Enter
+or a click on the nodes table).
 
 Textual draws what changed at its screen's update timer (up to 60 times a second), once each
 changed widget has told the screen in a message of its own. At 512 ranks x 100 lines/s the

@@ -66,9 +66,13 @@ async def test_a_state_change_redraws_the_large_widgets_a_turn_apart(tmp_path):
         assert app.nodes.row_values("n:node4")[2] == "24"  # the rows show the state
 
 
-async def test_a_rank_switch_is_drawn_by_the_key_not_by_the_next_timer_tick(tmp_path):
-    """``]`` draws its frame at once (console/tui/frames.py): checked with the screen's
-    update timer held, so that no other frame can come; before, the switch waited for it."""
+@pytest.mark.parametrize("keys", [["right_square_bracket"], ["n"],
+                                  ["g", *"node2", "enter"], ["enter"]],
+                         ids=["next-rank", "cycle", "goto", "nodes-table-enter"])
+async def test_a_rank_switch_is_drawn_by_the_key_not_by_the_next_timer_tick(tmp_path, keys):
+    """``]``, ``n``, a goto and Enter on the nodes table draw their frame at once
+    (console/tui/frames.py): checked with the screen's update timer held, so that no other
+    frame can come; before, the switch waited for it."""
     ctl, app = scripted_app(tmp_path)
     async with app.run_test(size=(160, 48)) as pilot:
         await until(pilot, lambda: not app.launching, what="launch")
@@ -82,7 +86,7 @@ async def test_a_rank_switch_is_drawn_by_the_key_not_by_the_next_timer_tick(tmp_
         app._display = lambda s, update: (drawn.append(pane.source), display(s, update))
         screen._update_timer.resume = lambda: None  # no frame but the key's own
         try:
-            await pilot.press("right_square_bracket")
+            await pilot.press(*keys)
             assert pane.source != before
             assert drawn and drawn[-1] == pane.source
             assert not pane.view._repaint_required  # drawn: not to be drawn again
