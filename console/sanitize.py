@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Callable
 
 from .lines import Entry
 
@@ -131,6 +132,12 @@ def clean_tree(value):
     if isinstance(value, list):
         return [clean_tree(v) for v in value]
     return value
+
+
+def shown_text(secrets=()) -> Callable[[str], str]:
+    """:func:`clean` with ``secrets`` masked, as a function of the line alone."""
+    masker = masker_for(secrets)
+    return lambda line: clean(line, masker)
 
 
 def cleaned(entries, secrets=()) -> list[Entry]:

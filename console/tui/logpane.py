@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from ..sanitize import cleaned
+from ..sanitize import cleaned, shown_text
 from ..scrollback import (Fetch, Scrollback, entries_of, kept_chunks, newest_positions,
                           split_newest, streams_of)
 from ..state import LINES_PER_RANK, RunState
@@ -97,7 +97,7 @@ class LogPane(Vertical):
         # the feed may hold lines of this source already in ``taken`` (another pane shows it)
         self._refilled_to = newest_positions(taken)
         older, newest = split_newest(taken, FIRST_PAINT)
-        view.set_entries(cleaned(entries_of(newest), secrets), floors)
+        view.set_entries(entries_of(newest, shown_text(secrets)), floors)
         self._filling = bool(older)
         if older:
             self.call_after_refresh(self._backfill, self._generation, older, secrets)
@@ -125,7 +125,7 @@ class LogPane(Vertical):
 
     def _backfill(self, generation: int, older: list, secrets) -> None:
         if generation == self._generation:  # still showing the same source
-            self.view.prepend_entries(cleaned(entries_of(older), secrets))
+            self.view.prepend_entries(entries_of(older, shown_text(secrets)))
             self._filling = False
 
     # -- older lines from the nodes ------------------------------------------------------

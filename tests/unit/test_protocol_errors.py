@@ -31,8 +31,8 @@ class BadAgentTransport(Transport):
 
     async def open(self, host) -> ProcessStream:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, BAD_AGENT, self.then if self.opened else self.mode, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, limit=STREAM_LIMIT)
+            sys.executable, BAD_AGENT, self.then if self.opened else self.mode,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=STREAM_LIMIT)
         self.opened.append(ProcessStream(proc))
         return self.opened[-1]
 

@@ -197,3 +197,17 @@ def test_a_refill_made_in_two_parts_is_the_same_entries(tmp_path, first):
             if e.journal is not None:
                 marks[e.node] = max(marks.get(e.node, (-1, -1)), e.position)
         assert newest_positions(taken) == marks
+
+
+def test_entries_made_with_the_views_cleaning_equal_cleaned_entries():
+    """A refill cleans and masks in the same pass that makes the entries (entries_of with
+    ``show``): the same entries as cleaning them after, escapes gone and secrets masked."""
+    from console.sanitize import cleaned, shown_text
+    secret = "hunter2-abcdef"
+    lines = ("plain", "token=%s here" % secret, "\x1b[2Jwiped\x07", "[b]markup[/b]", "x" * 9000)
+    taken = [((12.5, 3, "node0", 0, lines, 4), 1), ((0.0, -1, "node1", 1, ("only",), 0), 0)]
+    made = entries_of(taken, shown_text([secret]))
+    assert made == cleaned(entries_of(taken), [secret])
+    assert len(made) == 5 and made[0].index == 5 and made[-1].journal is None
+    assert all(secret not in e.text and "\x1b" not in e.text for e in made)
+    assert [e.text for e in entries_of(taken)][:2] == ["token=%s here" % secret, "\x1b[2Jwiped\x07"]
