@@ -30,13 +30,13 @@ from ..summary import control_lines, detach_hint, status_table
 from .confirm import control_confirm
 from .events import EventsLog
 from .feed import ALL, NODE, RANK, RunFeed
+from .footer import SteadyFooter
 from .frames import paint_now
 from .gpu import GpuPanel
 from .header import RunHeader
 from .help import HelpScreen, key_sections
 from .lateness import open_lateness
 from .logs import LogPanes
-from .footer import SteadyFooter
 from .lru import strips_without_cycles
 from .losschart import LossChart
 from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, RunChanged,
