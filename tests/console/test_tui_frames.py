@@ -106,8 +106,13 @@ async def test_the_footer_is_rebuilt_only_when_its_keys_change(tmp_path):
         await until(pilot, lambda: not app.launching, what="launch")
         footer = app.query_one(Footer)
         app.logs.focus_pane(0)
-        await pilot.pause(0.5)
-        built = footer.query(FooterKey).first()
+        built = None
+        for _ in range(40):  # until the rebuilds the start asked for are done (a loaded host)
+            await pilot.pause(0.5)
+            if footer.query(FooterKey) and footer.query(FooterKey).first() is built:
+                break
+            built = footer.query(FooterKey).first() if footer.query(FooterKey) else None
+        assert built is not None, "the footer never settled"
         for widget in (app.logs.panes[1].view, app.nodes):
             widget.focus()
             await pilot.pause(0.5)
