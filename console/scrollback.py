@@ -161,21 +161,21 @@ def kept_chunks(state: RunState, source: tuple, limit: int) -> tuple[list, dict]
     return taken, floors
 
 
-def entries_of(taken: list, show: Callable[[str], str] | None = None) -> list[Entry]:
+def _as_is(line: str) -> str:
+    return line
+
+
+def entries_of(taken: list, show: Callable[[str], str] = _as_is) -> list[Entry]:
     """The entries of :func:`kept_chunks`'s chunks (or of a run of them), oldest first.
 
     ``show``: made of each raw line in the same pass (the view's cleaning and masking), so a
-    refill makes each Entry once.
+    refill makes each Entry once; by default the lines stay raw.
     """
     entries = []
     for (ts, journal, node, rank, lines, first), skip in taken:
         ts, journal = ts or None, None if journal < 0 else journal
-        if show is None:
-            entries.extend([Entry(ts, node, rank, lines[x], journal, first + x)
-                            for x in range(skip, len(lines))])
-        else:
-            entries.extend([Entry(ts, node, rank, show(lines[x]), journal, first + x)
-                            for x in range(skip, len(lines))])
+        entries.extend([Entry(ts, node, rank, show(lines[x]), journal, first + x)
+                        for x in range(skip, len(lines))])
     return entries
 
 
