@@ -23,6 +23,9 @@ from console.transport.ssh import SshTransport, open_all
 from inventory.model import Host
 from sshhosts import REPO
 
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from spine.helpers import wait_for  # noqa: E402
+
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
 FAKE_PY36 = r'''
@@ -133,11 +136,8 @@ async def test_close_ends_serve(ssh_hosts, transports):
     pid = json.loads(await s.readline())["pid"]
     assert os.path.exists("/proc/%d" % pid)
     await s.close()
-    for _ in range(100):
-        if not os.path.exists("/proc/%d" % pid):
-            break
-        await asyncio.sleep(0.05)
-    assert not os.path.exists("/proc/%d" % pid), "serve outlived its closed channel"
+    await wait_for(lambda: not os.path.exists("/proc/%d" % pid), 5,
+                   "serve to end with its closed channel", poll=0.05)
 
 
 async def test_an_open_cancelled_before_the_hello_leaves_nothing_running(ssh_hosts, transports):
@@ -152,19 +152,14 @@ async def test_an_open_cancelled_before_the_hello_leaves_nothing_running(ssh_hos
         os.unlink(pid_file)
     t = transports()  # kept open past the cancel: its connection to the host stays up
     opening = asyncio.ensure_future(t.open(ssh_hosts.inventory(python=mute)[2]))
-    for _ in range(600):  # until the mute interpreter runs on the host
-        if os.path.exists(pid_file) and open(pid_file).read().strip():
-            break
-        await asyncio.sleep(0.05)
+    await wait_for(lambda: os.path.exists(pid_file) and open(pid_file).read().strip(), 30,
+                   "the mute interpreter to run on the host", poll=0.05)
     pid = int(open(pid_file).read())
     opening.cancel()
     with pytest.raises(asyncio.CancelledError):
         await opening
-    for _ in range(100):
-        if not os.path.exists("/proc/%d" % pid):
-            break
-        await asyncio.sleep(0.05)
-    assert not os.path.exists("/proc/%d" % pid), "the cancelled start outlived its open()"
+    await wait_for(lambda: not os.path.exists("/proc/%d" % pid), 5,
+                   "the cancelled start to end with its open()", poll=0.05)
 
 
 async def test_half_copied_folder_is_redone(ssh_hosts, transports):
