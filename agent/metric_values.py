@@ -31,19 +31,23 @@ def to_float(text):
     return None
 
 
+INT_MAX = 2 ** 62  # the console refuses whole numbers from here on (console/agent_messages.py)
+
+
 def to_int(text):
-    """int of an integer-looking value (``12``, ``12.0``); None for nan, inf or junk."""
+    """int of an integer-looking value (``12``, ``12.0``) from 0 to 2**62 - 1; None for a
+    negative or larger one, nan, inf or junk (a step of 10**20 is a script's bug, not a step)."""
     if text is None or len(text) > 30:
         # Python >= 3.11 refuses to convert very long digit strings (int_max_str_digits).
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        pass
-    try:
-        return int(float(text))
-    except (ValueError, OverflowError):
-        return None
+        try:
+            value = int(float(text))
+        except (ValueError, OverflowError):
+            return None
+    return value if 0 <= value < INT_MAX else None
 
 
 def convert(field, text):

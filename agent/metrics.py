@@ -28,7 +28,7 @@ from .format_hf import HuggingFaceFamily
 from .format_launchers import DeepSpeedFamily, MegatronFamily, TorchtitanFamily
 from .format_lightning import LightningFamily
 from .format_plain import REFERENCE, PlainFamily, reference_record
-from .metric_values import METRIC_FIELDS, convert
+from .metric_values import INT_MAX, METRIC_FIELDS, convert
 
 __all__ = ["MetricParser", "MAX_LINE", "METRIC_FIELDS", "FAMILIES"]
 
@@ -134,6 +134,7 @@ class MetricParser:
         for rec in out:
             if "_bar" in rec:
                 del rec["_bar"]
+            within_bounds(rec)
         return out
 
     # -- line selection -------------------------------------------------------------------
@@ -247,6 +248,29 @@ class _FileFormats(object):
     def __init__(self, families):
         self.order = list(families)
         self.settled = None
+
+
+NUMBER_MAX = 1e300  # and any other number that is not finite or past this; a loss may be inf/nan
+
+
+def within_bounds(rec):
+    """Drop from a parsed record the values the console would refuse: a step of 10**20 printed
+    by a script must not cost the node its connection (it would be refused again at every
+    reconnect). A non-finite loss is kept: it is how a run diverging is seen."""
+    for key, value in list(rec.items()):
+        if key == "k" or isinstance(value, str) or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, int):
+            ok = 0 <= value < INT_MAX
+        elif key == "loss":
+            ok = True
+        else:
+            ok = -NUMBER_MAX <= value <= NUMBER_MAX  # NaN fails both
+        if not ok:
+            del rec[key]
+    return rec
 
 
 def _no_match(_text):

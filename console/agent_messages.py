@@ -17,11 +17,15 @@ SUPERVISOR_STATES = ("starting", "running", "stopping", "restarting", "exited", 
                      "stopped", "lost")
 ENDED_STATES = ("exited", "failed", "stopped")
 _INT, _NUM, _STR, _DICT = "a whole number", "a number", "text", "an object"
+_LOSS = "a number or inf/nan"
 # a `sample` record (agent/ranksample.py): what the straggler and CPU rules may be handed
 SAMPLE_RANKS_MAX = 1024  # worker processes on one node
 SAMPLE_FR_MAX = 4096  # collectives a rank (the agent sends 64)
-WHOLE_MAX = 2 ** 62  # ticks, pids, sequence numbers, entry times in us
+WHOLE_MAX = 2 ** 62  # ticks, pids, sequence numbers, offsets, steps, entry times in us
 SECONDS_MAX = 2.0 ** 40  # CPU seconds, or seconds since 1970: past this it is garbage
+WORLD_MAX = 2 ** 20  # ranks in one run: a world size is 1..WORLD_MAX, a rank below it
+EXIT_RANGE = (-2 ** 31, 2 ** 31)  # exit codes: negative for a signal (Popen, torchrun)
+NUMBER_MAX = 1e300  # any other number: finite and within this (a loss, a rate, bytes)
 
 
 def parse(line: bytes) -> dict:
@@ -70,6 +74,58 @@ def check(msg: dict) -> None:
     # other kinds (a newer agent's) are ignored by NodeLink
 
 
+def check_answer(op: str, data) -> None:
+    """Raise ProtocolError unless ``data``, the answer to a request ``op``, has the shape the
+    console reads (docs/PROTOCOL.md, "Requests and answers"). Answers of ops not listed here
+    are objects, read with ``.get`` and cleaned where shown."""
+    what = "the answer to %s" % op
+    if not isinstance(data, dict):
+        _bad("%s is %s, not an object" % (what, _what(data)))
+    if op in ("start", "restart", "stop", "state"):
+        _supervisor_state(data, what, extra=("missing",) if op == "state" else ())
+        _field(data, "journal_size", _INT, what, optional=True)
+        if data.get("alive") is not None and not isinstance(data["alive"], bool):
+            _bad("%s has alive = %s, not true or false" % (what, _what(data["alive"])))
+        left = data.get("left")
+        if left is not None and not (isinstance(left, list) and len(left) <= SAMPLE_RANKS_MAX
+                                     and all(_is_int(p) for p in left)):
+            _bad("%s has left = %s, not a list of pids" % (what, _what(left)))
+        _field(data, "sweep", _DICT, what, optional=True)
+    elif op == "subscribe":
+        _field(data, "offset", _INT, what)
+    elif op == "store_start":
+        _field(data, "port", _INT, what, span=(1, 65536))
+        _field(data, "pid", _INT, what, optional=True)
+        _field(data, "addr", _STR, what, optional=True)
+    elif op == "listen":
+        _field(data, "port", _INT, what, span=(1, 65536))
+    elif op == "probe_tcp":
+        if not isinstance(data.get("ok"), bool):
+            _bad("%s has ok = %s, not true or false" % (what, _what(data.get("ok"))))
+        _field(data, "ms", _NUM, what, optional=True)
+        _field(data, "error", _STR, what, optional=True)
+    elif op == "scrollback":
+        recs = data.get("recs")
+        if not isinstance(recs, list):
+            _bad("%s has recs = %s, not a list" % (what, _what(recs)))
+        for rec in recs:
+            _record(rec)
+        _field(data, "start", _INT, what)
+    elif op in ("stacks", "why"):
+        _stacks(data, what)
+
+
+def _stacks(data: dict, what: str) -> None:
+    """A node's ranks and their stacks: ``{"ranks": [{"pid", "rank", ...}], ...}``."""
+    for where, rank in _rank_list(data, what):
+        _field(rank, "pid", _INT, where)
+        _rank_fields(rank, where)
+        for key in ("state", "method", "stack", "error"):
+            _field(rank, key, _STR, where, optional=True)
+        for key in ("sources", "fr"):
+            _field(rank, key, _DICT, where, optional=True)
+
+
 def _record(rec) -> None:
     if not isinstance(rec, list) or not 1 <= len(rec) <= 2:
         _bad("a journal record is %s, not [meta] or [meta, text]" % _what(rec))
@@ -82,17 +138,23 @@ def _record(rec) -> None:
     what = "a %r record" % kind if isinstance(kind, str) else "a journal record"
     for key in ("j", "o"):
         _field(meta, key, _INT, what, optional=True)
-    _field(meta, "ts", _NUM, what, optional=True)
+    _bounded(meta, "ts", what, SECONDS_MAX, optional=True)
     if kind in ("file", "data", "metric"):
         _field(meta, "f", _INT, what)
     if kind == "file":
-        for key in ("rank", "local_rank", "attempt", "world_size", "pid"):
+        for key in ("attempt", "pid"):
             _field(meta, key, _INT, what, optional=True)
+        _rank_fields(meta, what)
+        _field(meta, "world_size", _INT, what, optional=True, span=(1, WORLD_MAX + 1))
+        if _is_int(meta.get("rank")) and _is_int(meta.get("world_size")) \
+                and meta["rank"] >= meta["world_size"]:
+            _bad("%s has rank %d in a world of %d" % (what, meta["rank"], meta["world_size"]))
         for key in ("stream", "instance", "path"):
             _field(meta, key, _STR, what, optional=True)
     elif kind == "metric":
         _field(meta, "step", _INT, what, optional=True)
-        for key in ("loss", "lr", "step_time", "tok_s"):
+        _field(meta, "loss", _LOSS, what, optional=True)
+        for key in ("lr", "step_time", "tok_s", "samples_s", "tflops"):
             _field(meta, key, _NUM, what, optional=True)
     elif kind in ("ckpt", "ckpt_gone", "ckpt_done", "resumed"):
         _field(meta, "f", _INT, what, optional=True)
@@ -109,12 +171,11 @@ def _record(rec) -> None:
     elif kind == "event":
         _field(meta, "what", _STR, what)
         _field(meta, "report", _DICT, what, optional=True)
-        for key in ("rank", "local_rank", "exit_code"):  # worker_failed
-            _field(meta, key, _INT, what, optional=True)
+        _rank_fields(meta, what)  # worker_failed
+        _field(meta, "exit_code", _INT, what, optional=True, span=EXIT_RANGE)
         if meta["what"] == "ended":
             if meta.get("state") not in ENDED_STATES:
                 _bad("an 'ended' event with the unknown state %s" % _what(meta.get("state")))
-            _field(meta, "exit_code", _INT, what, optional=True)
             _cause(meta.get("cause"), what)
 
 
@@ -125,14 +186,7 @@ def _sample(meta: dict, what: str) -> None:
     _bounded(meta, "period", what, SECONDS_MAX)
     if not meta["period"] > 0:
         _bad("%s has period = %s, not more than 0" % (what, _what(meta["period"])))
-    ranks = meta.get("ranks")
-    if not isinstance(ranks, list) or len(ranks) > SAMPLE_RANKS_MAX:
-        _bad("%s has ranks = %s, not a list of at most %d" % (what, _what(ranks),
-                                                              SAMPLE_RANKS_MAX))
-    for i, rank in enumerate(ranks):
-        where = "%s's ranks[%d]" % (what, i)
-        if not isinstance(rank, dict):
-            _bad("%s is %s, not an object" % (where, _what(rank)))
+    for where, rank in _rank_list(meta, what):
         _bounded(rank, "rank", where, WHOLE_MAX, whole=True)
         _bounded(rank, "pid", where, WHOLE_MAX, whole=True)
         for key in ("cpu_s", "cpu_after_s"):  # None: the worker was gone when read
@@ -140,6 +194,19 @@ def _sample(meta: dict, what: str) -> None:
         for key in ("state", "fr_error"):
             _field(rank, key, _STR, where, optional=True)
         _entry_times(rank.get("fr"), where)
+
+
+def _rank_list(obj: dict, what: str):
+    """(where, rank) for each object of ``obj["ranks"]``, a list of at most SAMPLE_RANKS_MAX."""
+    ranks = obj.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) > SAMPLE_RANKS_MAX:
+        _bad("%s has ranks = %s, not a list of at most %d" % (what, _what(ranks),
+                                                              SAMPLE_RANKS_MAX))
+    for i, rank in enumerate(ranks):
+        where = "%s's ranks[%d]" % (what, i)
+        if not isinstance(rank, dict):
+            _bad("%s is %s, not an object" % (where, _what(rank)))
+        yield where, rank
 
 
 def _entry_times(rows, where: str) -> None:
@@ -173,14 +240,15 @@ def _in_range(value, most, whole: bool) -> bool:
     return isinstance(value, types) and not isinstance(value, bool) and 0 <= value <= most
 
 
-def _supervisor_state(st) -> None:
+def _supervisor_state(st, what: str = "a node's state", extra: tuple = ()) -> None:
     if not isinstance(st, dict):
-        _bad("a node's state is %s, not an object" % _what(st))
-    if st.get("state") not in SUPERVISOR_STATES:
-        _bad("a node's state is the unknown state %s" % _what(st.get("state")))
-    for key in ("restarts", "max_restarts", "exit_code"):
-        _field(st, key, _INT, "a node's state", optional=True)
-    _cause(st.get("cause"), "a node's state")
+        _bad("%s is %s, not an object" % (what, _what(st)))
+    if st.get("state") not in SUPERVISOR_STATES + extra:
+        _bad("%s has the unknown state %s" % (what, _what(st.get("state"))))
+    for key in ("restarts", "max_restarts", "launches", "attempt", "pid"):
+        _field(st, key, _INT, what, optional=True)
+    _field(st, "exit_code", _INT, what, optional=True, span=EXIT_RANGE)
+    _cause(st.get("cause"), what)
 
 
 def _cause(cause, what: str) -> None:
@@ -189,22 +257,45 @@ def _cause(cause, what: str) -> None:
     if not isinstance(cause, dict):
         _bad("%s has a cause that is %s, not an object" % (what, _what(cause)))
     _field(cause, "message", _STR, what + "'s cause", optional=True)
-    _field(cause, "rank", _INT, what + "'s cause", optional=True)
+    _field(cause, "rank", _INT, what + "'s cause", optional=True, span=(0, WORLD_MAX))
 
 
-def _field(obj: dict, key: str, kind: str, what: str, optional: bool = False) -> None:
+def _rank_fields(meta: dict, what: str) -> None:
+    for key in ("rank", "local_rank"):
+        _field(meta, key, _INT, what, optional=True, span=(0, WORLD_MAX))
+
+
+def _field(obj: dict, key: str, kind: str, what: str, optional: bool = False,
+           span: tuple = (0, WHOLE_MAX)) -> None:
+    """``obj[key]`` is of ``kind``: a whole number in ``span`` (lowest included, highest not),
+    a finite number (:data:`NUMBER_MAX` at most either way), text or an object."""
     value = obj.get(key)
     if value is None and optional:
         return
     ok = {
-        _INT: isinstance(value, int) and not isinstance(value, bool),
-        _NUM: isinstance(value, (int, float)) and not isinstance(value, bool),
+        _INT: _is_int(value) and span[0] <= value < span[1],
+        _NUM: _is_num(value) and -NUMBER_MAX <= value <= NUMBER_MAX,  # NaN fails both
+        _LOSS: _is_num(value),  # inf and NaN pass: a diverged run's loss (state.py marks it)
         _STR: isinstance(value, str),
         _DICT: isinstance(value, dict),
     }[kind]
     if not ok:
-        _bad("%s has %s %s, not %s" % (what, key, "no value" if value is None
-                                       else "= " + _what(value), kind))
+        if value is None:
+            _bad("%s has %s no value, not %s" % (what, key, kind))
+        if kind == _INT and _is_int(value):
+            _bad("%s has %s = %s, not from %d to %d" % (what, key, _what(value), span[0],
+                                                         span[1] - 1))
+        if kind == _NUM and _is_num(value):
+            _bad("%s has %s = %s, not a finite number" % (what, key, _what(value)))
+        _bad("%s has %s = %s, not %s" % (what, key, _what(value), kind))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_num(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _what(value) -> str:

@@ -122,12 +122,18 @@ class NodeLink:
         self.stream.write(protocol.encode({"t": "req", "id": req_id, "op": op, "args": args}))
         await self.stream.drain()
         try:
-            return await asyncio.wait_for(fut, timeout)
+            data = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise AgentError("%s: %s got no answer within %s s" % (self.name, op, timeout),
                              "timeout") from None
         finally:
             self._pending.pop(req_id, None)
+        try:
+            agent_messages.check_answer(op, data)
+        except protocol.ProtocolError as exc:  # a broken or hostile agent: never a traceback
+            raise AgentError("%s: protocol error: %s" % (self.name, clean(str(exc), limit=300)),
+                             "protocol") from None
+        return data
 
     async def subscribe(self) -> dict:
         offset = self.state.nodes[self.name].journal_offset if self.state else 0

@@ -16,6 +16,10 @@ BAD = {
     "sample-nan": '{"t":"journal","end":10,"recs":[[{"k":"sample","tick":5,"ts":50.0,'
                   '"period":10,"ranks":[{"rank":0,"pid":7,"cpu_s":NaN}]}]]}',
     "escape": '{"t":"res","id":1,"ok":false,"error":"bad \\u001b[2J\\u001b]0;pwned\\u0007 [/x]"}',
+    # answers of the right id whose data has the wrong shape
+    "answer-cause": '{"t":"res","id":1,"ok":true,"data":{"state":"running","cause":"boom"}}',
+    "answer-left": '{"t":"res","id":1,"ok":true,"data":{"state":"stopped","left":"none"}}',
+    "answer-ranks": '{"t":"res","id":1,"ok":true,"data":{"ranks":[{"pid":-3}]}}',
 }
 
 
@@ -38,7 +42,8 @@ def main():
     for line in sys.stdin:
         req = json.loads(line)
         if req.get("op") == "subscribe":
-            send(json.dumps({"t": "res", "id": req["id"], "ok": True, "data": {}}))
+            send(json.dumps({"t": "res", "id": req["id"], "ok": True,
+                             "data": {"sub": "node0", "offset": 0}}))
         send(BAD[mode])
 
 

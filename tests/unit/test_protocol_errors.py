@@ -120,6 +120,26 @@ def test_an_agent_error_text_is_cleaned_of_escapes():
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("mode,op,reason", [
+    ("answer-cause", "restart", "cause that is 'boom'"),
+    ("answer-left", "stop", "left = 'none'"),
+    ("answer-ranks", "stacks", "pid = -3"),
+])
+def test_an_answer_of_the_wrong_shape_is_a_protocol_error_not_a_traceback(mode, op, reason):
+    """Answers are checked as pushed messages are: a `cause` that is not an object used to
+    end `restart` in a traceback."""
+    async def main():
+        link = NodeLink(Host("node0", "127.0.0.2"), BadAgentTransport(mode), None,
+                        "/nowhere", reconnect=False)
+        await link.connect()
+        with pytest.raises(AgentError) as err:
+            await link.request(op, timeout=WAIT)
+        assert err.value.kind == "protocol"
+        assert "protocol error" in str(err.value) and reason in str(err.value), str(err.value)
+        await link.close()
+    asyncio.run(main())
+
+
 def test_a_deeply_nested_hello_is_a_protocol_error_not_a_traceback():
     async def main():
         link = NodeLink(Host("node0", "127.0.0.2"), BadAgentTransport("hello-deep"), None,
