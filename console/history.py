@@ -97,6 +97,10 @@ class History:
                 not isinstance(record.get("hosts"), list):
             raise BadRecord("%s: not a whole run record (no run_id or hosts); remove it (the "
                             "run on the hosts is not affected)" % path)
+        wrong = record_problem(record)
+        if wrong:
+            raise BadRecord("%s: not a run record this rankdeck reads: %s; remove it (the run "
+                            "on the hosts is not affected)" % (path, wrong))
         return record
 
     def save_offsets(self, run_id: str, offsets: dict[str, int]) -> None:
@@ -129,6 +133,83 @@ class History:
         out.sort(key=lambda r: r["created"] if isinstance(r.get("created"), (int, float))
                  else 0, reverse=True)
         return out
+
+
+_TEXT, _NUM, _WHOLE, _LIST, _DICT, _NONE = str, (int, float), int, list, dict, type(None)
+# what each field of a record must be (None: may be absent or null); the spec's keys are
+# console/spec.py LaunchSpec's fields (tests/unit/test_history.py holds them equal)
+RECORD_FIELDS = {
+    "created": (_NUM, _NONE), "updated": (_NUM, _NONE), "state": (_TEXT, _NONE),
+    "inventory": (_TEXT, _NONE), "transport": (_TEXT, _NONE), "rdzv_host": (_TEXT, _NONE),
+    "rdzv_endpoint": (_TEXT, _NONE), "run_roots": (_DICT, _NONE), "secret_env": (_LIST, _NONE),
+    "spec": (_DICT, _NONE), "status": (_DICT, _NONE), "sync": (_DICT, _NONE),
+}
+HOST_FIELDS = {"name": (_TEXT,), "addr": (_TEXT,), "ssh": (_TEXT, _NONE),
+               "python": (_TEXT, _NONE), "workdir": (_TEXT, _NONE), "slots": (_WHOLE, _NONE),
+               "gpus": (_WHOLE, _NONE), "env": (_DICT, _NONE)}
+SPEC_FIELDS = {
+    "script": (_TEXT,), "args": (_LIST, _NONE), "nproc_per_node": (_WHOLE, _NONE),
+    "max_restarts": (_WHOLE, _NONE), "nnodes": (_TEXT, _NONE), "grace": (_NUM, _NONE),
+    "metrics_regex": (_TEXT, _NONE), "env": (_DICT, _NONE), "module": (bool, _NONE),
+    "sync": (_TEXT, _NONE), "launcher": (_LIST, _NONE), "checkpoint_dir": (_TEXT, _NONE),
+}
+
+
+def record_problem(record: dict) -> str | None:
+    """What is wrong with a run record's shape, in words, or None (the fields the verbs read;
+    keys this version does not know are left alone, except in the spec, which is rebuilt)."""
+    problem = _fields_problem(record, RECORD_FIELDS, "")
+    if problem:
+        return problem
+    if not _run_id_ok(record["run_id"]):
+        return "run_id %r is not a run id (letters, digits, '.', '_' and '-')" % (
+            record["run_id"][:40],)
+    for i, host in enumerate(record["hosts"]):
+        if not isinstance(host, dict):
+            return "hosts[%d] is not an object" % i
+        problem = _fields_problem(host, HOST_FIELDS, "hosts[%d]." % i)
+        if problem:
+            return problem
+    spec = record.get("spec") or {}
+    unknown = sorted(k for k in spec if k not in SPEC_FIELDS)
+    if unknown:
+        return "spec has the unknown key %r (written by another rankdeck?)" % unknown[0][:40]
+    problem = _fields_problem(spec, SPEC_FIELDS, "spec.")
+    if problem:
+        return problem
+    for key in ("run_roots", "status"):
+        if not all(isinstance(k, str) for k in (record.get(key) or {})):
+            return "%s has a key that is not text" % key
+    nodes = (record.get("status") or {}).get("nodes")
+    if nodes is not None and not (isinstance(nodes, list) and all(
+            isinstance(n, dict) and isinstance(n.get("name"), str)
+            and isinstance(n.get("ranks", []), list)
+            and all(isinstance(r, dict) for r in n.get("ranks", [])) for n in nodes)):
+        return "status.nodes is not a list of nodes with a name and ranks"
+    return None
+
+
+def _fields_problem(obj: dict, fields: dict, where: str) -> str | None:
+    for key, types in fields.items():
+        value = obj.get(key)
+        required = _NONE not in types
+        if (value is None and not required) or (
+                isinstance(value, types) and not (isinstance(value, bool) and bool not in types)):
+            continue
+        return "%s%s is %s" % (where, key, "missing" if value is None else
+                               "%.40r, not %s" % (value, _kind(types)))
+    return None
+
+
+def _kind(types: tuple) -> str:
+    first = types[0]
+    return {str: "text", int: "a whole number", list: "a list", dict: "an object",
+            bool: "true or false"}.get(first, "a number")
+
+
+def _run_id_ok(run_id: str) -> bool:
+    return 0 < len(run_id) <= 128 and run_id not in (".", "..") and all(
+        c.isascii() and (c.isalnum() or c in "._-") for c in run_id)
 
 
 def host_record(host: Host) -> dict:

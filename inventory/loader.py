@@ -84,9 +84,9 @@ def load_hostfile(path: str | os.PathLike, environ: Mapping[str, str] | None = N
             if key != "slots" or not eq or slots is not None:
                 raise InventoryError(path, number, f"unexpected {field!r} after {name!r}; a "
                                      f"hostfile line is 'hostname slots=N', e.g. 'node0 slots=8'")
-            if not _DIGITS.match(value) or not 1 <= int(value) <= MAX_SLOTS:
+            if not _DIGITS.match(value) or len(value) > 6 or not 1 <= int(value) <= MAX_SLOTS:
                 raise InventoryError(path, number, f"slots must be a whole number from 1 to "
-                                     f"{MAX_SLOTS}, got {value!r}; write e.g. '{name} slots=8'")
+                                     f"{MAX_SLOTS}, got {_short(value)}; write e.g. '{name} slots=8'")
             slots = int(value)
         if not _NAME.match(name):
             raise InventoryError(path, number, f"{name!r} is not a valid host name; use "
@@ -142,6 +142,11 @@ def _read(path: str) -> str:
         raise InventoryError(path, line, f"byte 0x{data[err.start]:02x} at column {column} is "
                              "not UTF-8 text; save the file as UTF-8 (or remove that "
                              "character)") from None
+
+
+def _short(text: str) -> str:
+    """``text`` quoted, cut to 40 characters: a message names a value, it does not repeat it."""
+    return repr(text) if len(text) <= 40 else repr(text[:37]) + f"... ({len(text)} characters)"
 
 
 def _show(value: Any, raw: str | None) -> str:

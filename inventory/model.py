@@ -70,6 +70,12 @@ class Inventory:
         return sorted({v.value for h in self.hosts for v in h.env.values() if v.secret and v.value})
 
 
+def too_long_number(length: int) -> str:
+    """The error for a number of ``length`` digits, more than Python converts (4300)."""
+    return (f"a number of {length} digits is too long for any key of an inventory "
+            "(slots and gpus are e.g. 8); shorten it")
+
+
 class InventoryError(Exception):
     """A mistake in an inventory: ``file:line: what is wrong and how to fix it``."""
 

@@ -19,7 +19,7 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
-from .model import InventoryError
+from .model import InventoryError, too_long_number
 
 _BARE = r"[A-Za-z0-9_-]+"
 _KEY = rf"""(?:{_BARE}|"(?:[^"\\]|\\.)*"|'[^']*')"""
@@ -29,6 +29,7 @@ _HEADER = re.compile(rf"\s*(\[\[?)\s*({_DOTTED})\s*\]")
 _KEYVAL = re.compile(rf"\s*({_DOTTED})\s*=")
 # Inside a value: a key of an inline table, a string to skip, a brace, or a comment.
 _TOKEN = re.compile(rf"""({_DOTTED})\s*=|"(?:[^"\\]|\\.)*"|'[^']*'|[{{}}]|#""")
+_LONG_NUMBER = re.compile(r"[0-9][0-9_]{4000,}")
 _AT = re.compile(r"\s*\((?:at line (\d+), column (\d+)|at end of document)\)\s*$")
 
 _HINTS = (
@@ -137,3 +138,7 @@ def parse(path: str, text: str) -> TomlDoc:
                     "check the quoting, '=' and brackets on this line")
         message = message[:1].lower() + message[1:]
         raise InventoryError(path, line, f"TOML syntax error: {message}; {hint}") from None
+    except ValueError:  # a number of more digits than Python converts (past 4300)
+        long = _LONG_NUMBER.search(text)
+        raise InventoryError(path, text.count("\n", 0, long.start()) + 1 if long else None,
+                             too_long_number(len(long.group()) if long else 0)) from None

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from .model import InventoryError
+from .model import InventoryError, too_long_number
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 # values an inventory may expand to, aliases and merge keys counted at every use: far above
@@ -154,6 +154,17 @@ class _LineLoader(yaml.SafeLoader):
     pass
 
 
+def _construct_int(loader, node):
+    """YAML's int, or a line-marked error for a number of more digits than Python converts
+    (``slots: 99…9`` past 4300 digits raised ValueError, a traceback)."""
+    try:
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+    except ValueError:
+        raise _TooBig(too_long_number(len(node.value)), node.start_mark.line + 1) from None
+
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
 _LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_sequence)
 

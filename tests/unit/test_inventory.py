@@ -424,3 +424,24 @@ def test_an_alias_inside_itself_is_refused(tmp_path):
     with pytest.raises(InventoryError) as err:
         load_text(tmp_path, "cluster.yaml", "hosts: &h\n  - name: n0\n  - *h\n")
     assert "recursive" in str(err.value)
+
+
+@pytest.mark.parametrize("name,text,line", [
+    ("big.yaml", "hosts:\n  - {name: n0, addr: 10.0.0.1, slots: %s}\n" % ("9" * 5000), 2),
+    ("big.toml", '[[hosts]]\nname = "n0"\naddr = "10.0.0.1"\nslots = %s\n' % ("9" * 5000), 4),
+], ids=["yaml", "toml"])
+def test_a_number_past_4300_digits_is_a_file_line_error(tmp_path, name, text, line):
+    """Python refuses to convert such a digit string (int_max_str_digits): it was a
+    ValueError traceback instead of file:line."""
+    with pytest.raises(InventoryError) as err:
+        load_text(tmp_path, name, text)
+    assert err.value.line == line and "5000 digits" in str(err.value), str(err.value)
+
+
+def test_a_hostfile_slots_past_4300_digits_is_a_line_error_that_does_not_repeat_it(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text("n0 slots=%s\n" % ("9" * 5000))
+    with pytest.raises(InventoryError) as err:
+        load_hostfile(str(path))
+    assert err.value.line == 1 and "5000 characters" in str(err.value)
+    assert len(str(err.value)) < 300
