@@ -400,9 +400,8 @@ class LogView(ScrollView, can_focus=True):
         if home or self.scroll_y <= 0:
             self.post_message(OlderWanted(to_start=home))
 
-    def _on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
-        self._up()
-        super()._on_mouse_scroll_up(event)
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        self._up()  # before Widget's own handler (Textual calls it next) scrolls
 
     def action_scroll_up(self) -> None:
         self._up()

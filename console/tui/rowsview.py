@@ -193,14 +193,13 @@ class RowsView(ScrollView, can_focus=True):
         self._styles = None
         self._cache.clear()
 
-    def _on_focus(self, event: events.Focus) -> None:
-        super()._on_focus(event)
+    # Textual calls Widget's own focus and blur handlers as well, after these.
+    def on_focus(self, event: events.Focus) -> None:
         self._styles = None  # the cursor style depends on focus
         self._cache.clear()
         self.refresh()
 
-    def _on_blur(self, event: events.Blur) -> None:
-        super()._on_blur(event)
+    def on_blur(self, event: events.Blur) -> None:
         self._styles = None
         self._cache.clear()
         self.refresh()
