@@ -3,8 +3,9 @@
 Textual's Footer recomposes (unmounts and mounts a widget per key, then styles them) each
 time the screen says its bindings were updated: every focus change, even between two log
 panes whose keys are the same. At 200x60 that was 20-45 ms of the event loop, twice (the
-new keys' mount says so again), and a key pressed meanwhile waited for it (bench/tui.py,
-issue 12).
+new keys' mount says so again), and a key pressed meanwhile waited for it (bench/tui.py;
+docs/BENCHMARKS.md, the tenth session's first key). Footer says whether it shows keys yet
+only in its private ``_bindings_ready`` (internals.py).
 """
 
 from __future__ import annotations

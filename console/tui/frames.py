@@ -9,8 +9,8 @@ at once answers the key first; what it drew is not drawn again, and the rest of 
 keeps to the timer.
 
 This uses Textual's private ``Widget._repaint_required``, ``Screen._dirty_widgets`` and
-``Screen._on_timer_update`` (Textual 8.2.8, which pyproject pins; tests/console/
-test_tui_frames.py fails if they change).
+``Screen._on_timer_update``: Textual has no public way to draw now (internals.py lists them;
+tests/console/test_textual_internals.py fails if they go).
 """
 
 from __future__ import annotations

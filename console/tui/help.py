@@ -67,7 +67,8 @@ def section_title(widget: DOMNode) -> str:
 def key_sections(app, screen: Screen | None = None) -> list[Section]:
     """The help's sections: the app's keys, the screen's, then one per kind of widget on
     ``screen`` (the app's current one) whose keys can act, in screen order; kinds with the
-    same keys share a section. Then the dialogs' keys and the mouse."""
+    same keys share a section. Then the dialogs' keys and the mouse. A node's keys, inherited
+    ones too, are its private ``_bindings`` (internals.py): Textual has no public list."""
     screen = screen or app.screen
     sections: list[list] = [["Console", binding_rows(app._bindings)],
                             ["Anywhere", binding_rows(screen._bindings)]]

@@ -51,7 +51,7 @@ def _divide_without_cycle(self: Strip, cuts) -> list[Strip]:
     caches ``[self]`` inside itself, so every strip the compositor divides at its own length
     (each line of a widget that spans its region) outlives its last reference until a
     collection. Without the cache entry such a strip is freed when the next frame replaces
-    it; dividing it again costs a list."""
+    it; dividing it again costs a list. The cache is private to Textual (internals.py)."""
     strips = _divide(self, cuts)
     if len(strips) == 1 and strips[0] is self:
         self._divide_cache.clear()

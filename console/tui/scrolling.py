@@ -25,8 +25,8 @@ def set_virtual_size(view: ScrollView, size: Size) -> None:
     width, height = view.container_size
     shown = (view.show_horizontal_scrollbar, view.show_vertical_scrollbar)
     if shown != (size.width > width, size.height > height):
-        # A scrollbar appears or goes: Textual's own update (private in Textual 8.2.8, which
-        # pyproject pins) changes its ``display``, which asks for the layout it needs.
+        # A scrollbar appears or goes: Textual's own update (private: internals.py) changes
+        # its ``display``, which asks for the layout it needs.
         view._scroll_update(size)
     else:  # only the thumb of the scrollbar whose axis changed moves
         if size.height != old.height and view.show_vertical_scrollbar:
