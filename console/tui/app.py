@@ -10,7 +10,6 @@ the run goes on.
 from __future__ import annotations
 
 import gc
-import os
 import re
 import sys
 import time
@@ -37,7 +36,7 @@ from .header import RunHeader
 from .help import HelpScreen, key_sections
 from .lateness import open_lateness
 from .logs import LogPanes
-from .lru import strips_without_cycles
+from .lru import tune_gc, untune_gc
 from .losschart import LossChart
 from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, RunChanged,
                        RunEventAdded, SourceChosen)
@@ -52,7 +51,6 @@ from .verdict import open_verdict, verdict_arrived
 # a pane shows save the key's trip to the focused widget and back, a frame or two at a flood.
 PRIORITY_ACTIONS = ("filter", "goto", "focus_pane", "worst", "step", "cycle_source")
 TURN_S = 0.05  # between the large widgets' redraws after a state change: a few frames
-GC_THRESHOLDS = tuple(int(x) for x in os.environ.get("RANKDECK_GC", "10000,10,10").split(","))
 
 
 class RankdeckApp(App[int]):
@@ -227,8 +225,9 @@ class RankdeckApp(App[int]):
     def _refresh_in_turn(self, steps: list) -> None:
         """The large widgets redrawn a few frames apart: at 512 ranks the nodes table, GPU
         panel and loss chart painted in the same frame took 70-90 ms, and a key pressed
-        meanwhile waited for all of it (bench/tui.py, issue 12). A timer, not
-        call_after_refresh: that one can run before the first widget's frame."""
+        meanwhile waited for all of it (bench/tui.py; docs/BENCHMARKS.md, "Keys and frames
+        at 512 ranks"). A timer, not call_after_refresh: that one can run before the first
+        widget's frame."""
         if not self.nodes.is_attached:
             return
         first, *rest = steps
@@ -407,30 +406,6 @@ class RankdeckApp(App[int]):
         if final in ("failed", "stopped"):
             return EXIT_FAILED
         return EXIT_OK
-
-
-def tune_gc() -> None:
-    """Fewer, shorter garbage collections while thousands of lines a second stream in.
-
-    Textual leaves each rendered Strip in a reference cycle (it caches itself when divided),
-    and with CPython's default young generation (700 objects) those strips outlived it and
-    reached the oldest one: in bench/tui.py full collections then ran 1.5 times a second for
-    up to 0.3 s each. With 10,000 (``RANKDECK_GC`` overrides) most die young, and what exists
-    once the screen is up (modules, widgets) is frozen out of the collector. The strips' cycle
-    itself is cut too (lru.strips_without_cycles): with it the full collections that were
-    left still took 70 ms at 512 ranks. Process-wide, so only ``run_app`` asks for it, and
-    puts the defaults back afterwards.
-    """
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLDS[0], GC_THRESHOLDS[1], GC_THRESHOLDS[2])
-    strips_without_cycles()
-
-
-def untune_gc(thresholds: tuple) -> None:
-    """What :func:`tune_gc` changed put back (``thresholds``: gc.get_threshold() before)."""
-    gc.set_threshold(*thresholds)
-    gc.unfreeze()
-    strips_without_cycles(False)
 
 
 async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = None,

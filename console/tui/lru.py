@@ -1,17 +1,23 @@
-"""Caches that leave no garbage for the cycle collector.
+"""Caches that leave no garbage for the cycle collector, and the collector tuned to match.
 
 Textual's ``LRUCache`` links its entries in a ring of lists; ``clear()`` drops the ring whole,
 so every entry and the rows it held become cyclic garbage that only a collection frees. The
 log view clears its cache on every refill (each rank switch), 1,024 rows at a time, and with
 ``Strip.divide`` below that garbage was what made the console's full collections run 70 ms
-at 512 ranks (bench/tui.py), in the middle of a key press.
+at 512 ranks (bench/tui.py), in the middle of a key press. ``tune_gc`` sets the collector
+for what is left (docs/BENCHMARKS.md, the TUI section).
 """
 
 from __future__ import annotations
 
+import gc
+import os
 from collections import OrderedDict
 
 from textual.strip import Strip
+
+# The collector's thresholds while the app runs (tune_gc); RANKDECK_GC="a,b,c" overrides them.
+GC_THRESHOLDS = tuple(int(x) for x in os.environ.get("RANKDECK_GC", "10000,10,10").split(","))
 
 
 class LRU:
@@ -60,5 +66,29 @@ def _divide_without_cycle(self: Strip, cuts) -> list[Strip]:
 
 def strips_without_cycles(on: bool = True) -> None:
     """Put the cycle-free ``Strip.divide`` in place (``on``) or Textual's own back. Process
-    wide, like the collector's settings it goes with (app.tune_gc)."""
+    wide, like the collector's settings it goes with (tune_gc)."""
     Strip.divide = _divide_without_cycle if on else _divide
+
+
+def tune_gc() -> None:
+    """Fewer, shorter garbage collections while thousands of lines a second stream in.
+
+    Textual leaves each rendered Strip in a reference cycle (it caches itself when divided),
+    and with CPython's default young generation (700 objects) those strips outlived it and
+    reached the oldest one: in bench/tui.py full collections then ran 1.5 times a second for
+    up to 0.3 s each. With 10,000 (``RANKDECK_GC`` overrides) most die young, and what exists
+    once the screen is up (modules, widgets) is frozen out of the collector. The strips' cycle
+    itself is cut too (strips_without_cycles): with it the full collections that were
+    left still took 70 ms at 512 ranks. Process-wide, so only ``run_app`` asks for it, and
+    puts the defaults back afterwards.
+    """
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLDS[0], GC_THRESHOLDS[1], GC_THRESHOLDS[2])
+    strips_without_cycles()
+
+
+def untune_gc(thresholds: tuple) -> None:
+    """What :func:`tune_gc` changed put back (``thresholds``: gc.get_threshold() before)."""
+    gc.set_threshold(*thresholds)
+    gc.unfreeze()
+    strips_without_cycles(False)

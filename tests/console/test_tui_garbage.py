@@ -1,5 +1,5 @@
-"""The view leaves no garbage for the cycle collector (issue 12: keys waited behind
-collections).
+"""The view leaves no garbage for the cycle collector (keys waited behind collections:
+docs/BENCHMARKS.md, "Keys and frames at 512 ranks").
 
 At 512 ranks (bench/tui.py) the console's full collections took ~70 ms, often in the middle of
 a key press, and what they freed was the view's own leftovers: strips Textual caches inside
@@ -18,7 +18,7 @@ from textual.cache import LRUCache
 from textual.strip import Strip
 
 from console.tui import lru
-from console.tui.app import RankdeckApp, untune_gc
+from console.tui.app import RankdeckApp
 from tests.console.pilot import until
 from tests.console.scripted import controller, host_names, standard_script
 
@@ -65,7 +65,7 @@ def restore_gc():
     yield
     gc.set_debug(0)
     gc.garbage.clear()
-    untune_gc(thresholds)
+    lru.untune_gc(thresholds)
 
 
 async def test_switching_ranks_while_lines_stream_leaves_no_strip_to_collect(
