@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import inspect
 import math
 import os
 import signal
@@ -124,6 +125,15 @@ def autocast_for(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=dtype)
 
 
+def no_buffer_sync(ddp_class) -> dict:
+    """DDP's keyword for "no buffer sync each forward" in this torch: ``forward_sync_buffers``
+    from torch 2.13 (which deprecates the old name), ``broadcast_buffers`` before it (torch
+    2.11 raised TypeError on the new name: docs/COMPAT.md)."""
+    params = inspect.signature(ddp_class.__init__).parameters
+    name = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
+    return {name: False}
+
+
 def lr_factor(args: argparse.Namespace):
     """LambdaLR factor for 0-based step i: linear warmup then cosine decay to --min-lr."""
     def factor(i: int) -> float:
@@ -162,9 +172,8 @@ class Trainer:
         self.model = self.module
         if ranks.distributed:
             # The only buffers are the rotary tables, identical everywhere: no per-forward sync.
-            # (torch 2.13 deprecates broadcast_buffers= in favour of forward_sync_buffers=.)
             self.model = DDP(self.module, device_ids=[ranks.device.index] if ranks.device.type == "cuda" else None,
-                             forward_sync_buffers=False)
+                             **no_buffer_sync(DDP))
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=args.lr,
                                            weight_decay=args.weight_decay, betas=(0.9, 0.95))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(args))

@@ -310,3 +310,21 @@ def test_two_nodes_resume_from_the_node_that_has_the_checkpoint(tmp_path):
         assert [(int(m[1]), m[2]) for m in saved] == [(6, str(ckpt / "step_00000006.pt"))]
     # Same state on both nodes: identical final checkpoints.
     assert (dir_a / "step_00000006.pt").read_bytes() == (dir_b / "step_00000006.pt").read_bytes()
+
+
+def test_ddp_buffer_sync_keyword_fits_the_installed_torch_and_older_ones():
+    """torch 2.11 raised TypeError on `forward_sync_buffers` (a 2.13 name) at DDP construction
+    on every rank (seen on an H100 host): the trainer picks the name this torch has."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainer.train import no_buffer_sync
+
+    class OlderDDP:  # DDP's signature before torch 2.13
+        def __init__(self, module, device_ids=None, broadcast_buffers=True):
+            pass
+
+    assert no_buffer_sync(OlderDDP) == {"broadcast_buffers": False}
+    kwargs = no_buffer_sync(DistributedDataParallel)
+    assert kwargs in ({"forward_sync_buffers": False}, {"broadcast_buffers": False})
+    assert list(kwargs)[0] in __import__("inspect").signature(
+        DistributedDataParallel.__init__).parameters

@@ -54,3 +54,15 @@ def test_cli_start_up_loads_neither_textual_nor_asyncssh():
     # `ls` and headless local runs do not pay for them
     top = imported_after(["console.cli"])
     assert "textual" not in top and "asyncssh" not in top
+
+
+def test_the_agent_runs_on_python_3_9_and_later():
+    """vermin reads every module and names any standard-library member, syntax or annotation
+    newer than the agent's declared range's floor (docs/COMPAT.md: host Python 3.9-3.13);
+    members used behind ``hasattr`` (os.pidfd_open) count too, so 3.8 is not claimed."""
+    vermin = os.path.join(os.path.dirname(sys.executable), "vermin")
+    out = subprocess.run([vermin, "-t=3.9-", "--violations", "--no-tips", "--eval-annotations",
+                          "--no-parse-comments", os.path.join(REPO, "agent")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Minimum required versions: 3.9" in out.stdout or "3.8" in out.stdout, out.stdout
