@@ -6,6 +6,8 @@ the run. No asyncio, no Textual.
 
 from __future__ import annotations
 
+import math
+
 from array import array
 from collections import deque
 
@@ -178,6 +180,10 @@ class Series:
         self.last: tuple[int, float] | None = None
 
     def append(self, point: tuple[int, float]) -> None:
+        """Keep ``(step, value)``; a value that is not finite (a diverged loss) is not a point
+        (the chart, the report's SVG and every reader of the series take finite points only)."""
+        if not math.isfinite(point[1]):
+            return
         self.last = (int(point[0]), float(point[1]))
         self._skip += 1
         if self._skip < self.stride:

@@ -6,6 +6,8 @@ returns rows of (character, series index) so the caller can colour each cell.
 
 from __future__ import annotations
 
+import math
+
 # Dot bits of a braille cell, indexed [column][row] (U+2800 + bits).
 _BITS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 
@@ -21,20 +23,40 @@ def sample(points: list, most: int) -> list:
     return out
 
 
+def finite_points(points: list) -> list:
+    """The points whose x and y are both finite numbers (a diverged loss is inf or NaN)."""
+    return [p for p in points if math.isfinite(p[0]) and math.isfinite(p[1])]
+
+
+def _fraction(v: float, lo: float, hi: float) -> float:
+    """Where ``v`` lies from ``lo`` (0) to ``hi`` (1), clamped; halves keep ``hi - lo`` finite
+    for bounds as far apart as -1e308 and 1e308 (a full subtraction overflows to inf)."""
+    span = hi / 2 - lo / 2
+    if not span > 0:
+        return 0.0
+    f = (v / 2 - lo / 2) / span
+    return min(1.0, max(0.0, f)) if f == f else 0.0
+
+
 def bounds(series: list[list]) -> tuple[float, float, float, float] | None:
-    xs = [p[0] for s in series for p in s]
-    ys = [p[1] for s in series for p in s if p[1] == p[1]]  # NaN-free
-    if not xs or not ys:
+    """(x0, x1, y0, y1) around the finite points of every series, y padded 5 %; None if none."""
+    pts = [p for s in series for p in finite_points(s)]
+    if not pts:
         return None
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
-    if y1 - y0 < 1e-12:
+    if y1 / 2 - y0 / 2 < 1e-12:
         y0, y1 = y0 - 1.0, y1 + 1.0
-    pad = (y1 - y0) * 0.05
-    return x0, max(x1, x0 + 1), y0 - pad, y1 + pad
+    pad = (y1 / 2 - y0 / 2) * 0.1
+    return x0, max(x1, x0 + 1), max(-_FLOAT_MAX, y0 - pad), min(_FLOAT_MAX, y1 + pad)
+
+
+_FLOAT_MAX = 1.7e308
 
 
 def plot(series: list[list], width: int, height: int, box: tuple) -> list[list[tuple]]:
-    """Rows of ``(char, series_index or -1)``; later series draw over earlier ones."""
+    """Rows of ``(char, series_index or -1)``; later series draw over earlier ones. Points that
+    are not finite are left out; any finite ones fit (the box's span may exceed a float's)."""
     x0, x1, y0, y1 = box
     pw, ph = width * 2, height * 4
     bits = [[0] * width for _ in range(height)]
@@ -48,15 +70,14 @@ def plot(series: list[list], width: int, height: int, box: tuple) -> list[list[t
 
     for who, points in enumerate(series):
         columns: dict[int, list[float]] = {}
-        for x, y in points:
-            if y != y:  # NaN
-                continue
-            px = int((x - x0) / (x1 - x0) * (pw - 1))
+        for x, y in finite_points(points):
+            px = int(_fraction(x, x0, x1) * (pw - 1))
             columns.setdefault(px, []).append(y)
         prev = None
         for px in sorted(columns):
             ys = columns[px]
-            py = int((y1 - sum(ys) / len(ys)) / (y1 - y0) * (ph - 1))
+            mean = sum(y / len(ys) for y in ys)  # a sum of large ys overflows
+            py = int((1.0 - _fraction(mean, y0, y1)) * (ph - 1))
             if prev is not None and px - prev[0] <= 4:
                 lo, hi = sorted((prev[1], py))
                 for yy in range(lo, hi + 1):

@@ -17,6 +17,7 @@ from ..state import RunState
 from ..rendezvous import wait_short
 from ..summary import eta_s, launch_progress, run_step, steps_per_s, total_steps
 from ..text import hms
+from .guard import NA, shown_or
 from .styles import state_style
 
 
@@ -38,6 +39,7 @@ class RunHeader(Static):
         self.update_info()
         self.set_interval(1.0, self.update_info)
 
+    @shown_or(lambda self: Text("rankdeck run %s  %s" % (self.state.run_id, NA), no_wrap=True))
     def info(self) -> Text:
         state = self.state
         text = Text(no_wrap=True, overflow="ellipsis")

@@ -14,6 +14,7 @@ from textual.widget import Widget
 
 from ..state import RunState
 from .braille import bounds, plot, sample
+from .guard import NA, shown_or
 from ..summary import run_step, steps_per_s
 from ..text import fmt_float
 
@@ -64,6 +65,7 @@ class LossChart(Widget):
         width = max(8, (self.size.width - AXIS_WIDTH - STATS_WIDTH) * 2)
         return [sample(list(self.state.ranks[r].points), width * 2) for r in chosen]
 
+    @shown_or(lambda self: Text("loss vs step: %s" % NA, style="dim"))
     def render(self) -> Text:
         width = max(8, self.size.width - AXIS_WIDTH - STATS_WIDTH - 1)
         height = max(2, self.size.height - 2)

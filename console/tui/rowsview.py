@@ -22,6 +22,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from .cells import width_of
+from .guard import NA, shown_or
 from .lru import LRU
 from .scrolling import set_virtual_size
 
@@ -120,13 +121,18 @@ class RowsView(ScrollView, can_focus=True):
     def lines_of(self, key: str) -> tuple:
         lines = self._built.get(key)
         if lines is None:
-            lines = self._built[key] = self.row_lines(key)
+            lines = self._built[key] = self._row_lines(key)
             width = max(line_width(line) for line in lines) if lines else 0
             self._built_width = max(self._built_width, width)
             if width > self._width:
                 self._width = width
                 self._resize()
         return lines
+
+    @shown_or(lambda self, key: (((key.split(":", 1)[-1] + " " + NA, "dim"),),))
+    def _row_lines(self, key: str) -> tuple:
+        """row_lines, or the row's name and n/a when a value in it cannot be shown."""
+        return self.row_lines(key)
 
     def _resize(self) -> None:
         width = max(self._width, line_width(self.header))
