@@ -93,9 +93,15 @@ class Supervisor(object):
             earlier = os.listdir(self.log_dir)
         except OSError:
             earlier = []
+        env = spec.get("env") or {}
+        # the values of the secret names, and each ${VAR} filled into a secret value
+        self.secrets = [env[k] for k in spec.get("secret_env") or () if env.get(k)] + \
+            [v for v in spec.get("secret_parts") or () if v]
+        self.masker = Masker(self.secrets)  # on data records, before the journal
         self.follower = LogFollower(self.log_dir, self._resolve_rank,
                                     first_fid=previous.get("next_fid", 1), ignore=earlier,
-                                    watch=open_watch())  # woken by writes (agent/watch.py)
+                                    watch=open_watch(),  # woken by writes (agent/watch.py)
+                                    keep_whole=self.masker.safe_cut)  # never in a secret
         self.parser = MetricParser(spec.get("metrics_regex"))
         # complete? deleted later? (and new entries of --checkpoint-dir)
         self.checkpoints = CheckpointWatch(spec.get("cwd") or self.node_dir,
@@ -108,9 +114,6 @@ class Supervisor(object):
         self.stderr_tails = {}  # fid -> the last bytes of a worker's stderr
         self.torchrun_log = TorchrunLog(os.path.join(self.node_dir, "torchrun.log"),
                                         os.path.join(self.node_dir, RANK_RECORD))
-        env = spec.get("env") or {}
-        self.secrets = [env[k] for k in spec.get("secret_env") or () if env.get(k)]
-        self.masker = Masker(self.secrets)  # on data records, before the journal
 
     # -- journal ---------------------------------------------------------------------------
     def event(self, what, **fields):

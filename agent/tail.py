@@ -8,8 +8,10 @@ new file at the same path (another inode) is followed as a new file.
 
 Each followed file gets a file id (``fid``). :meth:`LogFollower.poll` returns journal records:
 one ``file`` record when a file's rank is known, then ``data`` records with the file's bytes
-and their source offset. Data is cut at the last newline so records hold whole lines, except
-when a line grows past ``MAX_PENDING`` bytes without one (then it is passed on in pieces).
+and their source offset. Data is cut at the last line end (``\n``, or the ``\r`` a progress
+bar redraws with) so records hold whole lines, except when a line grows past ``MAX_PENDING``
+bytes without one (then it is passed on in pieces). Such a cut never falls inside a secret
+(``keep_whole``, the host's ``Masker.safe_cut``): the host masks each record on its own.
 
 With a :class:`agent.watch.Watch` the follower watches the log dir's folders (and the files
 given to :meth:`LogFollower.add`) and a turn with nothing written costs a read of the inotify
@@ -59,11 +61,14 @@ class LogFollower(object):
     ``resolve_rank(attempt, local_rank)`` returns the global rank of that worker, or
     ``(rank, extra)`` with more fields for the file record (world size), or None when it is not
     known (yet). ``ignore`` names torchrun start folders not to follow (a node's earlier
-    supervisor followed them already).
+    supervisor followed them already). ``keep_whole(data, end)``: where, at or before ``end``,
+    ``data`` may be cut inside a line (agent/mask.py ``Masker.safe_cut``).
     """
 
-    def __init__(self, log_dir, resolve_rank, first_fid=1, ignore=(), watch=None):
+    def __init__(self, log_dir, resolve_rank, first_fid=1, ignore=(), watch=None,
+                 keep_whole=lambda data, end: end):
         self.log_dir = log_dir
+        self.keep_whole = keep_whole
         self.watch = watch  # agent/watch.py, or None: poll
         self._busy = True  # a file waits for its rank or its end: read next turn, changed or not
         self.resolve_rank = resolve_rank
@@ -235,15 +240,17 @@ class LogFollower(object):
             ff.offset += len(data) - len(ff.pending)
             # A bare \r ends a piece too: a tqdm bar redraws with \r and may print no \n for
             # a whole run, and the metrics parser needs its steps as they come.
-            cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
-            if final or len(data) - cut > MAX_PENDING:
+            cut = _line_end(data, 0, len(data))
+            if final:
                 cut = len(data)
+            elif len(data) - cut > MAX_PENDING:  # what follows may finish a secret: not that
+                cut = max(cut, self.keep_whole(data, len(data)))
             start = 0
-            while start < cut:  # records of at most MAX_RECORD bytes, cut at a newline if any
+            while start < cut:  # records of at most MAX_RECORD bytes, cut at a line end if any
                 end = min(cut, start + MAX_RECORD)
                 if end < cut:
-                    nl = data.rfind(b"\n", start, end) + 1
-                    end = nl if nl > start else end
+                    nl = _line_end(data, start, end)
+                    end = nl if nl > start else _after(start, self.keep_whole(data, end), end)
                 records.append(({"k": "data", "f": ff.fid, "o": ff.pending_offset,
                                  "ts": time.time()}, data[start:end]))
                 ff.pending_offset += end - start
@@ -270,3 +277,14 @@ class LogFollower(object):
         if self.watch is not None:
             self.watch.close()
             self.watch = None
+
+
+def _line_end(data, start, end):
+    """Just after the last ``\n`` or ``\r`` of ``data[start:end]``; 0 if there is none."""
+    return max(data.rfind(b"\n", start, end), data.rfind(b"\r", start, end)) + 1
+
+
+def _after(start, cut, end):
+    """``cut`` if it leaves something to pass on after ``start``, else ``end``: a secret
+    longer than a record is cut all the same."""
+    return cut if cut > start else end

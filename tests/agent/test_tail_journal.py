@@ -7,6 +7,7 @@ import pytest
 
 from agent import tail
 from agent.journal import JournalReader, JournalWriter, parse
+from agent.mask import Masker
 from agent.tail import LogFollower
 
 
@@ -193,3 +194,39 @@ def test_serve_passes_metas_on_as_they_are_the_same_bytes_as_parsed(tmp_path):
         protocol.journal_line("n", 1, [(b'{"k":"data"}\n{"x":1}', b"", 0, 1)])
     with pytest.raises(ValueError):
         protocol.journal_line("n", 1, [("{\"k\":\"\u00e9\"}".encode(), b"", 0, 1)])
+
+
+def test_a_progress_bar_written_with_cr_only_is_cut_at_cr_never_inside_a_secret(tmp_path):
+    # tqdm redraws with \r and may write no \n for a whole run: a record that ended at its
+    # 64 KiB limit could fall inside a secret, which the host masks within one record only
+    secret = b"S3cr3t-Value-Zq9!"
+    path = make_rank_file(str(tmp_path))
+    masker = Masker([secret.decode()])
+    f = LogFollower(str(tmp_path), lambda attempt, lr: 0, keep_whole=masker.safe_cut)
+    bar = b"".join(b"\r%6d/100000 key=%s |" % (i, secret) + b"#" * (i % 50)
+                   for i in range(6000))
+    with open(path, "wb") as out:
+        out.write(bar)
+    pieces = [d for m, d in f.poll() if m["k"] == "data"]
+    assert len(pieces) > 3 and b"".join(pieces) == bar[:bar.rfind(b"\r") + 1]
+    assert all(p.endswith(b"\r") for p in pieces)  # every record ends with a redraw
+    assert all(secret not in masker.mask(p) for p in pieces)
+
+
+def test_a_line_without_any_end_is_never_cut_inside_a_secret(tmp_path):
+    secret = b"S3cr3t-Value-Zq9!"
+    path = make_rank_file(str(tmp_path))
+    masker = Masker([secret.decode()])
+    f = LogFollower(str(tmp_path), lambda attempt, lr: 0, keep_whole=masker.safe_cut)
+    # a secret across the first record's end, and one at the end of what is there yet
+    blob = b"x" * (tail.MAX_RECORD - 5) + secret + b"y" * (tail.MAX_PENDING + 100) + secret[:9]
+    with open(path, "wb") as out:
+        out.write(blob)
+    pieces = [d for m, d in f.poll() if m["k"] == "data"]
+    with open(path, "ab") as out:
+        out.write(secret[9:] + b" end\n")
+    pieces += [d for m, d in f.poll() if m["k"] == "data"]
+    assert b"".join(pieces) == blob + secret[9:] + b" end\n"
+    masked = [masker.mask(p) for p in pieces]
+    assert not any(secret[:6] in p or secret[-6:] in p for p in masked), masked
+    assert b"".join(masked).count(b"****") == 2

@@ -38,7 +38,9 @@ def test_a_secret_written_in_pieces_is_masked_on_screen_and_on_disk(tmp_path, ca
     assert code == 0, out
     shown = out.out + out.err
     assert "step 1 key=**** done" in shown and "finished" in shown, shown[-2000:]
-    assert "**** tail" in shown
+    # masked where it stood: the 64 KiB line comes in pieces, and where the console cuts
+    # it depends on where the host cut it (never inside the secret: agent/tail.py)
+    assert "**** tail" in "".join(kept)
     for fragment in (SECRET[:6], SECRET[6:], SECRET[:10], SECRET[10:]):
         assert fragment not in shown
         assert not any(fragment in line for line in kept)
