@@ -23,7 +23,8 @@ from .history import History, state_dir
 from .preflight import check_table
 from .report import RunReport
 from .run import LaunchSpec, RunController
-from .sanitize import short_secret_warning
+from .run_env import launch_secrets
+from .sanitize import secret_warnings
 from .stacks import group, render
 from .summary import control_lines, status_table
 from .transport import make_transport
@@ -97,12 +98,12 @@ async def follow(ctl: RunController, args, launch=None, resumed: bool = False) -
 
 # -- a new run ---------------------------------------------------------------------------------
 async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str) -> int:
-    warning = short_secret_warning(inv.secrets)
-    if warning:  # before a TUI takes the screen
+    for warning in secret_warnings(launch_secrets(inv, spec.env)):  # before a TUI starts
         print("rankdeck: warning: %s" % warning, file=sys.stderr)
     transport = make_transport(inv.transport, getattr(args, "accept_new_host_keys", False))
     async with RunController(inv, transport, History(), max_restarts=spec.max_restarts) as ctl:
         ctl.state.stall_min_s = args.stall_after
+        ctl.mask_env_secrets(spec.env)  # before the view takes the secrets
 
         async def launch():
             await ctl.launch(spec, allow_partial=getattr(args, "allow_partial", False),
@@ -281,8 +282,8 @@ async def cmd_logs(args) -> int:
         failed = await ctl.connect_all(reconnect=args.follow)
         report_unreachable(failed)
         # the printer listens before the subscription, or the first records go unseen
-        printer = HeadlessPrinter(ctl.state, rank=args.rank, node=args.node,
-                                  events=LOGGED_EVENTS)
+        printer = HeadlessPrinter(ctl.state, secrets=ctl.secrets, rank=args.rank,
+                                  node=args.node, events=LOGGED_EVENTS)
         printer.in_time_order(await journal_ends(ctl), args.by_node)
         await ctl.subscribe_all()
         await ctl.caught_up()

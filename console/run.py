@@ -24,7 +24,7 @@ from .finish import ends_due
 from .history import History, host_record, inventory_from_record
 from .link import NodeLink
 from .preflight import HostCheck, check_table, run_preflight
-from .sanitize import Masker, short_secret_warning
+from .sanitize import Masker, secret_warnings
 from .scrollback import PAGE_BYTES
 from .spec import LaunchSpec, new_run_id, run_root, torchrun_argv  # LaunchSpec: callers' too
 from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
@@ -136,18 +136,27 @@ class RunController:
             # masked in causes: the host's secrets, and an --env value replacing any secret
             "secret_env": sorted({k for k, v in host.env.items() if v.secret} |
                                  (set(spec.env) & run_env.secret_names(self.inventory))),
+            # and each ${VAR} filled into a secret value (`Bearer ${TOKEN}`): printed alone
+            "secret_parts": sorted({p for v in host.env.values() if v.secret for p in v.parts}),
             "grace": spec.grace,
             "max_restarts": spec.max_restarts,
             "metrics_regex": spec.metrics_regex,
             "checkpoint_dir": spec.checkpoint_dir,
         }
 
+    def mask_env_secrets(self, env: dict[str, str]) -> None:
+        """Mask ``env``'s values for names the inventory marks secret (``--env TOKEN=...``)
+        too. `launch` calls it; call it before a view is built, which takes the secrets."""
+        self.secrets = sorted(set(self.secrets) |
+                              set(run_env.launch_secrets(self.inventory, env)))
+        self.state.masker = Masker(self.secrets)
+
     async def launch(self, spec: LaunchSpec, allow_partial: bool = False,
                      inventory_path: str = "", preflight: bool = True) -> str:
         self.state.started = time.time()
         self.spec = spec
-        warning = short_secret_warning(self.secrets)
-        if warning:
+        self.mask_env_secrets(spec.env)
+        for warning in secret_warnings(self.secrets):
             self.state.add_event(None, "warning", warning)
         for ns in self.state.nodes.values():
             ns.max_restarts = spec.max_restarts

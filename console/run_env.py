@@ -1,15 +1,16 @@
 """A run's environment across consoles: what its record keeps, and what a restart reads again.
 
 A run's environment is each host's inventory ``env:`` and the launch's ``--env`` values. The
-run record (console/history.py) keeps the values that are not secret, so that `rankdeck
-restart` from a new shell, or after `attach`, starts a node with the environment it was
-launched with. Secret values are never written anywhere: the record keeps only their names,
-and a restart reads them again from this shell:
+run record (console/history.py) keeps the inventory's values that are not secret, so that
+`rankdeck restart` from a new shell, or after `attach`, starts a node with the environment it
+was launched with. Secret values and ``--env`` values are never written anywhere (an
+``--env`` value may be a secret the inventory does not name): the record keeps only their
+names (``--env`` ones as ``NAME: "****"``), and a restart reads them again from this shell:
 
 - an inventory secret (a ``${VAR}`` value, or ``secret: true``) by loading the inventory file
   again with this shell's environment;
-- a ``--env NAME=...`` for a NAME the inventory marks secret (the value replaced a secret, so
-  it is one) from this shell's variable NAME.
+- a ``--env NAME=...`` from this shell's variable NAME. It is masked in output when the
+  inventory marks NAME secret (the value replaced a secret, so it is one).
 
 What cannot be read again is *missing*: the restart is refused, naming the variable and the
 fix, before anything is stopped.
@@ -31,12 +32,18 @@ def secret_names(inventory: Inventory) -> set[str]:
     return {k for h in inventory.hosts for k, v in h.env.items() if v.secret}
 
 
-def spec_env_record(env: dict[str, str], inventory: Inventory) -> tuple[dict, list[str]]:
-    """``--env`` values as the run record keeps them: (values that are not secret, the names
-    of the secret ones)."""
+def launch_secrets(inventory: Inventory, env: dict[str, str]) -> list[str]:
+    """The secrets of a launch with ``--env`` values ``env``: the inventory's, and each
+    ``--env`` value for a name the inventory marks secret."""
     secret = secret_names(inventory)
-    kept = {k: v for k, v in env.items() if k not in secret}
-    return kept, sorted(k for k in env if k in secret)
+    return sorted(set(inventory.secrets) | {v for k, v in env.items() if k in secret and v})
+
+
+def spec_env_record(env: dict[str, str], inventory: Inventory) -> tuple[dict, list[str]]:
+    """``--env`` values as the run record keeps them: (every name with ``****`` for its
+    value, the names the inventory marks secret)."""
+    secret = secret_names(inventory)
+    return {k: HIDDEN for k in env}, sorted(k for k in env if k in secret)
 
 
 class Restored:
@@ -60,19 +67,22 @@ def restore(record: dict, inventory: Inventory,
     nodes = [h.name for h in inventory.hosts]
     missing: dict[str, list[str]] = {}
     recorded = dict((record.get("spec") or {}).get("env") or {})
-    if "secret_env" in record:
-        hidden = list(record["secret_env"])
-    else:  # older records kept no --env value at all, only the names
-        hidden = [k for k, v in recorded.items() if v == HIDDEN]
+    # every --env name as ****, its secret ones named in secret_env (records of one earlier
+    # version kept the values that were not secret, and left the secret names out of env)
+    hidden = sorted({k for k, v in recorded.items() if v == HIDDEN} |
+                    set(record.get("secret_env") or ()))
+    # masked: a value for a secret name (with no secret_env, an older record: every one)
+    masked = set(record["secret_env"]) if "secret_env" in record else set(hidden)
     spec_env = {k: v for k, v in recorded.items() if k not in hidden}
     secrets = []
     for name in hidden:
         if name in environ:
             spec_env[name] = environ[name]
-            secrets.append(environ[name])
+            if name in masked:
+                secrets.append(environ[name])
         else:
-            why = ("--env %s was secret and so never recorded; export %s in this shell (its "
-                   "value for the run) and run the restart again" % (name, name))
+            why = ("--env %s is never recorded; export %s in this shell (its value for the "
+                   "run) and run the restart again" % (name, name))
             for node in nodes:
                 missing.setdefault(node, []).append(why)
     wanted = {h.name: [k for k, v in h.env.items() if v.secret] for h in inventory.hosts}
@@ -89,7 +99,7 @@ def restore(record: dict, inventory: Inventory,
                         "secret env %s: %s" % (key, why))
                     del h.env[key]  # a placeholder, never a value to send
                     continue
-                h.env[key] = EnvValue(value.value, True)
+                h.env[key] = EnvValue(value.value, True, value.parts)
                 if value.value:
                     secrets.append(value.value)
     return Restored(spec_env, missing, secrets)

@@ -6,9 +6,11 @@ line capped. The result is plain text: callers must still never parse it as mark
 
 Secrets are masked by one :class:`Masker` per run: RunState masks every line as it is cut
 from a node's data (console/lines.py, with a carried tail for lines cut in pieces), every
-event text and every node cause; :func:`clean` masks again on the way to the screen, so a
-secret hidden by escape sequences or control characters is caught too. docs/SECURITY.md
-says what this does and does not promise.
+event text and every node cause; :func:`clean` masks again on the way to the screen, seeing
+through the escape sequences and control characters it removes, so a secret they interrupt
+is caught too. The host masks by the same rules (agent/mask.py: what a secret's masked forms
+are, and the short-secret threshold, are defined there once). docs/SECURITY.md says what
+this does and does not promise.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ import functools
 import re
 from typing import Callable
 
+from agent.mask import SHORT as SHORT_SECRET, alternation, mask_through, secret_forms, \
+    several_lines
 from .lines import Entry
 
 MAX_LINE = 4096
 MASK = "****"
-SHORT_SECRET = 8  # shorter secrets are masked only as whole words (see Masker)
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+# CSI; OSC and the DCS, SOS, PM and APC strings to their end (their payload is no text
+# either); other two-character escapes. 7-bit and C1 forms (U+009B is a CSI to a terminal).
+_ANSI = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+                   r"|(?:\x1b[]PX^_]|[\x9d\x90\x98\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                   r"|\x1b[@-Z\\-_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_HIDDEN = re.compile(_ANSI.pattern + "|" + _CONTROL.pattern)  # what clean() does not show
 
 
 class Masker:
@@ -31,22 +39,22 @@ class Masker:
 
     One compiled alternation of every secret, longest first: where two secrets start at the
     same place the longer one is masked whole (``abc`` cannot leave ``****def123`` of
-    ``abcdef123``). Each secret is also matched in the form :func:`clean` gives it (control
-    characters as U+FFFD), so a secret with a control character is masked before and after
-    cleaning. A secret shorter than SHORT_SECRET characters is masked only where it stands as
-    a whole word: masking every ``ab`` inside other words would both mangle the log and
-    reveal the secret by where the stars fall (see :func:`short_secret_warning`).
+    ``abcdef123``). A secret is masked without the white space around it, and a multi-line
+    one line by line too (agent/mask.py ``secret_forms``). Each is also matched in the form
+    :func:`clean` gives it (control characters as U+FFFD), so a secret with a control
+    character is masked before and after cleaning. A secret shorter than SHORT_SECRET
+    characters is masked only where it stands as a whole word: masking every ``ab`` inside
+    other words would both mangle the log and reveal the secret by where the stars fall (see
+    :func:`secret_warnings`).
     """
 
     def __init__(self, secrets=()):
-        raw = {s for s in secrets if s}
+        raw = secret_forms(secrets)
         self.secrets = tuple(sorted(raw))
         self.forms = tuple(sorted(raw | {_CONTROL.sub("\ufffd", s) for s in raw},
                                   key=lambda s: (-len(s), s)))
         self.longest = len(self.forms[0]) if self.forms else 0
-        alternatives = [re.escape(s) if len(s) >= SHORT_SECRET
-                        else r"(?<!\w)%s(?!\w)" % re.escape(s) for s in self.forms]
-        self._pattern = re.compile("|".join(alternatives)) if alternatives else None
+        self._pattern = alternation(self.forms)
 
     def __bool__(self) -> bool:
         return self._pattern is not None
@@ -56,6 +64,14 @@ class Masker:
         if self._pattern is None or not text:
             return text
         return self._pattern.sub(MASK, text)
+
+    def mask_hidden(self, text: str) -> str:
+        """:meth:`mask`, also where escape sequences or control characters stand inside a
+        secret (what :func:`clean` removes or shows as U+FFFD): the secret is masked with
+        them."""
+        if self._pattern is None or not text:
+            return text
+        return mask_through(self._pattern, _HIDDEN, text, MASK)
 
     def safe_cut(self, text: str) -> int:
         """Where the unended line ``text`` may be cut so that no secret is split by the cut.
@@ -91,14 +107,21 @@ def masker_for(secrets) -> Masker:
     return _masker_of(tuple(secrets or ())) if secrets else NO_SECRETS
 
 
-def short_secret_warning(secrets) -> str | None:
-    """The warning for secrets shorter than SHORT_SECRET characters, or None when none is."""
-    short = [s for s in masker_for(secrets).secrets if len(s) < SHORT_SECRET]
-    if not short:
-        return None
-    return ("%d secret value(s) shorter than %d characters: masked only where they stand as "
-            "a whole word, so they may show inside other text; use longer secrets"
-            % (len(short), SHORT_SECRET))
+def secret_warnings(secrets) -> list[str]:
+    """What to warn about ``secrets`` at launch: values shorter than SHORT_SECRET characters,
+    values of several lines (each masked only in part somewhere)."""
+    warnings, values = [], masker_for(secrets).secrets
+    short = [s for s in values if len(s) < SHORT_SECRET]
+    if short:
+        warnings.append("%d secret value(s) shorter than %d characters: masked only where "
+                        "they stand as a whole word, so they may show inside other text; use "
+                        "longer secrets" % (len(short), SHORT_SECRET))
+    several = [s for s in values if several_lines(s)]  # a whole one is among its forms
+    if several:
+        warnings.append("%d secret value(s) of several lines: each line of %d characters or "
+                        "more is masked on its own, shorter lines are shown; a line may also "
+                        "be masked where it is not the secret" % (len(several), SHORT_SECRET))
+    return warnings
 
 
 def clean(line: str, secrets=(), limit: int = MAX_LINE) -> str:
@@ -106,14 +129,16 @@ def clean(line: str, secrets=(), limit: int = MAX_LINE) -> str:
     masker = masker_for(secrets)
     if masker:  # before anything is removed: a secret with a control character still matches
         line = masker.mask(line)
-    raw = line
     if "\r" in line:  # progress bars redraw with \r: keep what a terminal would show last
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
-    if "\x1b" in line:
+    if masker:  # and through what is removed: a secret split by escapes is masked whole
+        line = masker.mask_hidden(line)
+    raw = line
+    if "\x1b" in line or not line.isascii():  # C1 escapes are not ASCII either
         line = _ANSI.sub("", line)
     line = _CONTROL.sub("\ufffd", line)
-    if masker and line != raw:  # and after: one split by escapes is whole again now
-        line = masker.mask(line)
+    if masker and line != raw:  # and after: a secret with a control character, split by
+        line = masker.mask(line)  # escapes, is whole again in its cleaned form
     if "\t" in line:
         line = line.expandtabs(4)
     if len(line) > limit:  # last: nothing after it may lengthen the line again

@@ -14,16 +14,16 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _REF = re.compile(r"\$\$\{|\$\{([^}]*)(\})?")
 
 
-def expand(text: str, environ: Mapping[str, str], used_by: str) -> tuple[str, bool]:
-    """``text`` with its references filled in, and whether any value came from ``environ``.
+def expand(text: str, environ: Mapping[str, str], used_by: str) -> tuple[str, list[str]]:
+    """``text`` with its references filled in, and the values filled in from ``environ``
+    (empty when nothing came from there; an empty variable is an empty value in it).
 
     Raises ValueError with a message that names ``used_by`` (e.g. ``hosts.node1.env.KEY``);
     it usually means a variable not exported in this shell.
     """
-    from_env = False
+    filled: list[str] = []
 
     def fill(match: re.Match) -> str:
-        nonlocal from_env
         if match.group(0) == "$${":
             return "${"
         if match.group(2) is None:
@@ -39,7 +39,7 @@ def expand(text: str, environ: Mapping[str, str], used_by: str) -> tuple[str, bo
                              f"{used_by}); export it, or write ${{{name}:-default}}")
         if has_default and not value:
             return default
-        from_env = True
+        filled.append(value)
         return value
 
-    return _REF.sub(fill, text), from_env
+    return _REF.sub(fill, text), filled

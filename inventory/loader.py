@@ -401,14 +401,16 @@ class _Reader:
         if not isinstance(value, str):
             self.fail(where, f"{what} must be text or a number, got {_show(value, raw)}")
         try:
-            text, from_env = expand(value, self.environ, used_by)
+            text, filled = expand(value, self.environ, used_by)
         except ValueError as err:
             self.fail(where, str(err))
         if "\0" in text:
             self.fail(where, f"{what} contains a NUL character, which no environment variable "
                              "can hold; remove it" + (" (it came from this machine's "
-                             "environment)" if from_env else ""))
-        return EnvValue(text, from_env if secret is None else secret)
+                             "environment)" if filled else ""))
+        # what a ${VAR} filled in is a secret of its own (printed alone, without the rest)
+        parts = tuple(p for p in filled if p and p != text)
+        return EnvValue(text, bool(filled) if secret is None else secret, parts)
 
 
 def _ssh_host(target: str) -> str | None:

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class EnvValue:
-    """One environment value for the run. Secret values are masked in every output."""
+    """One environment value for the run. Secret values are masked in every output, and so
+    are their ``parts``: what each ``${VAR}`` filled in (``Bearer ${TOKEN}``: the token)."""
 
     value: str
     secret: bool = False
+    parts: tuple[str, ...] = field(default=(), compare=False)
 
     def shown(self) -> str:
         return "****" if self.secret else self.value
@@ -66,8 +68,9 @@ class Inventory:
 
     @property
     def secrets(self) -> list[str]:
-        """Every secret value, for masking output."""
-        return sorted({v.value for h in self.hosts for v in h.env.values() if v.secret and v.value})
+        """Every secret value and every part of one, for masking output."""
+        return sorted({s for h in self.hosts for v in h.env.values() if v.secret
+                       for s in (v.value,) + v.parts if s})
 
 
 def too_long_number(length: int) -> str:

@@ -63,7 +63,7 @@ def test_cluster_example_yaml_env_values_and_secret_flags():
         "HF_TOKEN": EnvValue("", secret=True),
         "HOME_DIR": EnvValue("/home/alice", secret=False),
     }
-    assert inv.secrets == ["exp-alice", "wk-123"]
+    assert inv.secrets == ["alice", "exp-alice", "wk-123"]  # what ${USER} filled in too
 
 
 def test_cluster_example_fallback_takes_the_environment_when_set():
@@ -445,3 +445,23 @@ def test_a_hostfile_slots_past_4300_digits_is_a_line_error_that_does_not_repeat_
         load_hostfile(str(path))
     assert err.value.line == 1 and "5000 characters" in str(err.value)
     assert len(str(err.value)) < 300
+
+
+def test_every_variable_filled_into_a_secret_is_a_secret_too(tmp_path):
+    # only the whole value used to be secret: the token printed alone was shown in clear
+    inv = load_text(tmp_path, "inv.yaml", """\
+hosts:
+  - name: a
+    env:
+      AUTH: "Bearer ${TOKEN}"
+      URL: "https://bob:${PASS}@db.example:5432/x"
+      MIRROR: "${BASE:-https://pypi.org}/simple"
+      SHOWN: {value: "user ${WHO}", secret: false}
+""", environ={"TOKEN": "tk-5a8f0c2e91", "PASS": "pw-77c1d0e4b2", "WHO": "alice"})
+    assert inv.secrets == sorted(["Bearer tk-5a8f0c2e91", "tk-5a8f0c2e91",
+                                  "https://bob:pw-77c1d0e4b2@db.example:5432/x",
+                                  "pw-77c1d0e4b2"])
+    env = inv.hosts[0].env
+    assert env["AUTH"].parts == ("tk-5a8f0c2e91",)
+    assert env["MIRROR"] == EnvValue("https://pypi.org/simple")  # nothing from the laptop
+    assert env["SHOWN"].parts == ("alice",) and not env["SHOWN"].secret

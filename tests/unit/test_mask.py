@@ -7,7 +7,7 @@ import io
 
 from console.headless import HeadlessPrinter
 from console.lines import MAX_PARTIAL
-from console.sanitize import Masker, clean, short_secret_warning
+from console.sanitize import Masker, clean, secret_warnings
 from console.state import RunState
 
 SECRET = "S3cr3t-Value-Zq9!"
@@ -45,8 +45,9 @@ def test_a_secret_split_by_an_escape_sequence_is_masked():
 def test_a_short_secret_is_masked_only_as_a_whole_word():
     shown = clean("ab x=ab abc cab ab.", ["ab"])
     assert shown == "**** x=**** abc cab ****."
-    assert "2 secret value(s)" in short_secret_warning(["ab", "xyz", "long-enough-1"])
-    assert short_secret_warning(["long-enough-1"]) is None
+    (warning,) = secret_warnings(["ab", "xyz", "long-enough-1"])
+    assert "2 secret value(s) shorter than 8 characters" in warning
+    assert secret_warnings(["long-enough-1"]) == []
 
 
 def test_safe_cut_never_splits_a_secret():
@@ -93,3 +94,46 @@ def test_causes_and_event_texts_are_masked():
     assert all(SECRET not in ev.text for ev in state.events)
     state.set_node("node0", "unreachable", "agent said " + SECRET)
     assert state.nodes["node0"].cause == "agent said ****"
+
+
+PEM = ("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n"
+       "Zm9vYmFyYmF6cXV4cXV1eA==\nab12\n-----END PRIVATE KEY-----\n")
+
+
+def test_a_multi_line_secret_is_masked_line_by_line():
+    # a secret with a newline is never whole in one line: each of its lines of 8 characters
+    # or more is masked on its own (shorter ones would mangle the log)
+    state = state_with([PEM])
+    feed(state, "key follows\n" + PEM + "done\n")
+    lines = list(state.ranks[0].lines)
+    assert lines == ["key follows", "****", "****", "****", "ab12", "****", "done"], lines
+    assert clean("  Zm9vYmFyYmF6cXV4cXV1eA==  ", [PEM]) == "  ****  "
+
+
+def test_a_block_scalar_secret_is_masked_without_its_trailing_newline():
+    # `value: |` keeps a trailing "\n" that a printed line never holds
+    secret = "blk-4f1e9a2c7d\n"
+    state = state_with([secret])
+    feed(state, "token=blk-4f1e9a2c7d\n")
+    assert list(state.ranks[0].lines) == ["token=****"]
+    assert clean("token=blk-4f1e9a2c7d", [secret]) == "token=****"
+
+
+def test_multi_line_secrets_are_warned_about():
+    (warning,) = secret_warnings([PEM, "one-line-secret-1", "trailing-newline-1\n"])
+    assert "1 secret value(s) of several lines" in warning
+    assert "each line of 8 characters or more" in warning
+    assert secret_warnings([PEM, "ab"])[0].startswith("1 secret value(s) shorter")
+
+
+def test_control_characters_and_c1_sequences_inside_a_secret_do_not_hide_it():
+    # each is removed or shown as U+FFFD by clean(); the secret is found around them
+    for shown in ("S3cr3t-\bValue-Zq9!",  # a backspace
+                  "S3cr3t-\x9b31mValue-Zq9!",  # C1 CSI (one character)
+                  "S3cr3t-\x1bPq#0;2;0;0;0\x1b\\Value-Zq9!",  # DCS ... ST
+                  "S3cr3t-\x90payload\x9cValue-Zq9!",  # 8-bit DCS ... ST
+                  "S3cr3t-\x1b]0;title\x07Val\x00ue-Zq9!",  # OSC, then a NUL
+                  "S3cr3t-\x1b_app\x1b\\Value-Zq9!"):  # APC ... ST
+        assert clean("key=%s ok" % shown, [SECRET]) == "key=**** ok", repr(shown)
+    # a DCS's payload is no text to show either
+    assert clean("a\x1bPpayload\x1b\\b") == "ab"

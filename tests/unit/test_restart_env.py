@@ -1,6 +1,7 @@
-"""`rankdeck restart` from a new shell keeps the run's environment: non-secret values come
-from the run record, secrets (never recorded) from this shell, and a secret this shell cannot
-supply refuses the restart with exit 2 before any node is touched."""
+"""`rankdeck restart` from a new shell keeps the run's environment: the inventory's plain
+values come from the run record; secrets and every ``--env`` value (never recorded: only their
+names are) from this shell, and a value this shell cannot supply refuses the restart with
+exit 2 before any node is touched."""
 
 from __future__ import annotations
 
@@ -47,11 +48,14 @@ async def launch_recorded(tmp_path, monkeypatch) -> tuple[str, dict]:
     return text, json.loads(text)
 
 
-async def test_the_record_keeps_plain_values_and_only_the_names_of_secrets(tmp_path,
-                                                                         monkeypatch):
+async def test_the_record_keeps_plain_values_and_only_the_names_of_secrets_and_env(
+        tmp_path, monkeypatch):
     text, record = await launch_recorded(tmp_path, monkeypatch)
     assert INV_SECRET not in text and CLI_SECRET not in text
-    assert record["spec"]["env"] == {"LR": "0.1"}
+    # --env values are never recorded (docs/SECURITY.md): one may hold a secret the
+    # inventory does not name
+    assert record["spec"]["env"] == {"LR": "****", "TOKEN": "****"}
+    assert '"0.1"' not in text
     assert record["secret_env"] == ["TOKEN"]
     assert record["hosts"][0]["env"] == {"TOKEN": "****", "MODE": "fast"}
 
@@ -61,6 +65,7 @@ async def test_restart_from_a_new_shell_sends_the_runs_environment(tmp_path, mon
     # a new shell: the inventory's variable and the --env secret's name are exported there
     monkeypatch.setenv("RD_TOKEN", INV_SECRET)
     monkeypatch.setenv("TOKEN", CLI_SECRET)
+    monkeypatch.setenv("LR", "0.1")
     t = standard_script(host_names(2), t0=time.time()).transport()
     async with RunController.from_record(History().load(RUN_ID), t, History()) as ctl:
         await ctl.connect_all(reconnect=False)
@@ -71,12 +76,27 @@ async def test_restart_from_a_new_shell_sends_the_runs_environment(tmp_path, mon
     assert req.args["spec"]["env"] == {"TOKEN": CLI_SECRET, "MODE": "fast", "LR": "0.1"}
     assert req.args["spec"]["secret_env"] == ["TOKEN"]
     assert CLI_SECRET in ctl.secrets and INV_SECRET in ctl.secrets  # masked in its output
+    assert "0.1" not in ctl.secrets  # read again like a secret, but not one
+
+
+async def test_an_env_value_not_exported_refuses_the_restart(tmp_path, monkeypatch):
+    _text, record = await launch_recorded(tmp_path, monkeypatch)
+    monkeypatch.setenv("TOKEN", CLI_SECRET)
+    monkeypatch.delenv("LR", raising=False)
+    t = standard_script(host_names(2), t0=time.time()).transport()
+    async with RunController.from_record(History().load(RUN_ID), t, History()) as ctl:
+        await ctl.connect_all(reconnect=False)
+        with pytest.raises(UsageError) as err:
+            await ctl.restart("node1")
+    assert "--env LR is never recorded; export LR in this shell" in str(err.value)
+    assert t.ops("restart") == [] and t.ops("stop") == []
 
 
 async def test_an_unset_inventory_secret_refuses_the_restart(tmp_path, monkeypatch):
     _text, record = await launch_recorded(tmp_path, monkeypatch)
     monkeypatch.delenv("RD_TOKEN")
     monkeypatch.setenv("TOKEN", CLI_SECRET)
+    monkeypatch.setenv("LR", "0.1")
     t = standard_script(host_names(2), t0=time.time()).transport()
     async with RunController.from_record(History().load(RUN_ID), t, History()) as ctl:
         await ctl.connect_all(reconnect=False)
@@ -118,7 +138,7 @@ def test_an_older_record_without_values_takes_env_from_this_shell(tmp_path, monk
     ctl = RunController.from_record(record, LocalTransport(), History(str(tmp_path)))
     with pytest.raises(UsageError) as err:
         ctl.check_restartable("node1")
-    assert "--env LR was secret and so never recorded; export LR" in str(err.value)
+    assert "--env LR is never recorded; export LR" in str(err.value)
     monkeypatch.setenv("LR", "0.3")
     ctl = RunController.from_record(record, LocalTransport(), History(str(tmp_path)))
     ctl.check_restartable("node1")
