@@ -1,17 +1,20 @@
 """A secret printed by the trainer, on stdout and stderr and in the exception that ends it,
-appears nowhere rankdeck writes on the laptop (issue 11).
+appears nowhere rankdeck writes on the laptop (issue 11); nor does one split by a colour
+code, the token of a templated secret (``Bearer ${VAR}``) printed alone, or any line of a
+secret of several lines (a PEM key) (issue 29).
 
 One local node (real torchrun, a tiny script that imports nothing heavy), an inventory whose
-``TOKEN`` comes from the laptop's environment (so it is secret). Every verb a user runs
-against the run: ``launch --no-tui --detach``, ``status``, ``status --json``, ``logs``,
-``stacks`` and ``stacks --json`` while it runs, ``attach --no-tui`` across its failure, the
-view (Textual Pilot, attached to the recorded run) with an SVG screenshot of the failed run,
-then ``status``/``status --json``/``logs`` again with the failure's cause. All their stdout
-and stderr, the screenshot, and every file under the test's HOME and XDG state/cache folders
-(run history, status snapshots, the agent cache) are searched for the secret.
+``TOKEN``, ``AUTH`` and ``KEY`` take from the laptop's environment (so they are secret).
+Every verb a user runs against the run: ``launch --no-tui --detach``, ``status``, ``status
+--json``, ``logs``, ``stacks`` and ``stacks --json`` while it runs, ``attach --no-tui``
+across its failure, the view (Textual Pilot, attached to the recorded run) with an SVG
+screenshot of the failed run, then ``status``/``status --json``/``logs`` again with the
+failure's cause. All their stdout and stderr, the screenshot, and every file under the
+test's HOME and XDG state/cache folders (run history, status snapshots, the agent cache)
+are searched for each of them.
 
-Every verb after the launch runs in a shell WITHOUT the secret's variable, so the console
-cannot mask it: the host does (agent/mask.py masks data before the journal).
+Every verb after the launch runs in a shell WITHOUT the secrets' variables, so the console
+cannot mask them: the host does (agent/mask.py masks data before the journal).
 
 In scope: everything on the laptop side, and on the host what rankdeck itself writes:
 ``state.json`` (its ``cause``), ``store.json``, the ``journal`` (what every verb reads).
@@ -55,6 +58,9 @@ SCRIPT = textwrap.dedent("""\
     tok = os.environ["TOKEN"]
     print("stdout has %s" % tok, flush=True)
     print("stderr has %s" % tok, file=sys.stderr, flush=True)
+    print("coloured %s\\x1b[31m%s\\x1b[0m" % (tok[:6], tok[6:]), flush=True)
+    print("bearer alone %s" % os.environ["AUTH"].split()[1], flush=True)
+    print("key follows\\n%s" % os.environ["KEY"], flush=True)
     go = os.path.join(os.path.dirname(os.path.abspath(__file__)), "go")
     while not os.path.exists(go):  # up for stacks, attach and the view
         time.sleep(0.2)
@@ -65,11 +71,12 @@ SCRIPT = textwrap.dedent("""\
 class Laptop:
     """The laptop's side of the test: the environment every command gets, and their output."""
 
-    def __init__(self, tmp_path, secret: str):
+    def __init__(self, tmp_path, secret: str, auth: str, pem: str):
         self.home = tmp_path / "home"
         self.home.mkdir()
         self.env = dict(os.environ, PYTHONPATH=REPO, HOME=str(self.home),
-                        RANKDECK_TEST_TOKEN=secret)
+                        RANKDECK_TEST_TOKEN=secret, RANKDECK_TEST_AUTH=auth,
+                        RANKDECK_TEST_PEM=pem)
         self.outputs: dict[str, str] = {}
 
     def run(self, *args: str, ok=(0,)) -> subprocess.CompletedProcess:
@@ -99,14 +106,23 @@ class Laptop:
 
 
 def write_inventory(tmp_path) -> tuple[str, str]:
-    """One local host; TOKEN comes from the laptop's environment, so it is a secret."""
+    """One local host; TOKEN, AUTH and KEY take from the laptop's environment, so they are
+    secrets: AUTH in a template (``Bearer ${...}``), KEY of several lines (a PEM key)."""
     workdir = tmp_path / "proj"
     workdir.mkdir()
     (workdir / "leaky.py").write_text(SCRIPT)
     inv = tmp_path / "hosts.yaml"
     inv.write_text("transport: local\nhosts:\n  - name: node0\n    addr: 127.0.0.2\n"
-                   "    workdir: %s\n    env:\n      TOKEN: ${RANKDECK_TEST_TOKEN}\n" % workdir)
+                   "    workdir: %s\n    env:\n      TOKEN: ${RANKDECK_TEST_TOKEN}\n"
+                   "      AUTH: \"Bearer ${RANKDECK_TEST_AUTH}\"\n"
+                   "      KEY: ${RANKDECK_TEST_PEM}\n" % workdir)
     return str(inv), str(workdir)
+
+
+def pem_key() -> str:
+    body = secrets.token_urlsafe(48)
+    return "-----BEGIN PRIVATE KEY-----\n%s\n%s\n-----END PRIVATE KEY-----\n" % (
+        body[:32], body[32:])
 
 
 def svg_text(svg: str) -> str:
@@ -145,7 +161,11 @@ async def view_the_run(laptop: Laptop, run_id: str, workdir: str) -> None:
 
 async def test_a_secret_appears_nowhere_rankdeck_writes(tmp_path, monkeypatch):
     secret = "tok-" + secrets.token_hex(12)
-    laptop = Laptop(tmp_path, secret)
+    auth = "bearer-" + secrets.token_hex(12)  # printed alone, without the "Bearer " around it
+    pem = pem_key()
+    laptop = Laptop(tmp_path, secret, auth, pem)
+    # each is searched for: the token, the bearer token alone, each long line of the key
+    searched = [secret, auth] + pem.splitlines()
     inv, workdir = write_inventory(tmp_path)
     run_id = None
     try:
@@ -155,8 +175,9 @@ async def test_a_secret_appears_nowhere_rankdeck_writes(tmp_path, monkeypatch):
         # every verb from here on runs in a shell without the secret's variable (another
         # terminal, another laptop): the console cannot mask what it does not know, so this
         # checks the hosts mask before anything leaves them (agent/mask.py)
-        del laptop.env["RANKDECK_TEST_TOKEN"]
-        monkeypatch.delenv("RANKDECK_TEST_TOKEN", raising=False)
+        for name in ("RANKDECK_TEST_TOKEN", "RANKDECK_TEST_AUTH", "RANKDECK_TEST_PEM"):
+            del laptop.env[name]
+            monkeypatch.delenv(name, raising=False)
 
         def printed() -> bool:
             return "stderr has" in laptop.run("logs", run_id).stdout
@@ -190,23 +211,27 @@ async def test_a_secret_appears_nowhere_rankdeck_writes(tmp_path, monkeypatch):
 
     shown = "\n".join(laptop.outputs.values())
     assert "stdout has ****" in shown and "stderr has ****" in shown
-    leaks = [what for what, text in laptop.outputs.items() if secret in text]
-    assert leaks == [], "the secret in the output of: %s" % leaks
+    assert "coloured ****" in shown and "bearer alone ****" in shown
+    assert "key follows" in shown  # then each of the key's lines, masked (`searched`)
+    assert "secret value(s) of several lines" in shown  # the launch warned about KEY
+    leaks = [(what, s[:8]) for what, text in laptop.outputs.items() for s in searched
+             if s in text]
+    assert leaks == [], "a secret in the output of: %s" % leaks
     files = laptop.files()
     assert any("rankdeck" in path for path in files), sorted(files)  # history was written
-    leaks = [path for path, data in files.items() if secret.encode() in data]
-    assert leaks == [], "the secret in laptop files: %s" % leaks
+    leaks = [(path, s[:8]) for path, data in files.items() for s in searched
+             if s.encode() in data]
+    assert leaks == [], "a secret in laptop files: %s" % leaks
 
     host = node_dir(workdir, run_id, "node0")
-    for name in ("state.json",):
-        with open(os.path.join(host, name), "rb") as f:
-            assert secret.encode() not in f.read(), name
-    store = os.path.join(os.path.dirname(host), "store.json")
-    if os.path.exists(store):
-        with open(store, "rb") as f:
-            assert secret.encode() not in f.read()
-    with open(os.path.join(host, "journal"), "rb") as f:  # masked on the host
-        assert secret.encode() not in f.read()
+    written = {name: os.path.join(host, name) for name in ("state.json", "journal")}
+    written["store.json"] = os.path.join(os.path.dirname(host), "store.json")
+    for name, path in written.items():  # the journal: masked on the host
+        if os.path.exists(path) or name != "store.json":
+            with open(path, "rb") as f:
+                data = f.read()
+            assert [s[:8] for s in searched if s.encode() in data] == [], name
     raw = "".join(open(p, errors="replace").read() for p in torchrun_logs(host))
-    assert secret in raw  # out of scope: torchrun's own files, as the script printed them
+    # out of scope: torchrun's own files, as the script printed them
+    assert secret in raw and auth in raw and pem.splitlines()[1] in raw
     assert processes_of(run_id) == []
