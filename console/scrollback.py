@@ -1,11 +1,11 @@
 """Log lines of a source: the newest from memory, older ones page by page from the nodes.
 
-A source is a rank, a whole node merged or every rank merged (``("rank", 5)``, ``("node",
-"node1")``, ``("all", None)``). Lines come out as :class:`~console.lines.Entry`, each with its
-*position* on its node - where its record starts in the node's journal and which of the
-record's lines it is. Positions are what makes scrolling back exact: a view
-keeps, per node, a *floor* - the position from which it holds every line of its source from
-that node - and asks the node's agent (``scrollback``) for what lies before it.
+A source is a rank, a whole node merged or every rank merged (console/sources.py). Lines
+come out as :class:`~console.lines.Entry`, each with its *position* on its node - where its
+record starts in the node's journal and which of the record's lines it is. Positions are
+what makes scrolling back exact: a view keeps, per node, a *floor* - the position from
+which it holds every line of its source from that node - and asks the node's agent
+(``scrollback``) for what lies before it.
 
 No asyncio or Textual here: :class:`Scrollback` is handed a ``fetch`` coroutine.
 """
@@ -15,53 +15,15 @@ from __future__ import annotations
 import heapq
 from typing import Awaitable, Callable
 
-from .buffers import Kept
 from .lines import Entry, split_lines
+from .sources import fids_of, nodes_of, rank_of, streams_of
 from .state import RunState
 
-RANK, NODE, ALL = "rank", "node", "all"
 PAGE_BYTES = 256 * 1024  # log data asked of a node per page (a few thousand lines)
 MAX_FETCHES = 16  # pages fetched by one Scrollback.older() call before it gives what it has
 
 # fetch(node, fids, before, since) -> (records, start): RunController.scrollback
 Fetch = Callable[[str, list, int, int], Awaitable[tuple[list, int]]]
-
-
-def nodes_of(state: RunState, source: tuple) -> list[str]:
-    """The nodes a source's lines can come from."""
-    kind, value = source
-    if kind == NODE:
-        return [value] if value in state.nodes else []
-    if kind == ALL:
-        return list(state.nodes)
-    return [name for name, ns in state.nodes.items()
-            if any(fi.rank == value for fi in ns.files.values())]
-
-
-def fids_of(state: RunState, source: tuple, node: str) -> tuple[list[int], int]:
-    """The node's file ids whose lines a source shows, and where the first was announced."""
-    files = state.nodes[node].files
-    if source[0] == RANK:
-        fids = sorted(fid for fid, fi in files.items() if fi.rank == source[1])
-    else:
-        fids = sorted(files)
-    announced = [files[fid].journal for fid in fids]
-    return fids, (0 if None in announced or not announced else min(announced))
-
-
-def streams_of(state: RunState, source: tuple) -> list[tuple[int | None, Kept]]:
-    """``(rank, kept lines)`` of a source (rank -1: torchrun's own output, None: unknown)."""
-    kind, value = source
-    if kind == RANK:
-        rs = state.ranks.get(value)
-        return [(value, rs.lines)] if rs is not None else []
-    nodes = nodes_of(state, source)
-    streams = [(-1, state.nodes[name].lines) for name in nodes]
-    if kind == ALL:
-        return streams + [(rs.rank, rs.lines) for rs in state.ranks.values()]
-    ranks_here = {fi.rank for fi in state.nodes[value].files.values()} if nodes else set()
-    return streams + [(rs.rank, rs.lines) for rs in state.ranks.values()
-                      if rs.rank in ranks_here]
 
 
 def after(position: tuple) -> tuple:
@@ -316,7 +278,3 @@ def page_entries(state: RunState, node: str, records: list, before: tuple,
         out.sort(key=lambda e: e.position)
     return out
 
-
-def rank_of(rank: int | None, stream: str) -> int | None:
-    """The rank an entry of a file shows: -1 for torchrun's own output, None if unknown."""
-    return -1 if rank is None and stream == "torchrun" else rank

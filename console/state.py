@@ -18,7 +18,7 @@ from typing import Callable
 from .buffers import BUDGET_MB, Kept, LineBudget, Series
 from .checkpoints import Checkpoints
 from . import rendezvous
-from .lines import MAX_PARTIAL, split_lines  # noqa: F401 (MAX_PARTIAL: for importers)
+from .lines import split_lines
 from .rankcpu import RankCpu
 from .sanitize import NO_SECRETS, Masker, clean
 from .straggler import Stragglers

@@ -24,11 +24,12 @@ from textual.screen import Screen
 from ..errors import EXIT_FAILED, EXIT_OK, LaunchError
 from ..run import RunController
 from ..sanitize import clean
+from ..sources import ALL, NODE, RANK
 from ..state import RUN_ENDED
 from ..summary import control_lines, detach_hint, status_table
 from .confirm import control_confirm
 from .events import EventsLog
-from .feed import ALL, NODE, RANK, RunFeed
+from .feed import RunFeed
 from .footer import SteadyFooter
 from .frames import paint_now
 from .gpu import GpuPanel

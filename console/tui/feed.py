@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from ..lines import Entry
 from ..sanitize import clean
-from ..scrollback import ALL, NODE, RANK, rank_of  # noqa: F401 (the source kinds, re-exported)
+from ..sources import ALL, NODE, RANK, rank_of
 from ..state import Event, LineBatch, RunState
 from .messages import LogLines, RunChanged, RunEventAdded
 

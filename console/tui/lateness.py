@@ -22,9 +22,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ..sanitize import clean
+from ..sources import RANK
 from ..state import RunState
 from ..straggler import HISTORY, SHARE_MIN
-from .feed import RANK
 from .messages import SourceChosen
 from .rowsview import RowsView
 from .styles import SUSPECT_STYLE

@@ -16,23 +16,14 @@ from textual.widgets import Static
 
 from ..sanitize import cleaned, shown_text
 from ..scrollback import (Fetch, Scrollback, entries_of, kept_chunks, newest_positions,
-                          split_newest, streams_of)
+                          split_newest)
+from ..sources import ALL, NODE, RANK, source_label, streams_of
 from ..state import LINES_PER_RANK, RunState
-from .feed import ALL, NODE, RANK
 from .logview import LogView
 from .messages import OlderWanted
 from .styles import state_style
 
 FIRST_PAINT = 300  # lines shown at once when a pane switches source; the rest follow
-
-
-def source_label(source: tuple) -> str:
-    kind, value = source
-    if kind == RANK:
-        return "rank %s" % value
-    if kind == NODE:
-        return "node %s merged" % value
-    return "all ranks merged"
 
 
 class LogPane(Vertical):

@@ -13,8 +13,8 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 
+from ..sources import NODE, RANK
 from ..state import RunState
-from .feed import NODE, RANK
 from .logpane import LogPane
 
 MAX_PANES = 4

@@ -19,8 +19,8 @@ from __future__ import annotations
 from textual.binding import Binding
 
 from ..sanitize import clean
+from ..sources import NODE, RANK
 from ..state import RunState
-from .feed import NODE, RANK
 from .messages import SourceChosen
 from .nodeorder import ORDERS, TELEMETRY, header_label, ordered, worst
 from .rowsview import RowsView

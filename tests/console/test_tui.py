@@ -14,7 +14,7 @@ from console.sanitize import clean
 from console.tui.app import RankdeckApp, run_app
 from console.tui.confirm import ConfirmScreen
 from console.tui.events import EventsLog
-from console.tui.feed import ALL, NODE, RANK
+from console.sources import ALL, NODE, RANK
 from console.tui.help import HelpScreen
 
 from tests.console.pilot import until

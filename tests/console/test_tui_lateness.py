@@ -15,7 +15,7 @@ import pytest
 
 from console.straggler import MIN_TICKS, WINDOW
 from console.tui.app import RankdeckApp
-from console.tui.feed import RANK
+from console.sources import RANK
 from console.tui.help import HelpScreen
 from console.tui.lateness import EMPTY, LatenessScreen, strip_pieces
 from console.tui.styles import SUSPECT_STYLE

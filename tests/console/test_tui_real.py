@@ -18,7 +18,7 @@ from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from console.tui.app import RankdeckApp
 from console.tui.confirm import ConfirmScreen
-from console.tui.feed import RANK
+from console.sources import RANK
 
 from agent.journal import JournalReader
 from console.sanitize import clean

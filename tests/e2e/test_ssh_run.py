@@ -25,7 +25,7 @@ from agent import procs
 from agent.protocol import text_to_bytes
 from console.history import History
 from console.run import LaunchSpec, RunController
-from console.scrollback import RANK, fids_of
+from console.sources import RANK, fids_of
 from console.transport.ssh import SshTransport
 from inventory.loader import load_inventory
 

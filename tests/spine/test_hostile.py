@@ -23,7 +23,7 @@ from agent.protocol import text_to_bytes
 from console import sanitize
 from console.history import History
 from console.run import LaunchSpec, RunController
-from console.state import MAX_PARTIAL
+from console.lines import MAX_PARTIAL
 from console.transport.local import LocalTransport
 
 from .helpers import ENDED, local_inventory, rank_log_files, wind_down

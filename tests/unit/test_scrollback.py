@@ -16,8 +16,9 @@ import pytest
 from agent import journal as journal_mod
 from agent.journal import JournalReader, JournalWriter, read_back
 from agent.protocol import bytes_to_text
-from console.scrollback import (ALL, NODE, RANK, Scrollback, entries_of, kept_chunks, kept_lines,
-                                newest_positions, split_newest)
+from console.scrollback import (Scrollback, entries_of, kept_chunks, kept_lines, newest_positions,
+                                split_newest)
+from console.sources import ALL, NODE, RANK
 from console.state import RunState
 
 T0 = 1_700_000_000.0
