@@ -96,7 +96,7 @@ async def to_verdict(kind: str, stall: float, pg_timeout: float) -> tuple[float,
                            "stall", poll=0.05)
             stalled = time.monotonic()
             # the first look may name nobody (ranks still entering collectives on a loaded
-            # machine); the console looks again while the stall lasts (RunState.verdict_again_due)
+            # machine); the console looks again while the stall lasts (console/liveness.py)
             await wait_for(lambda: (ctl.state.verdict or {}).get("kind") == kind, 300, "verdict",
                            poll=0.05)
             done = time.monotonic()

@@ -20,6 +20,7 @@ from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
 from .history import History, state_dir
+from .liveness import check_stalls
 from .preflight import check_table
 from .report import RunReport
 from .run import LaunchSpec, RunController
@@ -232,7 +233,7 @@ async def cmd_status(args) -> int:
         failed = await ctl.connect_all(reconnect=False)
         await ctl.subscribe_all()
         await ctl.caught_up()
-        ctl.state.check_stalls()
+        check_stalls(ctl.state)
         status = ctl.status()
         if not failed:
             ctl.save_status()

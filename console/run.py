@@ -21,6 +21,7 @@ from . import rendezvous, run_env
 from .errors import (EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, AgentError, LaunchError,
                      UsageError)
 from .finish import ends_due
+from .liveness import check_stalls, verdict_again_due
 from .history import History, host_record, inventory_from_record
 from .link import NodeLink
 from .preflight import HostCheck, check_table, run_preflight
@@ -446,7 +447,7 @@ class RunController:
         last_save = float("-inf")
         while True:
             await asyncio.sleep(1.0)
-            if self.state.check_stalls() or self.state.verdict_again_due():
+            if check_stalls(self.state) or verdict_again_due(self.state):
                 self._start_verdict()
             self._end_finished_nodes()
             now = time.monotonic()

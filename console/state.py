@@ -1,15 +1,16 @@
 """RunState: what the console knows about a run, as plain data. No asyncio, no Textual.
 
-The RunController feeds it journal records and supervisor states from every node
-(``apply_records``, ``apply_supervisor_state``: the reducer); the headless printer and the
-TUI read it and subscribe to :class:`LineBatch` callbacks. Every buffer is bounded (lines
-and loss points per rank in console/buffers.py, events here).
+Records in, plain data out: the RunController feeds it journal records and supervisor
+states from every node (``apply_records``, ``apply_supervisor_state``: the reducer); the
+headless printer and the TUI read it and subscribe to :class:`LineBatch` callbacks. What
+time alone changes (stalls, a rendezvous that waits, asking again who is stuck) is ruled in
+console/liveness.py. Every buffer is bounded (lines and loss points per rank in
+console/buffers.py, events here).
 """
 
 from __future__ import annotations
 
 import signal
-import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,10 +29,7 @@ from .text import human_bytes, kill_summary
 LINES_PER_RANK = 5000
 LINES_PER_NODE = 2000
 EVENTS = 2000
-STALL_MIN_S = 60.0
-STALL_FACTOR = 5.0
-VERDICT_AGAIN_S = 10.0  # an unknown verdict is taken again this long after, while stalled,
-VERDICT_AGAIN_MAX_S = 120.0  # doubling each time up to this
+STALL_MIN_S = 60.0  # --stall-after's default (the rules: console/liveness.py)
 
 ENDED = ("exited", "failed", "stopped")  # a node's end states
 RUN_ENDED = ("succeeded", "failed", "stopped")  # a run's end states (RunState.run_state)
@@ -91,12 +89,6 @@ class RankState:
     step_times: deque = field(default_factory=lambda: deque(maxlen=64))
     points: Series = field(default_factory=Series)
     lines: Kept = field(default_factory=lambda: Kept(LINES_PER_RANK))
-
-    def stall_threshold(self, minimum: float = STALL_MIN_S) -> float:
-        """The larger of ``minimum`` and 5x the median step time."""
-        if self.step_times:
-            return max(minimum, STALL_FACTOR * statistics.median(self.step_times))
-        return minimum
 
     def idle_s(self, now: float) -> float | None:
         return None if self.last_progress is None else max(0.0, now - self.last_progress)
@@ -185,7 +177,7 @@ class RunState:
         self.record_listeners: list[Callable[[str, dict], None]] = []
         self.total_lines = 0
         self.world_size: int | None = None
-        self.waiting: dict | None = None  # the rendezvous waited in too long (check_waiting)
+        self.waiting: dict | None = None  # the rendezvous waited in too long (liveness.py)
         # the run's secrets: masked in every line, event text and cause as they come in
         self.masker: Masker = NO_SECRETS
         self.checkpoints = Checkpoints()
@@ -193,7 +185,7 @@ class RunState:
         self.silent_waiting: set[int] = set()  # silent ranks the run's next step wakes
         self.verdict: dict | None = None  # who is stuck (console/verdict.py), while stalled
         self.verdict_at = 0.0  # when it was taken
-        self._verdict_tries = 0  # looks again at an unknown verdict (verdict_again_due)
+        self.verdict_tries = 0  # looks again at an unknown verdict (console/liveness.py)
         self.stragglers = Stragglers()  # from the supervisors' samples (agent/ranksample.py)
         self.rank_cpu = RankCpu()  # silent ranks' CPU, from the same samples
 
@@ -205,21 +197,6 @@ class RunState:
         self.verdict_at = time.time()
         if old is None or (old["kind"], old["summary"]) != (verdict["kind"], verdict["summary"]):
             self.add_event(None, "verdict", "%s: %s" % (verdict["kind"], verdict["summary"]))
-
-    def verdict_again_due(self, now: float | None = None) -> bool:
-        """The stall goes on and the verdict named nobody (``unknown``: on a loaded host the
-        ranks may still have been entering collectives in the two samples): time to look
-        again, ``VERDICT_AGAIN_S`` after the first look, doubling up to ``VERDICT_AGAIN_MAX_S``."""
-        if self.verdict is None or self.verdict.get("kind") != "unknown":
-            self._verdict_tries = 0
-            return False
-        if not any(rs.state == "stalled" for rs in self.ranks.values()):
-            return False
-        wait = min(VERDICT_AGAIN_MAX_S, VERDICT_AGAIN_S * 2 ** self._verdict_tries)
-        if (now or time.time()) - self.verdict_at < wait:
-            return False
-        self._verdict_tries += 1
-        return True
 
     def add_event(self, node: str | None, kind: str, text: str, rank: int | None = None,
                   ts: float | None = None) -> None:
@@ -497,66 +474,6 @@ class RunState:
         return any(r.node == node and r.state == "running" for r in self.ranks.values())
 
     # -- reading ---------------------------------------------------------------------------
-    def check_stalls(self, now: float | None = None) -> list[RankState]:
-        """Mark ranks with no progress for longer than their threshold as stalled."""
-        now = now or time.time()
-        self.check_waiting(now)  # the other way of not stepping: a rendezvous that waits
-        newly = []
-        for rs in self.ranks.values():
-            if rs.state != "running" or rs.last_progress is None:
-                continue
-            if now - rs.last_progress > rs.stall_threshold(self.stall_min_s):
-                rs.state = "stalled"
-                newly.append(rs)
-                self.add_event(rs.node, "stalled", "rank %d stalled: no step for %.0f s (last "
-                               "step %s)" % (rs.rank, now - rs.last_progress, rs.step), rs.rank)
-        return newly + self._check_silent_stalls(now) + self._check_cpu_stalls(now)
-
-    def _check_cpu_stalls(self, now: float) -> list[RankState]:
-        """A run where no rank prints steps stalls when no rank's CPU has advanced for
-        longer than the stall threshold (console/rankcpu.py says why not one rank alone)."""
-        if any(r.reports for r in self.ranks.values()):
-            return []
-        idle = self.rank_cpu.run_idle_s(list(self.ranks), now)
-        if idle is None or idle <= self.stall_min_s:
-            return []
-        newly = [rs for rs in self.ranks.values() if rs.state == "running"]
-        for rs in newly:
-            rs.state = "stalled"
-            self.add_event(rs.node, "stalled", "rank %d stalled: the run prints no steps and "
-                           "no rank's CPU has advanced for %.0f s" % (rs.rank, idle), rs.rank)
-        return newly
-
-    def _check_silent_stalls(self, now: float) -> list[RankState]:
-        """A silent rank waits with the run: when the run has made no step for longer than
-        the threshold of its newest stepping rank, every running silent rank stalls too."""
-        steppers = [r for r in self.ranks.values() if r.last_progress is not None]
-        if not steppers:
-            return []
-        newest = max(steppers, key=lambda r: r.last_progress)
-        idle = now - newest.last_progress
-        if idle <= newest.stall_threshold(self.stall_min_s):
-            return []
-        newly = [rs for rs in self.ranks.values() if not rs.reports and rs.state == "running"]
-        for rs in newly:
-            rs.state = "stalled"
-            self.silent_waiting.add(rs.rank)
-            self.add_event(rs.node, "stalled", "rank %d stalled: it prints no steps and the run "
-                           "has made none for %.0f s (last step %s)" % (rs.rank, idle,
-                                                                        newest.step), rs.rank)
-        return newly
-
-    def check_waiting(self, now: float | None = None) -> dict | None:
-        """The rendezvous waited in for longer than the stall threshold (``--stall-after``: no
-        step for that long either way; console/rendezvous.py); a ``waiting`` event names what
-        it waits for, once per round and set of missing nodes."""
-        now = now or time.time()
-        wait = rendezvous.waiting(self.nodes, list(self.ranks.values()), now, self.stall_min_s)
-        if wait and (self.waiting is None or _wait_key(wait) != _wait_key(self.waiting)):
-            self.add_event(None, "waiting", wait["text"])
-        self.waiting = wait
-        return wait
-
     def run_state(self) -> str:
         states = [n.state for n in self.nodes.values()]
         if all(s in ENDED for s in states):
@@ -605,6 +522,3 @@ class RunState:
                 "resumed_from": self.checkpoints.resumed_status(),
                 "waiting_for": self.waiting, "verdict": self.verdict}
 
-
-def _wait_key(wait: dict) -> tuple:
-    return wait["round"], tuple(m["node"] for m in wait["missing"])

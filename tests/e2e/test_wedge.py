@@ -23,6 +23,7 @@ import pytest
 from agent.runfiles import read_json
 from console.errors import AgentError
 from console.history import History
+from console.liveness import check_waiting
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
@@ -99,7 +100,7 @@ async def test_a_rendezvous_waiting_for_a_stopped_torchrun_names_it(tmp_path):
         assert not isinstance(res["node1"], BaseException), res
         frozen = None
         await wait_for(lambda: stepping_since(ctl, since), TIMEOUT, "both ranks stepping again")
-        assert ctl.state.check_waiting() is None
+        assert check_waiting(ctl.state) is None
     finally:
         if frozen is not None:
             try:

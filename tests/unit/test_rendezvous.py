@@ -4,6 +4,7 @@ agents feed it: supervisor states with the torchrun phase a host reported."""
 from __future__ import annotations
 
 from console import rendezvous
+from console.liveness import check_waiting
 from console.sanitize import masker_for
 from console.state import RunState
 
@@ -36,12 +37,12 @@ def test_a_rendezvous_older_than_the_threshold_names_who_has_not_joined():
         "node2": {"name": "rendezvous", "round": 3, "note": "waiting", "since": T0 + 1},
     })
     st.stall_min_s = 60
-    assert st.check_waiting(T0 + 30) is None  # young: a restart takes that long
-    wait = st.check_waiting(T0 + 75)
+    assert check_waiting(st, T0 + 30) is None  # young: a restart takes that long
+    wait = check_waiting(st, T0 + 75)
     assert (wait["round"], wait["joined"], wait["nodes"]) == (3, 2, 3)
     assert [m["node"] for m in wait["missing"]] == ["node1"]
     assert "node1 (starting; torchrun workers running (round 2))" in wait["text"]
-    st.check_waiting(T0 + 80)
+    check_waiting(st, T0 + 80)
     assert [e.kind for e in st.events].count("waiting") == 1  # said once, not every second
     assert st.status(T0 + 80)["waiting_for"]["missing"][0]["node"] == "node1"
     assert st.status(T0 + 80)["nodes"][0]["phase"]["text"] == "rendezvous (round 3, waiting)"

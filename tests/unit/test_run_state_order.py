@@ -13,6 +13,7 @@ import io
 
 from console.finish import ends_due
 from console.headless import HeadlessPrinter
+from console.liveness import check_stalls
 from console.state import RunState
 from console.summary import status_table
 from console.timeorder import TimeOrder
@@ -61,7 +62,7 @@ def test_a_silent_rank_runs_stalls_and_recovers_with_the_run():
     assert doc[1]["silent"] is True and doc[0]["silent"] is False
     assert "running (silent)" in status_table(state.status(T0 + 11))
 
-    stalled = state.check_stalls(now=T0 + 10 + 61)  # no step of the run for 61 s
+    stalled = check_stalls(state, now=T0 + 10 + 61)  # no step of the run for 61 s
     assert {r.rank for r in stalled} == {0, 1}
     assert state.ranks[1].state == "stalled"
     assert any(e.kind == "stalled" and e.rank == 1 and "prints no steps" in e.text

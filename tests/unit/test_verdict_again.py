@@ -1,9 +1,10 @@
-"""A verdict that named nobody is taken again while the stall goes on (console/state.py
+"""A verdict that named nobody is taken again while the stall goes on (console/liveness.py
 ``verdict_again_due``): on a loaded host the first two samples may still see ranks entering
 collectives ("no hang"), and a verdict taken once at the stall's start would then say
 nothing for the whole hang. Events only when the verdict changes."""
 
-from console.state import VERDICT_AGAIN_MAX_S, VERDICT_AGAIN_S, RankState, RunState
+from console.liveness import VERDICT_AGAIN_MAX_S, VERDICT_AGAIN_S, verdict_again_due
+from console.state import RankState, RunState
 
 UNKNOWN = {"kind": "unknown", "suspects": [], "evidence": {},
            "summary": "no suspect: no hang: rank(s) 0-1 entered new collectives"}
@@ -26,20 +27,20 @@ def test_an_unknown_verdict_is_taken_again_with_growing_gaps_while_stalled():
     st = stalled_state()
     st.set_verdict(UNKNOWN)
     t0 = st.verdict_at
-    assert not st.verdict_again_due(t0 + VERDICT_AGAIN_S - 1)
-    assert st.verdict_again_due(t0 + VERDICT_AGAIN_S + 1)
+    assert not verdict_again_due(st, t0 + VERDICT_AGAIN_S - 1)
+    assert verdict_again_due(st, t0 + VERDICT_AGAIN_S + 1)
     st.set_verdict(UNKNOWN)  # the same answer: no second event
     t1 = st.verdict_at
     assert len(verdict_events(st)) == 1
-    assert not st.verdict_again_due(t1 + VERDICT_AGAIN_S + 1)  # the gap doubled
-    assert st.verdict_again_due(t1 + 2 * VERDICT_AGAIN_S + 1)
+    assert not verdict_again_due(st, t1 + VERDICT_AGAIN_S + 1)  # the gap doubled
+    assert verdict_again_due(st, t1 + 2 * VERDICT_AGAIN_S + 1)
     for _ in range(10):  # never further apart than the cap
         st.set_verdict(UNKNOWN)
-        assert st.verdict_again_due(st.verdict_at + VERDICT_AGAIN_MAX_S + 1)
+        assert verdict_again_due(st, st.verdict_at + VERDICT_AGAIN_MAX_S + 1)
 
     st.set_verdict(MISMATCH)  # a named suspect: news, and no more looks
     assert verdict_events(st)[-1].startswith("mismatch")
-    assert not st.verdict_again_due(st.verdict_at + 10 * VERDICT_AGAIN_MAX_S)
+    assert not verdict_again_due(st, st.verdict_at + 10 * VERDICT_AGAIN_MAX_S)
 
 
 def test_no_second_look_once_the_ranks_step_again():
@@ -47,4 +48,4 @@ def test_no_second_look_once_the_ranks_step_again():
     st.set_verdict(UNKNOWN)
     for rs in st.ranks.values():
         rs.state = "running"
-    assert not st.verdict_again_due(st.verdict_at + VERDICT_AGAIN_MAX_S + 1)
+    assert not verdict_again_due(st, st.verdict_at + VERDICT_AGAIN_MAX_S + 1)
