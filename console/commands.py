@@ -1,8 +1,9 @@
 """What each CLI verb does. Every verb is an ``async def cmd_<verb>(args) -> exit code``.
 
 A verb builds a RunController (a new run, or a recorded one from History), uses it inside
-``async with`` (which closes every connection, never the run), and shows the run in the TUI
-(console/tui) or headless (console/headless.py).
+``async with`` (which closes every connection, never the run: the one owner of its
+lifetime), and shows the run in the TUI (console/tui) or headless (console/headless.py),
+then leaves it (``RunController.leave``).
 """
 
 from __future__ import annotations
@@ -85,16 +86,20 @@ def recorded_run(run_id: str, stall_after: float = 60.0,
 
 
 async def follow(ctl: RunController, args, launch=None, resumed: bool = False) -> int:
-    """Show the run (TUI or headless) until it ends or the user detaches. ``launch`` is
-    awaited once the view listens (it launches the run, or subscribes to a running one)."""
+    """Show the run (TUI or headless) until it ends or the user detaches, then leave it
+    (its store stopped if it ended, its status saved); the exit code. ``launch`` is awaited
+    once the view listens (it launches the run, or subscribes to a running one)."""
     ctl.state.budget.limit = args.line_budget << 20
-    if wants_tui(args):
-        # Lazy for start-up time: Textual takes about a second to import, and headless
-        # runs, scripts and every other verb never need it.
-        from .tui.app import run_app
+    try:
+        if wants_tui(args):
+            # Lazy for start-up time: Textual takes about a second to import, and headless
+            # runs, scripts and every other verb never need it.
+            from .tui.app import run_app
 
-        return await run_app(ctl, launch)
-    return await run_headless(ctl, launch, resumed, getattr(args, "by_node", False))
+            return await run_app(ctl, launch)
+        return await run_headless(ctl, launch, resumed, getattr(args, "by_node", False))
+    finally:
+        await ctl.leave()
 
 
 # -- a new run ---------------------------------------------------------------------------------

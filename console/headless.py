@@ -1,7 +1,8 @@
 """Headless output: every rank's lines as ``[node1 r5] ...`` and a status table at the end.
 
 Same RunController as the TUI (``run_headless`` is what ``run_app`` is to the TUI); the
-printer only subscribes to RunState's callbacks and prints.
+printer only subscribes to RunState's callbacks and prints. Leaving the run (its store, its
+saved status) and the exit code are the controller's (``RunController.leave``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import sys
 import time
 from typing import Awaitable, Callable, TextIO
 
-from .errors import EXIT_FAILED, EXIT_OK
 from .run import RunController
 from .sanitize import clean
 from .state import Event, LineBatch, RunState
@@ -161,7 +161,7 @@ async def release_when_caught_up(ctl: RunController, printer: HeadlessPrinter) -
 async def run_headless(ctl: RunController, launch: Callable[[], Awaitable] | None = None,
                        resumed: bool = False, by_node: bool = False) -> int:
     """Print ``ctl``'s run until it ends (then its status table) or Ctrl-C detaches; returns
-    the exit code. ``launch`` is awaited once the printer listens. ``resumed``: the links'
+    the exit code (``ctl.exit_code()``; the caller then leaves the run: ``ctl.leave()``). ``launch`` is awaited once the printer listens. ``resumed``: the links'
     ``quiet_until`` say up to where an earlier headless console printed (``attach``); what
     the nodes replay prints in time order across nodes (``by_node``: node by node)."""
     quiet = {n: link.quiet_until for n, link in ctl.links.items()} if resumed else {}
@@ -201,11 +201,7 @@ async def run_headless(ctl: RunController, launch: Callable[[], Awaitable] | Non
     printer.release()  # the offsets saved say these lines were printed
     if not done.done():
         done.cancel()
-        ctl.save_status()
         print("\n" + detach_hint(ctl.run_id), file=sys.stderr)
-        return EXIT_OK
-    final = done.result()
-    await ctl.stop_store()
-    ctl.save_status()
-    print(status_table(ctl.status()), file=printer.out)
-    return EXIT_OK if final == "succeeded" else EXIT_FAILED
+    else:
+        print(status_table(ctl.status()), file=printer.out)
+    return ctl.exit_code()

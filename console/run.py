@@ -6,6 +6,14 @@ send the code (``--sync DIR``, console/sync.py), check the hosts (preflight), st
 rendezvous store on the first host, start a supervisor (and so torchrun) on every host,
 subscribe to every node's journal. A run is never started on only some of the hosts: if any
 host cannot be reached, synced or started, nothing is started or what was started is stopped.
+
+Leaving a followed run is the controller's too (:meth:`RunController.leave`, called by the
+verb that showed it), and so is the exit code that says how it went
+(:meth:`RunController.exit_code`): the TUI and the headless view only display.
+
+Over 450 lines: launch (with sync, preflight and one path for every failure), control and
+leaving all act on the same links, record and housekeeping tasks; the launch is the part
+that could move out next.
 """
 
 from __future__ import annotations
@@ -18,12 +26,12 @@ from dataclasses import asdict
 
 from inventory.model import Host, Inventory
 from . import rendezvous, run_env
-from .errors import (EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, AgentError, LaunchError,
-                     UsageError)
+from .errors import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, AgentError,
+                     LaunchError, UsageError)
 from .finish import ends_due
-from .liveness import check_stalls, verdict_again_due
 from .history import History, host_record, inventory_from_record
 from .link import NodeLink
+from .liveness import check_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
 from .sanitize import Masker, secret_warnings
 from .scrollback import PAGE_BYTES
@@ -37,6 +45,9 @@ ATTACH_BACKLOG = 4 << 20  # journal bytes per node a TUI attach reads log lines 
 # SSH handshakes under way at once: ~20 ms of laptop CPU each (docs/SCALE.md), so 64 finish
 # well inside a host's connect timeout even on one busy core
 CONNECT_AT_ONCE = 64
+# on top of the run's grace (its workers' time between SIGTERM and SIGKILL): what a stop or
+# restart may take for the agent to end torchrun's process tree and confirm it is gone
+STOP_SLACK_S = 120
 
 
 class RunController:
@@ -53,6 +64,8 @@ class RunController:
                               max_restarts=max_restarts)
         self.links: dict[str, NodeLink] = {}
         self.record: dict = {}
+        self.spec: LaunchSpec | None = None  # what launch() starts (a recorded run: its record's)
+        self.launch_error: LaunchError | None = None  # why launch() failed, when it did
         self._tasks: list[asyncio.Task] = []
         self._ending: set[str] = set()  # nodes being stopped by console/finish.py's rules
         self._ending_stops: list[asyncio.Task] = []  # their stop requests
@@ -154,6 +167,35 @@ class RunController:
 
     async def launch(self, spec: LaunchSpec, allow_partial: bool = False,
                      inventory_path: str = "", preflight: bool = True) -> str:
+        """Start ``spec`` on every host (``allow_partial``: on those that can be reached);
+        the run id. LaunchError (its exit code, each host's cause) when it cannot: see
+        :meth:`_launch_failed` for what a failed launch leaves."""
+        try:
+            return await self._launch(spec, allow_partial, inventory_path, preflight)
+        except LaunchError as exc:
+            await self._launch_failed(exc)
+            raise
+        except Exception as exc:  # a bug or a transport's unexpected error: still a failure
+            self.launch_error = LaunchError(str(exc), EXIT_FAILED)
+            raise
+
+    async def _launch_failed(self, exc: LaunchError) -> None:
+        """What every failed launch leaves, whichever view shows it: the error (the exit
+        code), each node it names marked failed with its cause (unless the node says why
+        already: unreachable, sync or preflight failed), a saved run record saying
+        ``failed``, and every link closed (what was started has been stopped)."""
+        self.launch_error = exc
+        for node, cause in exc.causes.items():
+            ns = self.state.nodes.get(node)
+            if ns is not None and ns.state != "unreachable" and not ns.state.endswith("failed"):
+                self.state.set_node(node, "failed", str(cause))
+        if self.record:
+            self.record["state"] = "failed"
+            self.history.save(self.record)
+        await self.close()
+
+    async def _launch(self, spec: LaunchSpec, allow_partial: bool, inventory_path: str,
+                      preflight: bool) -> str:
         self.state.started = time.time()
         self.spec = spec
         self.mask_env_secrets(spec.env)
@@ -168,7 +210,6 @@ class RunController:
         if failed and not allow_partial:
             if listing is not None:
                 listing.cancel()
-            await self.close()
             raise LaunchError("cannot reach %d of %d hosts; nothing was started:\n%s" % (
                 len(failed), len(self.inventory.hosts),
                 "\n".join(cause_line(n, e) for n, e in failed.items())), EXIT_UNREACHABLE,
@@ -196,7 +237,6 @@ class RunController:
                 "store_start", run_root=self.root_of(rdzv.name), addr=rdzv.addr,
                 python=rdzv.python or sys.executable, timeout=180)
         except AgentError as exc:
-            await self.close()
             raise LaunchError("%s: could not start the rendezvous store: %s"
                               % (rdzv.name, exc), EXIT_FAILED) from None
         endpoint = "%s:%d" % (rdzv.addr, store["port"])
@@ -212,9 +252,6 @@ class RunController:
                 "stop", run_root=link.run_root, node=link.name),
                 [n for n in started if n not in bad])
             await self.links[rdzv.name].request("store_stop", run_root=self.root_of(rdzv.name))
-            self.record["state"] = "failed"
-            self.history.save(self.record)
-            await self.close()
             raise LaunchError("could not start on %s; the run was stopped:\n%s" % (
                 ", ".join(bad), "\n".join(cause_line(n, e) for n, e in bad.items())),
                 EXIT_FAILED, bad)
@@ -229,7 +266,6 @@ class RunController:
         try:
             manifest: Manifest = await listing
         except SyncError as exc:
-            await self.close()
             raise LaunchError("--sync: %s; nothing was started" % exc, EXIT_USAGE) from None
         for h in hosts:
             self.state.set_node(h.name, "syncing")
@@ -262,7 +298,6 @@ class RunController:
                         res.files_sent, res.bytes_sent / 1e6), manifest.tree[:12],
                     res.workdir))
         if bad:
-            await self.close()
             raise LaunchError("could not send %s to %d of %d hosts; nothing was started:\n%s"
                               % (manifest.root, len(bad), len(hosts),
                                  "\n".join(cause_line(n, e) for n, e in bad.items())),
@@ -295,7 +330,6 @@ class RunController:
             else:
                 self.state.set_node(c.name, "preflight failed", "; ".join(c.problems))
         if not all(c.ok for c in checks):
-            await self.close()
             raise LaunchError("preflight found problems; nothing was started (rankdeck launch "
                               "--skip-preflight starts anyway):\n%s" % check_table(checks),
                               EXIT_USAGE if any(c.bad_input for c in checks) else EXIT_FAILED,
@@ -376,11 +410,18 @@ class RunController:
             await self._changed.wait()
 
     # -- control ---------------------------------------------------------------------------
+    def stop_timeout(self) -> float:
+        """How long a stop or restart of a node may take: the run's grace (LaunchSpec's
+        default before a launch) and ``STOP_SLACK_S`` for the agent to confirm."""
+        return (self.spec.grace if self.spec is not None else LaunchSpec.grace) + STOP_SLACK_S
+
     async def stop(self, node: str | None = None) -> dict:
+        """Stop one node or, without ``node``, every node and the rendezvous store;
+        {node: the agent's answer or its error}."""
         names = [node] if node else list(self.links)
         results = await self.gather_nodes(
             lambda link: link.request("stop", run_root=link.run_root, node=link.name,
-                                      timeout=self.spec.grace + 120), names)
+                                      timeout=self.stop_timeout()), names)
         if node is None:
             await self.stop_store()
         return results
@@ -409,7 +450,7 @@ class RunController:
         def req(link: NodeLink):
             spec = self.node_spec(link.host, self.spec, endpoint)
             return link.request("restart", run_root=link.run_root, node=link.name, spec=spec,
-                                timeout=self.spec.grace + 120)
+                                timeout=self.stop_timeout())
         return await self.gather_nodes(req, names)
 
     async def restart_refusal(self, names: list[str]) -> str | None:
@@ -472,7 +513,7 @@ class RunController:
         try:
             await link.request("stop", run_root=link.run_root, node=link.name,
                                end={"state": end["state"], "cause": end["cause"]},
-                               timeout=self.spec.grace + 120)
+                               timeout=self.stop_timeout())
         except AgentError as exc:
             self._ending.discard(link.name)  # asked again on the next round
             self.state.add_event(link.name, "ending", "stopping it failed: %s" % exc)
@@ -508,8 +549,27 @@ class RunController:
         # nothing of the node is left, so the run is over when those stops are too.
         pending = [t for t in self._ending_stops if not t.done()]
         if pending:
-            await asyncio.wait(pending, timeout=self.spec.grace + 120)
+            await asyncio.wait(pending, timeout=self.stop_timeout())
         return self.state.run_state()
+
+    async def leave(self) -> None:
+        """The console stops following the run (the TUI quit, the headless view saw it end
+        or was detached): a run that ended has its rendezvous store stopped, and the run's
+        status is saved for `ls` and a later console. After a failed launch, nothing more:
+        it recorded and stopped what it had. The links stay open until :meth:`close`."""
+        if self.launch_error is not None:
+            return
+        if self.state.run_state() in RUN_ENDED:
+            await self.stop_store()
+        self.save_status()
+
+    def exit_code(self) -> int:
+        """The exit code of a console that followed the run (console/errors.py): a failed
+        launch's own; 1 the run failed or was stopped; 0 it succeeded, or it goes on (the
+        console detached) or has not started."""
+        if self.launch_error is not None:
+            return self.launch_error.code
+        return EXIT_FAILED if self.state.run_state() in ("failed", "stopped") else EXIT_OK
 
     async def close(self) -> None:
         """Close every link and the transport (the run goes on). Safe to call again."""

@@ -5,7 +5,9 @@ states from every node (``apply_records``, ``apply_supervisor_state``: the reduc
 headless printer and the TUI read it and subscribe to :class:`LineBatch` callbacks. What
 time alone changes (stalls, a rendezvous that waits, asking again who is stuck) is ruled in
 console/liveness.py. Every buffer is bounded (lines and loss points per rank in
-console/buffers.py, events here).
+console/buffers.py, events here). Over 450 lines: the records (data, metrics, files,
+checkpoints, events, samples) act on the same nodes and ranks, and the status document
+reads them all.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 first frame and, when ``launch`` is given, runs it as a worker so the nodes table shows each
 host connecting, starting, meeting at the rendezvous and taking its first step. RunState's
 callbacks reach the widgets through RunFeed (feed.py) as batched messages. Quitting detaches:
-the run goes on.
+the run goes on. The app only shows the run: its caller owns the RunController (closing it,
+leaving the run: ``RunController.leave``), and the exit code is the controller's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 
-from ..errors import EXIT_FAILED, EXIT_OK, LaunchError
+from ..errors import LaunchError
 from ..run import RunController
 from ..sanitize import clean
 from ..sources import ALL, NODE, RANK
@@ -98,17 +99,14 @@ class RankdeckApp(App[int]):
 
     def __init__(self, ctl: RunController, launch: Callable[[], Awaitable] | None = None,
                  clock: Callable[[], float] = time.time, exit_on_done: bool = False,
-                 owns_controller: bool = True, panes: list[tuple] | None = None,
-                 gc_tuning: bool = False):
+                 panes: list[tuple] | None = None, gc_tuning: bool = False):
         super().__init__()
         self.ctl = ctl
         self.launch = launch
         self.clock = clock
         self.exit_on_done = exit_on_done
-        self.owns_controller = owns_controller
         self.initial_panes = panes
         self.gc_tuning = gc_tuning
-        self.launch_error: LaunchError | None = None
         self.launching = launch is not None
         self.feed = RunFeed(ctl.state, self, ctl.secrets)
         self._ended_seen = False
@@ -152,14 +150,8 @@ class RankdeckApp(App[int]):
         if self.gc_tuning:
             self.call_after_refresh(tune_gc)
 
-    async def on_unmount(self) -> None:
+    def on_unmount(self) -> None:
         self.feed.close()
-        if not self.owns_controller:
-            return
-        if self.ctl.state.run_state() in RUN_ENDED and self.launch_error is None:
-            await self.ctl.stop_store()
-        self.ctl.save_status()
-        await self.ctl.close()
 
     # -- launch ----------------------------------------------------------------------------
     @work(exclusive=True, group="launch")
@@ -171,19 +163,11 @@ class RankdeckApp(App[int]):
             header.update_info()
         self.ctl.sync_listeners.append(sync_progress)
         try:
-            await self.launch()
+            await self.launch()  # a failure is kept by the controller (its nodes, exit code)
         except LaunchError as exc:
-            self.launch_error = exc
             header.phase = "launch failed"
-            for node, cause in exc.causes.items():
-                ns = self.ctl.state.nodes.get(node)
-                # a node that says why already ("sync failed", "preflight failed") keeps it
-                if ns is not None and ns.state != "unreachable" and \
-                        not ns.state.endswith("failed"):
-                    self.ctl.state.set_node(node, "failed", str(cause))
             self.notify(str(exc), title="launch failed", severity="error", timeout=60)
         except Exception as exc:  # a bug or an unexpected transport error: show, don't die
-            self.launch_error = LaunchError(str(exc), EXIT_FAILED)
             header.phase = "launch failed"
             self.notify("%s: %s" % (type(exc).__name__, exc), title="launch failed",
                         severity="error", timeout=60)
@@ -221,7 +205,7 @@ class RankdeckApp(App[int]):
                         severity="information" if final == "succeeded" else "error",
                         timeout=30)
             if self.exit_on_done:
-                self.exit(self.exit_code)
+                self.exit(self.ctl.exit_code())
 
     def _refresh_in_turn(self, steps: list) -> None:
         """The large widgets redrawn a few frames apart: at 512 ranks the nodes table, GPU
@@ -280,7 +264,7 @@ class RankdeckApp(App[int]):
         return True
 
     def action_detach(self) -> None:
-        self.exit(self.exit_code)
+        self.exit(self.ctl.exit_code())
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(key_sections(self)))
@@ -388,30 +372,11 @@ class RankdeckApp(App[int]):
         yield from super().get_system_commands(screen)
         yield from rankdeck_commands(self)
 
-    # -- the outcome -----------------------------------------------------------------------
-    @property
-    def run_ended(self) -> bool:
-        return self.ctl.state.run_state() in RUN_ENDED
-
-    @property
-    def detached(self) -> bool:
-        """Quit while the run goes on (nothing was stopped)."""
-        return self.launch_error is None and not self.run_ended
-
-    @property
-    def exit_code(self) -> int:
-        """0 run succeeded or user detached, 1 run failed/stopped, launch error's own code."""
-        if self.launch_error is not None:
-            return self.launch_error.code
-        final = self.ctl.state.run_state()
-        if final in ("failed", "stopped"):
-            return EXIT_FAILED
-        return EXIT_OK
-
 
 async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = None,
                   **run_kwargs) -> int:
-    """Show ``ctl``'s run until the user quits; returns the exit code.
+    """Show ``ctl``'s run until the user quits; returns the exit code (``ctl.exit_code()``;
+    the caller then leaves the run: ``ctl.leave()``).
 
     ``launch`` (optional) is awaited as a worker inside the app. ``run_kwargs`` go to
     ``App.run_async`` (``headless=True, size=..., auto_pilot=...`` for tests).
@@ -423,14 +388,14 @@ async def run_app(ctl: RunController, launch: Callable[[], Awaitable] | None = N
     finally:
         untune_gc(thresholds)
     # The screen that showed how it went is gone: say it again, as --no-tui does.
-    if app.launch_error is not None:
-        print(clean_lines("rankdeck: launch failed: %s" % app.launch_error, ctl),
+    if ctl.launch_error is not None:
+        print(clean_lines("rankdeck: launch failed: %s" % ctl.launch_error, ctl),
               file=sys.stderr)
-    elif app.detached:
+    elif ctl.state.run_state() not in RUN_ENDED:  # detached: nothing was stopped
         print(detach_hint(ctl.run_id), file=sys.stderr)
     else:  # the run ended: its status table, with each failed node's cause
         print(clean_lines(status_table(ctl.status()), ctl))
-    return app.exit_code
+    return ctl.exit_code()
 
 
 def clean_lines(text: str, ctl: RunController) -> str:

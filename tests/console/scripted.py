@@ -140,12 +140,15 @@ class ScriptedNode:
 
 class ScriptedTransport(Transport):
     """Fake agents for every host. ``unreachable``: {host: (cause, message)} refuses open;
-    ``hold``: ops whose answers wait until :meth:`release` (to look at launch progress)."""
+    ``hold``: ops whose answers wait until :meth:`release` (to look at launch progress);
+    ``refuse``: {(op, host): message} answered as the agent's error."""
 
     def __init__(self, nodes: dict[str, ScriptedNode] | None = None,
-                 unreachable: dict | None = None, hold=(), facts: dict | None = None):
+                 unreachable: dict | None = None, hold=(), facts: dict | None = None,
+                 refuse: dict | None = None):
         self.nodes: dict[str, ScriptedNode] = dict(nodes or {})
         self.unreachable = dict(unreachable or {})
+        self.refuse = dict(refuse or {})
         self.facts = dict(facts or {})  # {host: preflight facts to add/override}
         self.hold = set(hold)
         self.requests: list[Request] = []
@@ -195,6 +198,11 @@ class ScriptedTransport(Transport):
 
     def _answer(self, stream: ScriptedStream, req_id: int, req: Request) -> None:
         node = stream.node
+        refused = self.refuse.get((req.op, node.name))
+        if refused is not None:
+            stream.send({"t": "res", "id": req_id, "ok": False, "error": refused,
+                         "kind": "error"})
+            return
         data: dict = {}
         if req.op == "ping":
             data = {"time": time.time()}

@@ -13,7 +13,8 @@ from console.tui.app import run_app
 from inventory.model import EnvValue
 
 from tests.console.pilot import until
-from tests.console.scripted import RUN_ID, event, host_names, inventory, standard_script
+from tests.console.scripted import (RUN_ID, controller, event, host_names, inventory,
+                                    standard_script)
 
 SIZE = (160, 48)
 SECRET = "tok-3f9a0c1d2e4b5a69"
@@ -69,6 +70,28 @@ async def test_quit_while_running_prints_the_detach_hint_not_a_summary(tmp_path,
     out, err = capsys.readouterr()
     assert code == 0
     assert "rankdeck attach %s" % RUN_ID in err and "causes:" not in out
+
+
+async def test_a_failed_start_shows_the_node_failed_and_exits_with_the_launch_code(tmp_path,
+                                                                                   capsys):
+    """The controller marks the node (tests/unit/test_leave.py: the headless path alike);
+    the nodes table shows it, and the terminal keeps the launch's error."""
+    script = standard_script(host_names(3), t0=time.time())
+    t = script.transport(refuse={("start", "node2"): "torchrun: not found"})
+    ctl, launch = controller(str(tmp_path), t, hosts=3)
+
+    async def leave_once_failed(pilot):
+        nodes = pilot.app.nodes
+        await until(pilot, lambda: not pilot.app.launching, what="launch to fail")
+        await until(pilot, lambda: (nodes.row_values("n:node2") or ("", ""))[1] == "failed",
+                    what="node2 failed in the nodes table")
+        assert "torchrun: not found" in nodes.row_values("n:node2")[-1]
+        await pilot.press("q")
+
+    async with ctl:
+        code = await run_app(ctl, launch, headless=True, size=SIZE, auto_pilot=leave_once_failed)
+    assert code == 1
+    assert "launch failed: could not start on node2" in capsys.readouterr().err
 
 
 async def test_header_shows_sync_progress_while_code_is_sent(tmp_path):

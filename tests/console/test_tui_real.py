@@ -61,7 +61,7 @@ async def test_restart_a_node_from_the_tui_and_its_pane_goes_on(tmp_path):
     seen = []
     ctl.state.change_listeners.append(lambda node: seen.append((node, ctl.state.nodes[node]
                                                                 .state)))
-    app = RankdeckApp(ctl, lambda: ctl.launch(spec, preflight=False), owns_controller=False)
+    app = RankdeckApp(ctl, lambda: ctl.launch(spec, preflight=False))
     try:
         async with app.run_test(size=SIZE) as pilot:
             ranks = ctl.state.ranks

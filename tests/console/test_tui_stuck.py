@@ -194,7 +194,7 @@ async def test_a_real_hung_rank_is_named_and_its_node_restarted_from_the_view(tm
     spec = LaunchSpec(script=TRAINER, max_restarts=2, grace=3, args=TINY + [
         "--steps", "100000", "--ckpt-every", "0", "--pg-timeout", "600",
         "--hang-at-step", "6", "--hang-rank", "2"])
-    app = RankdeckApp(ctl, lambda: ctl.launch(spec, preflight=False), owns_controller=False)
+    app = RankdeckApp(ctl, lambda: ctl.launch(spec, preflight=False))
     try:
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: (ctl.state.verdict or {}).get("suspects"), timeout=300,

@@ -136,7 +136,7 @@ async def view_the_run(laptop: Laptop, run_id: str, workdir: str) -> None:
     ctl = RunController.from_record(History().load(run_id), LocalTransport(), History())
     assert await ctl.connect_all() == {}
     await ctl.recent_lines_only()
-    app = RankdeckApp(ctl, ctl.subscribe_all, owns_controller=False)
+    app = RankdeckApp(ctl, ctl.subscribe_all)
     try:
         async with app.run_test(size=(160, 48)) as pilot:
             await until(pilot, lambda: ctl.state.total_lines >= 2, TIMEOUT, "the lines")

@@ -31,6 +31,7 @@ def test_a_secret_written_in_pieces_is_masked_on_screen_and_on_disk(tmp_path, ca
         async with RunController(inventory, LocalTransport(), history) as ctl:
             code = await asyncio.wait_for(
                 run_headless(ctl, lambda: ctl.launch(spec, preflight=False)), 120)
+            await ctl.leave()  # as the verb does: the status saved in the record
             return code, [line for rs in ctl.state.ranks.values() for line in rs.lines]
 
     code, kept = asyncio.run(main())
