@@ -161,7 +161,8 @@ async def release_when_caught_up(ctl: RunController, printer: HeadlessPrinter) -
 async def run_headless(ctl: RunController, launch: Callable[[], Awaitable] | None = None,
                        resumed: bool = False, by_node: bool = False) -> int:
     """Print ``ctl``'s run until it ends (then its status table) or Ctrl-C detaches; returns
-    the exit code (``ctl.exit_code()``; the caller then leaves the run: ``ctl.leave()``). ``launch`` is awaited once the printer listens. ``resumed``: the links'
+    the exit code (``ctl.exit_code()``; the caller then leaves the run: ``ctl.leave()``).
+    ``launch`` is awaited once the printer listens. ``resumed``: the links'
     ``quiet_until`` say up to where an earlier headless console printed (``attach``); what
     the nodes replay prints in time order across nodes (``by_node``: node by node)."""
     quiet = {n: link.quiet_until for n, link in ctl.links.items()} if resumed else {}

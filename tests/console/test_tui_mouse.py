@@ -13,7 +13,7 @@ import pytest
 from textual import events
 
 from console.tui.app import RankdeckApp
-from console.tui.feed import RANK
+from console.sources import RANK
 from tests.console.pilot import until
 from tests.console.scripted import controller, host_names, standard_script
 
