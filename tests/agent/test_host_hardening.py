@@ -18,6 +18,7 @@ import pytest
 from agent import node, procs, protocol
 from agent.store import start_store, stop_store
 from console.spec import new_run_id
+from tests.spine.helpers import HOST_PYTHON
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RDZV_ADDR = "127.0.0.2"  # loopback, but not the address a stranger's client would try first
@@ -46,7 +47,7 @@ def agent_request(serve, req_id, op, **args):
 
 def test_store_listens_on_the_rendezvous_address_only(tmp_path):
     run_root = str(tmp_path / "r1")
-    store = start_store(run_root, RDZV_ADDR, sys.executable)
+    store = start_store(run_root, RDZV_ADDR, HOST_PYTHON)
     try:
         assert listening(store["port"]) == [RDZV_ADDR]
         with pytest.raises(ConnectionRefusedError):  # any other address of the host

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 
 from agent import procs
@@ -12,6 +13,12 @@ from inventory.model import Host, Inventory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINER = os.path.join(REPO, "trainer", "train.py")
+# The interpreter the hosts run the agent, torchrun and the trainer with. Default: the
+# console's own. bench/compat.py sets RANKDECK_TEST_HOST_PYTHON to one venv per torch version
+# (docs/COMPAT.md) while pytest and the console stay on the project's environment.
+# Unset, local inventories leave `python:` empty as before (the console's own interpreter).
+HOST_PYTHON_OVERRIDE = os.environ.get("RANKDECK_TEST_HOST_PYTHON", "")
+HOST_PYTHON = HOST_PYTHON_OVERRIDE or sys.executable
 ENDED = ("succeeded", "failed", "stopped")  # a run in one of these needs no stop
 # A tiny model: a step is milliseconds, so the run's time is torch's start-up.
 TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
@@ -20,7 +27,7 @@ TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
 
 def local_inventory(workdir, n=4) -> Inventory:
     os.makedirs(str(workdir), exist_ok=True)  # preflight refuses a missing workdir
-    hosts = [Host(name="node%d" % i, addr="127.0.0.%d" % (i + 2), python="",
+    hosts = [Host(name="node%d" % i, addr="127.0.0.%d" % (i + 2), python=HOST_PYTHON_OVERRIDE,
                   workdir=str(workdir)) for i in range(n)]
     return Inventory(path="<test>", hosts=hosts, transport="local")
 

@@ -11,11 +11,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.spine.helpers import HOST_PYTHON
 
 pytest.importorskip("torch")
 
@@ -42,7 +43,7 @@ def trainer_env() -> dict[str, str]:
 
 def run_trainer(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(TRAIN), *args],
+        [HOST_PYTHON, str(TRAIN), *args],
         cwd=cwd, env=trainer_env(), capture_output=True, text=True, timeout=timeout,
     )
 
@@ -122,7 +123,7 @@ def test_text_file_data_and_ckpt_dir_from_env(tmp_path):
     corpus.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
     env = trainer_env()
     env["RANKDECK_CKPT_DIR"] = str(tmp_path / "from-env")
-    proc = subprocess.run([sys.executable, str(TRAIN), "--steps", "3", "--data", str(corpus)],
+    proc = subprocess.run([HOST_PYTHON, str(TRAIN), "--steps", "3", "--data", str(corpus)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert [s[0] for s in parse_steps(proc.stdout)] == [1, 2, 3]
@@ -150,7 +151,7 @@ def test_slow_rank_turns_slow_at_the_step_asked_and_says_so_once(tmp_path):
 def test_sigterm_saves_checkpoint_and_exits_143(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = subprocess.Popen(
-        [sys.executable, str(TRAIN), "--steps", "100000", "--ckpt-dir", str(ckpt), "--ckpt-every", "0"],
+        [HOST_PYTHON, str(TRAIN), "--steps", "100000", "--ckpt-dir", str(ckpt), "--ckpt-every", "0"],
         cwd=tmp_path, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -203,7 +204,7 @@ def torchrun(tmp_path: Path, *args: str, torchrun_args: tuple[str, ...] = (),
     env = trainer_env()
     env.update(env_extra or {})
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        [HOST_PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "--log-dir", str(tmp_path / "logs"), "-r", "3", *torchrun_args, str(TRAIN), *args],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
     )
@@ -289,7 +290,7 @@ def test_two_nodes_resume_from_the_node_that_has_the_checkpoint(tmp_path):
         env = trainer_env()
         env["RANKDECK_CKPT_DIR"] = str(ckpt)
         agents.append(subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            [HOST_PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
              "--log-dir", str(tmp_path / f"logs-{name}"), "-r", "3", str(TRAIN), "--steps", "6"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
