@@ -97,16 +97,39 @@ def wait_for_run_end(run_root, port, settle=SETTLE):
         time.sleep(WATCH_POLL)
 
 
+def master_store(TCPStore, addr, port):
+    """``(store, listens, note)``: the master TCPStore on a socket bound to ``addr`` alone, or,
+    where this torch takes no listen fd at all, TCPStore's own socket, with ``note`` saying
+    what address it listens on and why (docs/COMPAT.md)."""
+    sock = listen_socket(addr, port)
+    port = sock.getsockname()[1]
+    fd = sock.detach()
+    handover = dict(is_master=True, wait_for_workers=False, master_listen_fd=fd)
+    for backend in ({}, {"use_libuv": False}):
+        try:
+            return TCPStore(addr, port, **handover, **backend), "%s:%d" % (addr, port), ""
+        except NotImplementedError:
+            continue  # torch 2.4's libuv store refuses a listen fd; its legacy backend takes it
+        except TypeError:  # a torch without master_listen_fd (or use_libuv)
+            break
+    os.close(fd)
+    store = TCPStore(addr, port, is_master=True, wait_for_workers=False)
+    listens = "*:%d" % store.port
+    return store, listens, ("this torch takes no listen fd: the store listens on %s (every "
+                            "address of the host), not on %s alone" % (listens, addr))
+
+
 def store_main(argv):
     """The store process: ``ADDR PORT INFO_PATH``; serves until the run has ended."""
     from torch.distributed import TCPStore
 
     addr, port, path = argv[0], int(argv[1]), argv[2]
-    sock = listen_socket(addr, port)
-    port = sock.getsockname()[1]
-    store = TCPStore(addr, port, is_master=True, wait_for_workers=False,
-                     master_listen_fd=sock.detach())
-    write_json_atomic(path, {"pid": os.getpid(), "addr": addr, "port": store.port})
+    store, listens, note = master_store(TCPStore, addr, port)
+    info = {"pid": os.getpid(), "addr": addr, "port": store.port, "listens": listens}
+    if note:
+        info["note"] = note
+        sys.stderr.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), note))
+    write_json_atomic(path, info)
     wait_for_run_end(os.path.dirname(path), store.port)
     sys.stderr.write("%s the run has ended on every node: store stopped\n"
                      % time.strftime("%Y-%m-%dT%H:%M:%S"))

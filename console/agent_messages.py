@@ -97,6 +97,7 @@ def check_answer(op: str, data) -> None:
         _field(data, "port", _INT, what, span=(1, 65536))
         _field(data, "pid", _INT, what, optional=True)
         _field(data, "addr", _STR, what, optional=True)
+        _field(data, "note", _STR, what, optional=True)
     elif op == "listen":
         _field(data, "port", _INT, what, span=(1, 65536))
     elif op == "probe_tcp":

@@ -241,7 +241,8 @@ class RunController:
                               % (rdzv.name, exc), EXIT_FAILED) from None
         endpoint = "%s:%d" % (rdzv.addr, store["port"])
         self.record["rdzv_endpoint"] = endpoint
-        self.state.add_event(rdzv.name, "rendezvous", "rendezvous store at %s" % endpoint)
+        self.state.add_event(rdzv.name, "rendezvous", "rendezvous store at %s%s" % (
+            endpoint, "; " + store["note"][:300] if store.get("note") else ""))
         started = await self.gather_nodes(
             lambda link: link.request("start", run_root=link.run_root, node=link.name,
                                       spec=self.node_spec(link.host, spec, endpoint)),
