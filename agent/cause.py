@@ -15,6 +15,9 @@ from .runfiles import read_json
 
 MAX_CAUSE = 500
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure)\b.*")
+# Once a script has called init_process_group, torch prints an uncaught exception with every
+# line prefixed ``[rank3]: `` (torch/distributed/distributed_c10d.py, _distributed_excepthook)
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 
 
 def find_error_files(log_dir, instance):
@@ -48,8 +51,9 @@ def last_exception(text):
     After the last ``Traceback (most recent call last):`` the first line that is not indented
     is the exception (frames and source lines are indented; a chained exception has its own
     later traceback). Without a traceback, the last line that names an exception type.
+    Lines are read without torch's ``[rankN]: `` prefix.
     """
-    lines = text.splitlines()
+    lines = [_RANK_PREFIX.sub("", line, count=1) for line in text.splitlines()]
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("Traceback (most recent call last):"):
             for line in lines[i + 1:]:

@@ -92,6 +92,23 @@ def test_last_exception_of_chained_and_plain_output():
     assert cause.last_exception("all good\n") is None
 
 
+def test_exception_a_rank_printed_through_torchs_rank_prefix():
+    # after init_process_group, torch prints an uncaught exception with every line prefixed
+    # (torch/distributed/distributed_c10d.py, _distributed_excepthook); issue 29
+    token, prefix = "tok-5ecret-93b1-77aa", "tok-5ecret"
+    text = ("[rank3]: Traceback (most recent call last):\n"
+            "[rank3]:   File \"/w/crash.py\", line 5, in <module>\n"
+            "[rank3]:     raise RuntimeError(\"credential rejected: \" + token)\n"
+            "[rank3]: RuntimeError: credential rejected: %s\n" % token)
+    assert cause.last_exception(text) == "RuntimeError: credential rejected: " + token
+    failure = {"rank": 3, "local_rank": 0, "exitcode": 1}
+    assert cause.worker_failed(failure, text, [prefix, token]) == \
+        "rank 3: RuntimeError: credential rejected: ****"
+    # no traceback line, only the exception: still found behind the prefix
+    assert cause.last_exception("[rank0]: warming up\n[rank0]: ValueError: bad config\n") == \
+        "ValueError: bad config"
+
+
 def test_torchrun_that_could_not_start_says_why():
     said = "rankdeck: cannot start /nope/python: [Errno 2] No such file or directory\n"
     assert cause.torchrun_failed(127, said, False, []) == (
