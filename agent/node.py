@@ -108,7 +108,10 @@ def signal_and_wait(ndir, sig, done, timeout):
         raise RequestError("no such run or node here: %s" % ndir, "missing")
     if not state["alive"]:
         return state
-    os.kill(state["pid"], sig)
+    # through a pidfd: the supervisor may have ended (and its pid gone to another process)
+    # since node_state looked
+    if not procs.send_signal(state["pid"], state.get("starttime"), sig):
+        return node_state(ndir) or state
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         now = node_state(ndir)

@@ -170,25 +170,31 @@ def alive(pid, starttime=None):
 
 def signal_process(info, sig):
     """Send ``sig`` to the process of snapshot entry ``info`` only if that pid is still the
-    same process (same start time): a pid freed and reused since the snapshot is left alone.
-    With a pidfd (Python >= 3.9, Linux >= 5.3) the check and the signal reach one process
-    for certain; without, a reuse in the microseconds between them is still possible."""
+    same process (same start time): a pid freed and reused since the snapshot is left alone."""
+    return send_signal(info.pid, info.starttime, sig)
+
+
+def send_signal(pid, starttime, sig):
+    """Send ``sig`` to ``pid`` only if it is the process that started at ``starttime`` (as
+    recorded in state.json or store.json); True when sent. With a pidfd (Python >= 3.9,
+    Linux >= 5.3) the check and the signal reach one process for certain; without, a reuse
+    in the microseconds between them is still possible."""
     pidfd = None
     if hasattr(os, "pidfd_open"):
         try:
-            pidfd = os.pidfd_open(info.pid)
+            pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             return False
         except OSError:
             pidfd = None  # an older kernel: fall back to kill(2)
     try:
-        now = stat(info.pid)
-        if now is None or now.starttime != info.starttime:
+        now = stat(pid)
+        if now is None or now.starttime != starttime:
             return False
         if pidfd is not None:
             signal.pidfd_send_signal(pidfd, sig)
         else:
-            os.kill(info.pid, sig)
+            os.kill(pid, sig)
         return True
     except (ProcessLookupError, PermissionError):
         return False

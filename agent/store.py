@@ -14,6 +14,7 @@ attached does not leave an open, unauthenticated port behind (docs/SECURITY.md).
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -185,18 +186,15 @@ def stop_store(run_root):
     info = read_json(store_path(run_root))
     if not info:
         return {"stopped": False}
-    pid = info.get("pid")
-    if pid and procs.alive(pid, info.get("starttime")):
-        try:
-            os.kill(pid, 15)
-        except ProcessLookupError:
-            pass
+    pid, starttime = info.get("pid"), info.get("starttime")
+    # each signal through a pidfd (procs.send_signal): the store may end, and its pid go to
+    # another process, between a look and a signal
+    if pid and procs.send_signal(pid, starttime, signal.SIGTERM):
         deadline = time.monotonic() + 5
-        while procs.alive(pid, info.get("starttime")) and time.monotonic() < deadline:
+        while procs.alive(pid, starttime) and time.monotonic() < deadline:
             procs.reap()
             time.sleep(0.05)
-        if procs.alive(pid, info.get("starttime")):
-            os.kill(pid, 9)
+        if procs.send_signal(pid, starttime, signal.SIGKILL):
             time.sleep(0.1)
             procs.reap()
     return {"stopped": True, "pid": pid}

@@ -138,6 +138,75 @@ def test_a_pid_reused_since_the_snapshot_is_not_signalled(monkeypatch):
             p.wait()
 
 
+def reused_at_the_signal(monkeypatch, pid, starttime):
+    """procs.stat says ``pid`` started at ``starttime`` (the recorded process's) until the
+    first attempt to signal it, the truth from then on: the recorded process ended and its
+    pid went to a bystander between the check and the signal."""
+    real_stat, real_kill = procs.stat, os.kill
+    reused = []
+
+    def stat(p):
+        info = real_stat(p)
+        if p != pid or reused or info is None:
+            return info
+        return procs.ProcInfo(p, info.ppid, info.pgid, info.sid, info.state, starttime,
+                              info.comm)
+
+    def kill(p, sig):
+        reused.append(p)
+        real_kill(p, sig)
+    monkeypatch.setattr(procs, "stat", stat)
+    monkeypatch.setattr(os, "kill", kill)
+    if hasattr(os, "pidfd_open"):
+        real_open = os.pidfd_open
+
+        def pidfd_open(p, *flags):
+            reused.append(p)
+            return real_open(p, *flags)
+        monkeypatch.setattr(os, "pidfd_open", pidfd_open)
+
+
+def signalled_by_us_only(proc):
+    """True when the process dies of our own SIGKILL now, not of a SIGTERM or SIGUSR1 sent
+    earlier: a fatal signal sets the exit status as it is sent, so no wait is needed."""
+    proc.kill()
+    return proc.wait() == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("op", ["stop", "restart"])
+def test_a_supervisor_pid_reused_before_the_signal_is_not_signalled(tmp_path, monkeypatch, op):
+    """stop and restart signal the node's supervisor by the pid state.json records: the
+    check that it is still that process and the signal must reach one process (a pidfd)."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ndir = tmp_path / "run" / "n0"
+        ndir.mkdir(parents=True)
+        recorded = procs.stat(bystander.pid).starttime - 1  # the supervisor that had the pid
+        (ndir / "state.json").write_text(json.dumps({
+            "run_id": "r-reused", "node": "n0", "pid": bystander.pid, "starttime": recorded,
+            "state": "running", "grace": 1.0}))
+        reused_at_the_signal(monkeypatch, bystander.pid, recorded)
+        state = getattr(node, op)({"run_root": str(tmp_path / "run"), "node": "n0",
+                                   "timeout": 5})
+        assert state["state"] == "lost" and not state["alive"], state
+    finally:
+        assert signalled_by_us_only(bystander), "a reused pid was signalled"
+
+
+def test_a_store_pid_reused_before_the_signal_is_not_signalled(tmp_path, monkeypatch):
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run_root = tmp_path / "r1"
+        run_root.mkdir()
+        recorded = procs.stat(bystander.pid).starttime - 1  # the store that had the pid
+        (run_root / "store.json").write_text(json.dumps({
+            "pid": bystander.pid, "starttime": recorded, "port": 1}))
+        reused_at_the_signal(monkeypatch, bystander.pid, recorded)
+        stop_store(str(run_root))
+    finally:
+        assert signalled_by_us_only(bystander), "a reused pid was signalled"
+
+
 STRAGGLER = r"""
 import signal, sys, time
 def save_then_exit(*_):
