@@ -44,6 +44,23 @@ def agent_env():
     return env
 
 
+def job_env():
+    """This environment for the job (torchrun and its workers): the agent's folder taken off
+    PYTHONPATH, where :func:`agent_env` (and the SSH bootstrap, for serve's children) put it.
+    Left there, rankdeck's ``agent`` package would shadow a training package of that name;
+    the job's path is the login's (the flight-recorder hook has a folder of its own:
+    agent/frhook.py)."""
+    env = dict(os.environ)
+    ours = os.path.realpath(AGENT_PARENT)
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+            if not p or os.path.realpath(p) != ours]
+    if any(kept):
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
 def node_dir(args):
     """The node's run folder named by a request's ``run_root`` and ``node``."""
     return os.path.join(host_path(args["run_root"]), args["node"])

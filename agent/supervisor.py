@@ -34,7 +34,7 @@ from .pace import SLOW, SLOW_WATCHED, Pace
 from .metrics import MetricParser
 from .ranksample import RankSampler, period_of
 from .resumed import resumed_records
-from .node import STOP_END
+from .node import STOP_END, job_env
 from .runfiles import read_json, write_json_atomic
 from .tail import LogFollower
 from .watch import open_watch
@@ -213,7 +213,7 @@ class Supervisor(object):
 
     # -- torchrun --------------------------------------------------------------------------
     def launch(self):
-        env = dict(os.environ)
+        env = job_env()  # the login's PYTHONPATH, without the agent's folder
         env.update(self.spec.get("env", {}))
         env[procs.MARKER] = self.marker
         env["PYTHONUNBUFFERED"] = "1"
