@@ -51,8 +51,10 @@ class History:
         self._write(self.path(record["run_id"]), lambda f: f.write(text))
 
     def _write(self, path: str, dump) -> None:
-        """Write ``path`` whole: into a temporary file of this writer's own, then renamed."""
-        os.makedirs(self.folder, exist_ok=True)
+        """Write ``path`` whole: into a temporary file of this writer's own (0600), then renamed.
+        The folder is the user's alone (0700), one an older rankdeck made 0755 too."""
+        os.makedirs(self.folder, 0o700, exist_ok=True)
+        os.chmod(self.folder, 0o700)
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=os.path.basename(path) + ".",
                                    suffix=".tmp")
         try:

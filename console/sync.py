@@ -172,10 +172,12 @@ class HashCache:
         return sha
 
     def save(self) -> None:
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        folder = os.path.dirname(self.path)
+        try:  # the paths of the user's trees: theirs alone (0700 folder, 0600 file)
+            os.makedirs(folder, 0o700, exist_ok=True)
+            os.chmod(folder, 0o700)  # one an older rankdeck made 0755 too
             tmp = "%s.%d.tmp" % (self.path, os.getpid())
-            with open(tmp, "w") as f:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
                 f.write(json.dumps(self.new, separators=(",", ":")))
             os.replace(tmp, self.path)
         except OSError:
