@@ -17,6 +17,10 @@ Sample::
      "disk": {"dev": "nvme0n1", "read_mbs": float|None, "write_mbs": float|None} | None}
 
 ``net`` leaves out ``lo`` and bridges (a bridge's traffic is its members' traffic again).
+``up`` is False only for a link this sampler saw up and that is down now: a healthy GPU host
+has links down by design (``ifb0``, ``ifb1``, an unused port or HCA port), which are None,
+as is a state the kernel does not know. A link down since before the sampler started (a new
+``serve``) is not reported down; the supervisor's sampler lives as long as the run.
 InfiniBand ``port_rcv_data``/``port_xmit_data`` count 4-byte words (IBTA PortCounters).
 The disk is the block device holding the workdir, a partition mapped to its whole disk.
 """
@@ -72,6 +76,7 @@ class HostSampler:
         self._clock = clock
         self._prev = {}  # counter name -> (value, clock time)
         self._disk_of = {}  # workdir -> block device name or None
+        self._seen_up = set()  # links seen up: only those can go down
 
     def _path(self, *parts):
         return os.path.join(self._root, *parts)
@@ -150,11 +155,18 @@ class HostSampler:
             if not name or name == "lo" or len(words) < 9 or self._is_bridge(name):
                 continue
             rx, tx = _int(words[0]), _int(words[8])
-            ifaces.append({"iface": name, "up": self._operstate_up(name),
+            ifaces.append({"iface": name, "up": self._link_up(name, self._operstate_up(name)),
                            "rx_gbps": self._delta("rx:" + name, rx, now, 8e-9),
                            "tx_gbps": self._delta("tx:" + name, tx, now, 8e-9)})
         return {"net": ifaces, "net_rx_gbps": _sum(i["rx_gbps"] for i in ifaces),
                 "net_tx_gbps": _sum(i["tx_gbps"] for i in ifaces)}
+
+    def _link_up(self, link, up):
+        """``up`` as a fault reads it: False only for a link seen up before (module docstring)."""
+        if up:
+            self._seen_up.add(link)
+            return True
+        return False if up is False and link in self._seen_up else None
 
     def _is_bridge(self, iface):
         return os.path.isdir(self._path("sys", "class", "net", iface, "bridge"))
@@ -188,7 +200,8 @@ class HostSampler:
         counters = os.path.join(path, "counters")
         rx = _int((_read(os.path.join(counters, "port_rcv_data")) or "").strip())
         tx = _int((_read(os.path.join(counters, "port_xmit_data")) or "").strip())
-        return {"port": name, "state": state, "up": None if state is None else state == "ACTIVE",
+        up = self._link_up("ib:" + name, None if state is None else state == "ACTIVE")
+        return {"port": name, "state": state, "up": up,
                 "rx_gbps": self._delta("ibrx:" + name, rx, now, _IB_WORD * 8e-9),
                 "tx_gbps": self._delta("ibtx:" + name, tx, now, _IB_WORD * 8e-9)}
 

@@ -11,6 +11,7 @@ import sys
 import time
 
 from agent.hoststats import HostSampler
+from console.telemetry import node_telemetry
 
 NET_DEV = """\
 Inter-|   Receive                                                |  Transmit
@@ -150,3 +151,32 @@ def test_serve_sends_host_sample_with_gpu_snapshot():
     gpu = [m for m in msgs if m["t"] == "gpu"]
     assert len(gpu) == 2 and "snap" in gpu[0]
     assert gpu[0]["host"]["mem_total"] > 0 and gpu[1]["host"]["cpu_pct"] is not None
+
+
+def test_only_a_link_that_was_up_and_went_down_is_down(tmp_path):
+    """ifb0/ifb1 (down by design on a healthy GPU host, issue 29) and an unused port are never
+    reported down; eth1 is, once it was up and lost its link. The same for InfiniBand ports."""
+    clock = FakeClock()
+    root = tmp_path / "h"
+    fake_host(root, 0)
+    dev = NET_DEV.format(lo=0, rx=0, tx=0) + "".join(
+        "%6s: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n" % name for name in ("ifb0", "ifb1", "eth1"))
+    write(root, "proc/net/dev", dev)
+    for name, state in (("ifb0", "down"), ("ifb1", "down"), ("eth1", "up")):
+        write(root, "sys/class/net/%s/operstate" % name, state + "\n")
+    unused = "sys/class/infiniband/mlx5_1/ports/1/"
+    write(root, unused + "state", "1: DOWN\n")
+    sampler = HostSampler(root=str(root), clock=clock)
+
+    def down(snap):
+        return node_telemetry(None, snap)["links_down"]
+    assert down(sampler.sample()) == []  # a healthy host
+    clock.now += 1
+    write(root, "sys/class/net/eth1/operstate", "down\n")
+    write(root, "sys/class/infiniband/mlx5_0/ports/1/state", "1: DOWN\n")
+    snap = sampler.sample()
+    assert down(snap) == ["eth1", "mlx5_0/1"]
+    assert [i["up"] for i in snap["net"] if i["iface"].startswith("ifb")] == [None, None]
+    clock.now += 1
+    write(root, "sys/class/net/eth1/operstate", "up\n")  # back: not down any more
+    assert down(sampler.sample()) == ["mlx5_0/1"]
