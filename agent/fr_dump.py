@@ -136,7 +136,8 @@ def source_line(path, line):
 def search_dirs(pid):
     """Where a relative frame path of ``pid`` may start: py-spy shortens a file to its path
     below the ``sys.path`` entry it was found in; faulthandler prints it as imported. So: the
-    rank's working directory, its script's folder, its PYTHONPATH."""
+    rank's working directory, its script's folder and that folder's parent (a script that
+    puts its project on sys.path itself, as trainer/train.py does), its PYTHONPATH."""
     proc = "/proc/%d" % pid
     dirs = []
     try:
@@ -145,7 +146,9 @@ def search_dirs(pid):
         with open(proc + "/cmdline", "rb") as f:
             argv = f.read().decode("utf-8", "replace").split("\0")
         scripts = [a for a in argv[1:3] if a.endswith(".py")]
-        dirs.extend(os.path.dirname(os.path.join(cwd, a)) for a in scripts[:1])
+        for script in scripts[:1]:
+            folder = os.path.dirname(os.path.join(cwd, script))
+            dirs.extend([folder, os.path.dirname(folder)])
     except OSError:
         return dirs
     dirs.extend(os.path.join(cwd, d) for d in procs.environ(pid).get("PYTHONPATH", "").split(":")

@@ -126,6 +126,26 @@ def test_a_rank_late_by_a_small_part_of_a_step_is_not_named():
     assert decide(*_every(0.0))["suspects"] == []  # jitter alone, same for everyone
 
 
+def test_a_source_below_the_scripts_project_folder_is_read(tmp_path):
+    """A script that puts its project on sys.path itself (trainer/train.py does) is shortened
+    by py-spy below that folder: the script's parent is searched, with no PYTHONPATH given."""
+    project = tmp_path / "proj"
+    (project / "trainer").mkdir(parents=True)
+    (project / "trainer" / "faults.py").write_text("\n" * 86 + "        time.sleep(3600)\n")
+    (project / "trainer" / "train.py").write_text("print(1, flush=True); input()\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rank = subprocess.Popen([sys.executable, str(project / "trainer" / "train.py")],
+                            cwd=str(elsewhere), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={})
+    try:
+        rank.stdout.readline()  # it runs
+        assert sources(STUCK_STACK, rank.pid) == {"trainer/faults.py:87": "time.sleep(3600)"}
+    finally:
+        rank.kill()
+        rank.wait()
+
+
 def test_the_frame_is_the_innermost_outside_torch():
     assert frame_of(WAITING_STACK) == "trainer/train.py:238 in train_step"
     assert frame_of(None) is None
