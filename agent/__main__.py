@@ -1,11 +1,11 @@
-"""``python -m agent serve | supervisor NODE_DIR | version``."""
+"""``python -m agent serve | supervisor NODE_DIR | judge RUN_ROOT | version``."""
 
 import sys
 
 
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
-        sys.stdout.write("usage: python -m agent serve | supervisor NODE_DIR | version\n")
+        sys.stdout.write("usage: python -m agent serve | supervisor NODE_DIR | judge RUN_ROOT | version\n")
         return 0 if argv else 2
     cmd = argv[0]
     if sys.version_info < (3, 8):
@@ -20,6 +20,10 @@ def main(argv):
         from .supervisor import main as supervisor_main
 
         return supervisor_main(argv[1])
+    if cmd == "judge" and len(argv) == 2:
+        from .judge import main as judge_main
+
+        return judge_main(argv[1])
     if cmd == "version":
         from .version import agent_version
 

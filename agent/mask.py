@@ -117,6 +117,16 @@ class Masker:
         return self.mask(text.encode("utf-8", "surrogateescape")).decode(
             "utf-8", "surrogateescape")
 
+    def mask_tree(self, obj):
+        """``obj`` (JSON-like data: a verdict, a stack report) with every string masked."""
+        if isinstance(obj, str):
+            return self.mask_text(obj)
+        if isinstance(obj, dict):
+            return {k: self.mask_tree(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self.mask_tree(v) for v in obj]
+        return obj
+
     def safe_cut(self, data, end):
         """The last place at or before ``end`` where ``data`` may be cut without cutting a
         secret: one seen whole across ``end``, or begun before it and going on to the end of

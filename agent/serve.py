@@ -142,6 +142,29 @@ class Server(object):
     def op_store_stop(self, args):
         return stop_store(host_path(args["run_root"]))
 
+    # -- the run's judge (agent/judge.py) ---------------------------------------------------
+    def op_judge_start(self, args):
+        from . import judge  # as for sync: not needed to start
+        try:
+            return judge.start_judge(host_path(args["run_root"]), args["spec"])
+        except RuntimeError as exc:
+            raise RequestError(str(exc), "judge")
+
+    def op_judge_stop(self, args):
+        from . import judge
+        return judge.stop_judge(host_path(args["run_root"]))
+
+    def op_judge(self, args):
+        """A console's question to the run's judge: ``why`` (a fresh verdict) or ``ping``."""
+        from . import judge
+        if args.get("op") not in ("why", "ping"):
+            raise RequestError("the judge answers why and ping, not %r" % args.get("op"), "usage")
+        try:
+            return judge.ask_judge(host_path(args["run_root"]), args["op"],
+                                   float(args.get("timeout", 60)))
+        except RuntimeError as exc:
+            raise RequestError(str(exc), "no-judge")
+
     # -- code to the hosts (agent/sync.py) --------------------------------------------------
     def _sync(self, op, args):
         from . import sync  # here, not at the top: every connection starts serve (launch time)

@@ -29,11 +29,13 @@ from .checkpoint_watch import CheckpointWatch
 from .gpu import GpuProbe, gpu_pids_memory
 from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
+from .judge_link import JudgeLink
 from .mask import Masker
 from .pace import SLOW, SLOW_WATCHED, Pace
 from .metrics import MetricParser
 from .ranksample import RankSampler, period_of
 from .resumed import resumed_records
+from .judge_link import JudgeLink
 from .node import STOP_END, job_env
 from .runfiles import read_json, write_json_atomic
 from .tail import LogFollower
@@ -107,6 +109,7 @@ class Supervisor(object):
         self.checkpoints = CheckpointWatch(spec.get("cwd") or self.node_dir,
                                            watch_dir=spec.get("checkpoint_dir"))
         self.torchrun = None  # pid
+        self.judge_link = None  # agent/judge_link.py, once run() starts
         self.instance_before = set()
         self.requests = []
         self.exiting = []  # old torchruns a restart left exiting (kill, watch_exiting)
@@ -351,8 +354,21 @@ class Supervisor(object):
     def on_signal(self, signum, _frame):
         self.requests.append(signum)
 
+    # -- the run's judge (agent/judge_link.py) ---------------------------------------------
+    def files_by_rank(self):
+        """{fid: rank} of the workers' files so far."""
+        return {fid: info[0] for fid, info in list(self.ranks.items()) if info[1] is not None}
+
+    def why_report(self):
+        """The node's ranks' stacks and flight-recorder tails (agent/fr_dump.py), masked."""
+        from .fr_dump import node_report  # only when the judge asks
+        return self.masker.mask_tree(node_report(self.node_dir, {"python": sys.executable}))
+
     def run(self):
         procs.set_child_subreaper()
+        self.judge_link = JudgeLink(self.spec.get("judge") or {}, self.spec["node"],
+                                    self.node_dir, self.files_by_rank, self.why_report, self.log)
+        self.judge_link.start()
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGUSR1, self.on_signal)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -466,6 +482,8 @@ class Supervisor(object):
         self.exiting = []  # the end's kill took any old torchrun too (it carries the marker)
         self.save(state=state, exit_code=code, cause=cause, kill=report, ended=time.time(),
                   torchrun_pid=None, exiting=[])
+        if self.judge_link is not None:
+            self.judge_link.close()  # the judge hears the end before this process is gone
         self.follower.close()
         self.journal.close()
         return 0

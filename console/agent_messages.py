@@ -114,6 +114,8 @@ def check_answer(op: str, data) -> None:
         _field(data, "start", _INT, what)
     elif op in ("stacks", "why"):
         _stacks(data, what)
+    elif op == "judge" and "kind" in data:
+        _verdict(data, what)
 
 
 def _stacks(data: dict, what: str) -> None:
@@ -174,6 +176,12 @@ def _record(rec) -> None:
         _field(meta, "report", _DICT, what, optional=True)
         _rank_fields(meta, what)  # worker_failed
         _field(meta, "exit_code", _INT, what, optional=True, span=EXIT_RANGE)
+        _field(meta, "step", _INT, what, optional=True)  # the judge's (console/judged.py)
+        for key in ("text", "node"):
+            _field(meta, key, _STR, what, optional=True)
+        _field(meta, "stall_after", _NUM, what, optional=True)
+        if meta.get("verdict") is not None:
+            _verdict(meta["verdict"], what)
         if meta["what"] == "ended":
             if meta.get("state") not in ENDED_STATES:
                 _bad("an 'ended' event with the unknown state %s" % _what(meta.get("state")))
@@ -195,6 +203,27 @@ def _sample(meta: dict, what: str) -> None:
         for key in ("state", "fr_error"):
             _field(rank, key, _STR, where, optional=True)
         _entry_times(rank.get("fr"), where)
+
+
+def _verdict(verdict, what: str) -> None:
+    """Who is stuck, as agent/verdict.py decides it (the judge's, or an answer to `judge`)."""
+    where = what + "'s verdict"
+    if not isinstance(verdict, dict):
+        _bad("%s is %s, not an object" % (where, _what(verdict)))
+    for key in ("kind", "summary"):
+        _field(verdict, key, _STR, where)
+    _field(verdict, "evidence", _DICT, where, optional=True)
+    suspects = verdict.get("suspects")
+    if not isinstance(suspects, list) or len(suspects) > SAMPLE_RANKS_MAX:
+        _bad("%s has suspects = %s, not a list" % (where, _what(suspects)))
+    for i, suspect in enumerate(suspects):
+        at = "%s's suspects[%d]" % (where, i)
+        if not isinstance(suspect, dict):
+            _bad("%s is %s, not an object" % (at, _what(suspect)))
+        _field(suspect, "rank", _INT, at, span=(0, WORLD_MAX))
+        _field(suspect, "node", _STR, at)
+        for key in ("frame", "source"):
+            _field(suspect, key, _STR, at, optional=True)
 
 
 def _rank_list(obj: dict, what: str):

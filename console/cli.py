@@ -49,9 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     def run_opts(sp, tui=True):
-        sp.add_argument("--stall-after", type=SECONDS, default=60.0, metavar="SECONDS",
+        sp.add_argument("--stall-after", type=SECONDS, default=None, metavar="SECONDS",
                         help="a rank is stalled after max(SECONDS, 5 x its median step time) "
-                        "without a step (default 60)")
+                        "without a step (default: the run's own, set at launch; 60)")
         if tui:
             sp.add_argument("--no-tui", action="store_true", help="print `[node r] line` "
                             "streams and a summary instead of the live view")
@@ -79,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "checkpoint, for trainers that print nothing when they save")
     la.add_argument("--grace", type=bounded(float, 0), default=10.0,
                     help="seconds between SIGTERM and SIGKILL when stopping")
+    la.add_argument("--on-hang", choices=("warn", "restart", "stop"), default="warn",
+                    help="what the run's judge on the hosts does when a hang's verdict names "
+                    "a rank, console or not: warn (default), restart that node (within "
+                    "--max-restarts), or stop the run")
+    la.add_argument("--max-wall", type=SECONDS, metavar="SECONDS",
+                    help="the judge stops the run after this long")
+    la.add_argument("--notify", metavar="CMD", help="a shell command the judge runs on its "
+                    "host for each event picked by --notify-on, the event as JSON on stdin "
+                    "(default: the inventory's notify:; docs/JUDGE.md)")
+    la.add_argument("--notify-on", metavar="KINDS", help="comma-separated: stall, verdict, "
+                    "failed, succeeded, stopped, restarted, diverged (default: all)")
     la.add_argument("--detach", action="store_true", help="return once every node started")
     la.add_argument("--skip-preflight", action="store_true",
                     help="start without checking the hosts first (`rankdeck check`)")
@@ -110,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="per node and per rank: state, step, loss, restarts")
     st.add_argument("run_id")
     st.add_argument("--json", action="store_true", help="machine-readable (docs/STATUS.md)")
-    st.add_argument("--stall-after", type=SECONDS, default=60.0, metavar="SECONDS")
+    st.add_argument("--stall-after", type=SECONDS, default=None, metavar="SECONDS",
+                    help="default: the run's own (set at launch)")
 
     ex = sub.add_parser("export", help="a run's numbers as files: per rank step, loss, lr, "
                         "step time, tok/s; per node its telemetry")

@@ -15,12 +15,14 @@ import time
 from dataclasses import asdict
 
 import trainer
+from agent.judge_notify import KINDS as NOTIFY_KINDS
 from inventory.loader import load_inventory
 from inventory.model import Inventory
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
 from .history import History, state_dir
+from .judged import judged, settle
 from .liveness import check_stalls
 from .preflight import check_table
 from .report import RunReport
@@ -69,7 +71,7 @@ def report_unreachable(failed: dict) -> None:
         print("rankdeck: %s unreachable: %s" % (name, exc), file=sys.stderr)
 
 
-def recorded_run(run_id: str, stall_after: float = 60.0,
+def recorded_run(run_id: str, stall_after: float | None = None,
                  node: str | None = None) -> RunController:
     """A controller for a run recorded on this laptop, not connected yet. ``node``: a node the
     caller will act on; an unknown one is refused (UsageError) before connecting."""
@@ -81,7 +83,8 @@ def recorded_run(run_id: str, stall_after: float = 60.0,
     if node is not None and node not in names:
         raise UsageError("run %s has no node %r; nodes: %s" % (ctl.run_id, node,
                                                                ", ".join(names)))
-    ctl.state.stall_min_s = stall_after
+    if stall_after is not None:  # else the run's own (RunController.from_record)
+        ctl.state.stall_min_s = stall_after
     return ctl
 
 
@@ -108,7 +111,7 @@ async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str)
         print("rankdeck: warning: %s" % warning, file=sys.stderr)
     transport = make_transport(inv.transport, getattr(args, "accept_new_host_keys", False))
     async with RunController(inv, transport, History(), max_restarts=spec.max_restarts) as ctl:
-        ctl.state.stall_min_s = args.stall_after
+        ctl.state.stall_min_s = spec.stall_after
         ctl.mask_env_secrets(spec.env)  # before the view takes the secrets
 
         async def launch():
@@ -136,8 +139,24 @@ async def cmd_launch(args) -> int:
                       nnodes=args.nnodes, grace=args.grace, metrics_regex=args.metrics_regex,
                       env=parse_env(args.env), module=args.module,
                       sync=sync_folder(args.sync, inv.sync, path),
-                      checkpoint_dir=args.checkpoint_dir)
+                      checkpoint_dir=args.checkpoint_dir, **judge_settings(args, inv))
     return await start_run(inv, spec, args, path)
+
+
+def judge_settings(args, inv: Inventory) -> dict:
+    """The run's own settings the judge on the hosts applies (LaunchSpec's judge fields)."""
+    kinds = None
+    if getattr(args, "notify_on", None):
+        kinds = [k.strip() for k in args.notify_on.split(",") if k.strip()]
+        unknown = sorted(set(kinds) - set(NOTIFY_KINDS))
+        if unknown:
+            raise UsageError("--notify-on: unknown kind(s) %s; choose from %s"
+                             % (", ".join(unknown), ", ".join(NOTIFY_KINDS)))
+    return {"stall_after": args.stall_after or 60.0,
+            "on_hang": getattr(args, "on_hang", "warn"),
+            "max_wall": getattr(args, "max_wall", None),
+            "notify": getattr(args, "notify", None) or getattr(inv, "notify", None),
+            "notify_on": kinds}
 
 
 def check_nnodes(nnodes: str, hosts: int, inventory: str) -> None:
@@ -195,7 +214,8 @@ async def cmd_demo(args) -> int:
         h.workdir = workdir
     extra = script_args(args.args)
     spec = LaunchSpec(script=DEMO_TRAINER, nproc_per_node=args.nproc_per_node, max_restarts=3,
-                      args=["--steps", str(args.steps), "--ckpt-every", "50"] + extra)
+                      args=["--steps", str(args.steps), "--ckpt-every", "50"] + extra,
+                      stall_after=args.stall_after or 60.0)
     return await start_run(inv, spec, args, DEMO_INVENTORY)
 
 
@@ -238,7 +258,10 @@ async def cmd_status(args) -> int:
         failed = await ctl.connect_all(reconnect=False)
         await ctl.subscribe_all()
         await ctl.caught_up()
-        check_stalls(ctl.state)
+        if judged(ctl.state):  # the judge's journal said who is stalled
+            settle(ctl.state)
+        else:
+            check_stalls(ctl.state)
         status = ctl.status()
         if not failed:
             ctl.save_status()

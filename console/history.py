@@ -145,6 +145,7 @@ RECORD_FIELDS = {
     "inventory": (_TEXT, _NONE), "transport": (_TEXT, _NONE), "rdzv_host": (_TEXT, _NONE),
     "rdzv_endpoint": (_TEXT, _NONE), "run_roots": (_DICT, _NONE), "secret_env": (_LIST, _NONE),
     "spec": (_DICT, _NONE), "status": (_DICT, _NONE), "sync": (_DICT, _NONE),
+    "judge": (_DICT, _NONE),
 }
 HOST_FIELDS = {"name": (_TEXT,), "addr": (_TEXT,), "ssh": (_TEXT, _NONE),
                "python": (_TEXT, _NONE), "workdir": (_TEXT, _NONE), "slots": (_WHOLE, _NONE),
@@ -154,6 +155,8 @@ SPEC_FIELDS = {
     "max_restarts": (_WHOLE, _NONE), "nnodes": (_TEXT, _NONE), "grace": (_NUM, _NONE),
     "metrics_regex": (_TEXT, _NONE), "env": (_DICT, _NONE), "module": (bool, _NONE),
     "sync": (_TEXT, _NONE), "launcher": (_LIST, _NONE), "checkpoint_dir": (_TEXT, _NONE),
+    "stall_after": (_NUM, _NONE), "on_hang": (_TEXT, _NONE), "max_wall": (_NUM, _NONE),
+    "notify": (_TEXT, _NONE), "notify_on": (_LIST, _NONE),
 }
 
 

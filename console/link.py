@@ -15,6 +15,7 @@ import logging
 from agent import protocol
 from . import agent_messages
 from .errors import AgentError
+from .judged import apply_judge_records
 from .sanitize import clean
 from .state import RunState
 from .transport.base import AgentStream, HostUnreachable, Transport
@@ -36,6 +37,7 @@ class NodeLink:
         self.stream: AgentStream | None = None
         self.hello: dict | None = None
         self.subscribed = False
+        self.judge_subscribed = False
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._reader: asyncio.Task | None = None
@@ -144,6 +146,13 @@ class NodeLink:
         self.subscribed = True
         return data
 
+    async def subscribe_judge(self) -> dict:
+        """Also follow the run's judge's journal (this is the rendezvous host's link)."""
+        data = await self.request("subscribe", run_root=self.run_root, node="judge",
+                                  sub="judge", offset=self.state.judge_offset)
+        self.judge_subscribed = True
+        return data
+
     # -- incoming --------------------------------------------------------------------------
     async def _read_loop(self, stream: AgentStream) -> None:
         why = "connection lost"
@@ -190,8 +199,12 @@ class NodeLink:
                     fut.set_exception(AgentError("%s: %s" % (self.name,
                                                              clean(str(msg.get("error")))),
                                                  msg.get("kind") or "error"))
+        elif kind == "journal" and self.state is not None and msg.get("sub") == "judge":
+            apply_judge_records(self.state, msg.get("recs", []), msg.get("end", 0))
         elif kind == "journal" and self.state is not None:
             self.state.apply_records(self.name, msg.get("recs", []), msg.get("end", 0))
+        elif kind == "state" and msg.get("sub") == "judge":
+            pass  # the judge's state.json: its journal says what a console needs
         elif kind == "state" and self.state is not None:
             self.state.apply_supervisor_state(self.name, msg.get("state"))
         elif kind == "gpu" and self.state is not None:
@@ -205,6 +218,8 @@ class NodeLink:
                 if self.subscribed:
                     self.subscribed = False
                     await self.subscribe()
+                if self.judge_subscribed:
+                    await self.subscribe_judge()
             except (HostUnreachable, AgentError, OSError) as exc:
                 if self.state is not None:
                     self.state.set_node(self.name, "unreachable", str(exc))

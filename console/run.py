@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets as _secrets
 import sys
 import time
 from dataclasses import asdict
@@ -30,16 +31,17 @@ from .errors import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, AgentEr
                      LaunchError, UsageError)
 from .finish import ends_due
 from .history import History, host_record, inventory_from_record
+from .judged import judged, settle
 from .link import NodeLink
 from .liveness import check_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
-from .sanitize import Masker, secret_warnings
+from .sanitize import Masker, clean_tree, secret_warnings
 from .scrollback import PAGE_BYTES
 from .spec import LaunchSpec, new_run_id, run_root, torchrun_argv  # LaunchSpec: callers' too
 from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
 from .state import RUN_ENDED, RunState
 from .transport.base import HostUnreachable, Transport
-from .why import take_verdict
+from .why import masked, take_verdict
 
 ATTACH_BACKLOG = 4 << 20  # journal bytes per node a TUI attach reads log lines from
 # SSH handshakes under way at once: ~20 ms of laptop CPU each (docs/SCALE.md), so 64 finish
@@ -66,6 +68,7 @@ class RunController:
         self.record: dict = {}
         self.spec: LaunchSpec | None = None  # what launch() starts (a recorded run: its record's)
         self.launch_error: LaunchError | None = None  # why launch() failed, when it did
+        self.judge_ref: dict | None = None  # where the run's judge listens (node specs carry it)
         self._tasks: list[asyncio.Task] = []
         self._ending: set[str] = set()  # nodes being stopped by console/finish.py's rules
         self._ending_stops: list[asyncio.Task] = []  # their stop requests
@@ -156,6 +159,9 @@ class RunController:
             "max_restarts": spec.max_restarts,
             "metrics_regex": spec.metrics_regex,
             "checkpoint_dir": spec.checkpoint_dir,
+            # where the run's judge listens; its token only from the console that made it (a
+            # later console's restart: the host kept it, agent/judge_wire.py)
+            "judge": self.judge_ref,
         }
 
     def mask_env_secrets(self, env: dict[str, str]) -> None:
@@ -241,6 +247,7 @@ class RunController:
                               % (rdzv.name, exc), EXIT_FAILED) from None
         endpoint = "%s:%d" % (rdzv.addr, store["port"])
         self.record["rdzv_endpoint"] = endpoint
+        await self._start_judge(rdzv, hosts, spec)
         self.state.add_event(rdzv.name, "rendezvous", "rendezvous store at %s%s" % (
             endpoint, "; " + store["note"][:300] if store.get("note") else ""))
         started = await self.gather_nodes(
@@ -350,7 +357,42 @@ class RunController:
 
     async def subscribe_all(self) -> None:
         await self.gather_nodes(lambda link: link.subscribe(), self.connected())
+        await self._subscribe_judge()
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
+
+    # -- the run's judge (agent/judge.py, console/judged.py) ---------------------------------
+    async def _start_judge(self, rdzv: Host, hosts: list[Host], spec: LaunchSpec) -> None:
+        """Start the run's judge beside the store; a host whose agent has none (an older one)
+        leaves this console judging, which it says."""
+        token = _secrets.token_hex(32)
+        settings = {"addr": rdzv.addr, "token": token, "nodes": [h.name for h in hosts],
+                    "stall_after": spec.stall_after, "on_hang": spec.on_hang,
+                    "max_wall": spec.max_wall, "notify": spec.notify,
+                    "notify_on": spec.notify_on, "max_restarts": spec.max_restarts,
+                    "secrets": list(self.secrets)}
+        try:
+            info = await self.links[rdzv.name].request(
+                "judge_start", run_root=self.root_of(rdzv.name), spec=settings, timeout=60)
+        except AgentError as exc:
+            self.state.add_event(rdzv.name, "judge", "no judge on the hosts (%s): this console "
+                                 "judges the run, only while it is attached" % exc)
+            return
+        self.record["judge"] = {"host": rdzv.name, "addr": rdzv.addr, "port": info.get("port")}
+        self.judge_ref = {"addr": rdzv.addr, "port": info.get("port"), "token": token}
+
+    def judge_host(self) -> str | None:
+        return (self.record.get("judge") or {}).get("host")
+
+    async def _subscribe_judge(self) -> None:
+        host = self.judge_host()
+        link = self.links.get(host) if host else None
+        if link is None or link.stream is None:
+            return
+        try:
+            await link.subscribe_judge()
+        except AgentError as exc:
+            self.state.add_event(host, "judge", "the judge's journal cannot be read (%s): this "
+                                 "console judges the run" % exc)
 
     # -- an existing run -------------------------------------------------------------------
     @classmethod
@@ -367,6 +409,9 @@ class RunController:
         ctl.missing_env = restored.missing
         ctl.secrets = sorted(set(ctl.inventory.secrets) | set(restored.secrets))
         ctl.state.masker = Masker(ctl.secrets)
+        judge = record.get("judge") or {}
+        ctl.judge_ref = {"addr": judge.get("addr"), "port": judge.get("port")} if judge else None
+        ctl.state.stall_min_s = ctl.spec.stall_after
         return ctl
 
     def check_restartable(self, node: str | None = None) -> None:
@@ -402,6 +447,15 @@ class RunController:
             except asyncio.TimeoutError:
                 pass
         await self.gather_nodes(one, self.connected())
+        judge = self.links.get(self.judge_host() or "")
+        if judge is not None and judge.judge_subscribed:
+            st = await judge.request("state", run_root=judge.run_root, node="judge")
+            size = st.get("journal_size") or 0
+            try:
+                await asyncio.wait_for(self._until(lambda: self.state.judge_offset >= size),
+                                       timeout)
+            except asyncio.TimeoutError:
+                pass
 
     async def _until(self, condition) -> None:
         """Return once ``condition()`` holds, checked after every change of the run's state."""
@@ -428,12 +482,15 @@ class RunController:
         return results
 
     async def stop_store(self) -> None:
-        rdzv = self.record.get("rdzv_host")
-        if rdzv and rdzv in self.links and self.links[rdzv].stream is not None:
-            try:
-                await self.links[rdzv].request("store_stop", run_root=self.root_of(rdzv))
-            except AgentError:
-                pass
+        """The run is over: end its rendezvous store and its judge (which says how the run
+        ended and sends its last notifications first)."""
+        for op, host in (("store_stop", self.record.get("rdzv_host")),
+                         ("judge_stop", self.judge_host())):
+            if host and host in self.links and self.links[host].stream is not None:
+                try:
+                    await self.links[host].request(op, run_root=self.root_of(host))
+                except AgentError:
+                    pass
 
     async def restart(self, node: str | None = None) -> dict:
         """Restart one node (it rejoins the rendezvous) or, without ``node``, every node."""
@@ -489,9 +546,12 @@ class RunController:
         last_save = float("-inf")
         while True:
             await asyncio.sleep(1.0)
-            if check_stalls(self.state) or verdict_again_due(self.state):
-                self._start_verdict()
-            self._end_finished_nodes()
+            if judged(self.state):  # the judge on the hosts applies the rules
+                settle(self.state)
+            else:
+                if check_stalls(self.state) or verdict_again_due(self.state):
+                    self._start_verdict()
+                self._end_finished_nodes()
             now = time.monotonic()
             if now - last_save > 5 or self.state.run_state() in RUN_ENDED:
                 last_save = now
@@ -526,7 +586,20 @@ class RunController:
             self._tasks.append(self._verdict_task)
 
     async def why(self) -> dict:
-        """Who is stuck now: the verdict, also kept in ``state.verdict``."""
+        """Who is stuck now: the verdict, also kept in ``state.verdict``. The run's judge takes
+        it when there is one (every console then shows the same); else this console does."""
+        link = self.links.get(self.judge_host() or "")
+        if link is not None and link.stream is not None:
+            try:
+                verdict = await link.request("judge", run_root=link.run_root, op="why",
+                                             timeout=90)
+            except AgentError as exc:
+                self.state.add_event(link.name, "judge", "the judge did not answer (%s): this "
+                                     "console takes the verdict" % exc)
+            else:
+                verdict = masked(clean_tree(verdict), self.state.masker)
+                self.state.set_verdict(verdict)
+                return verdict
         return await take_verdict(self)
 
     def status(self) -> dict:

@@ -37,6 +37,13 @@ class LaunchSpec:
     # a folder the agent watches for new saves, for trainers that print nothing when they save
     # (as written: relative to the host's workdir, ~ read on the host)
     checkpoint_dir: str | None = None
+    # what the run's judge on the hosts applies (agent/judge.py, docs/JUDGE.md): the run's own
+    # settings, so every console, attached now or later, judges it alike
+    stall_after: float = 60.0  # a rank stalls after max(this, 5 x its median step time)
+    on_hang: str = "warn"  # warn | restart (the node the verdict names) | stop (the run)
+    max_wall: float | None = None  # seconds: the judge stops the run after this long
+    notify: str | None = None  # a shell command run on the judge's host, an event on stdin
+    notify_on: list[str] | None = None  # the kinds of events notified (None: all)
 
 
 def new_run_id() -> str:

@@ -3,40 +3,11 @@ the one to look at in a hang (the others wait for it in a collective)."""
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 
+from agent.verdict import main_thread_locations
+
 from .sanitize import clean
-
-_PYSPY_FRAME = re.compile(r"^\s+(\S+) \((.+?):(\d+)\)\s*$")
-_FH_FRAME = re.compile(r'^\s+File "(.+?)", line (\d+) in (\S+)\s*$')
-
-
-def main_thread_locations(stack: str) -> list[tuple[str, str, int]]:
-    """``(function, file, line)`` of the main thread's frames, innermost first.
-
-    Reads py-spy's dump (``Thread N (idle): "MainThread"``) and faulthandler's
-    (``Current thread 0x... (most recent call first):``).
-    """
-    blocks: list[tuple[str, list[tuple[str, str, int]]]] = []
-    for line in stack.splitlines():
-        if line.startswith(("Thread ", "Current thread ")):
-            blocks.append((line, []))
-            continue
-        if not blocks:
-            continue
-        m = _PYSPY_FRAME.match(line)
-        if m:
-            blocks[-1][1].append((m.group(1), m.group(2), int(m.group(3))))
-            continue
-        m = _FH_FRAME.match(line)
-        if m:
-            blocks[-1][1].append((m.group(3), m.group(1), int(m.group(2))))
-    for header, frames in blocks:
-        if '"MainThread"' in header or header.startswith("Current thread"):
-            return frames
-    return blocks[0][1] if blocks else []
-
 
 def main_thread_frames(stack: str) -> list[str]:
     """``function (file)`` of the main thread's frames, innermost first, without line numbers

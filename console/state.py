@@ -12,6 +12,7 @@ reads them all.
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from collections import deque
@@ -24,7 +25,7 @@ from . import rendezvous
 from .lines import split_lines
 from .rankcpu import RankCpu
 from .sanitize import NO_SECRETS, Masker, clean
-from .straggler import Stragglers
+from agent.straggler import Stragglers
 from .telemetry import hardware_events, hardware_of, node_row
 from .text import human_bytes, kill_summary
 
@@ -85,6 +86,7 @@ class RankState:
     lr: float | None = None
     step_time: float | None = None
     tok_s: float | None = None
+    diverged: int | None = None  # the step of its first loss that was inf or NaN
     last_progress: float | None = None
     reports: bool = False  # it has printed a metric; a silent one steps with the run's ranks
     started: float | None = None  # when its newest worker's file appeared
@@ -188,6 +190,9 @@ class RunState:
         self.verdict: dict | None = None  # who is stuck (console/verdict.py), while stalled
         self.verdict_at = 0.0  # when it was taken
         self.verdict_tries = 0  # looks again at an unknown verdict (console/liveness.py)
+        self.judge: dict | None = None  # the judge on the hosts, its settings (console/judged.py)
+        self.judge_offset = 0  # in the judge's journal
+        self.judge_stalled: set[int] = set()  # ranks the judge says are stalled
         self.stragglers = Stragglers()  # from the supervisors' samples (agent/ranksample.py)
         self.rank_cpu = RankCpu()  # silent ranks' CPU, from the same samples
 
@@ -355,7 +360,12 @@ class RunState:
         if meta.get("step_time") is not None:
             rs.step_times.append(meta["step_time"])
         if step is not None and meta.get("loss") is not None:
-            rs.points.append((step, meta["loss"]))
+            rs.points.append((step, meta["loss"]))  # finite ones: console/buffers.py
+        if rs.diverged is None and meta.get("loss") is not None \
+                and not math.isfinite(meta["loss"]):
+            rs.diverged = step if step is not None else rs.step
+            self.add_event(ns.name, "diverged", "rank %d diverged: loss %s at step %s"
+                           % (rs.rank, meta["loss"], rs.diverged), rs.rank, meta.get("ts"))
         rs.last_progress = meta.get("ts") or time.time()
         rs.reports = True
         self.silent_waiting.discard(rs.rank)
@@ -508,6 +518,7 @@ class RunState:
                     "silent": not rs.reports, "cpu_s": self.rank_cpu.cpu_s(rs.rank),
                     "straggler": rs.rank in self.stragglers.flagged,
                     "slowdown": self.stragglers.slowdown(rs.rank),
+                    "diverged": rs.diverged,
                 })
             nodes.append({
                 "name": ns.name, "addr": ns.addr, "state": ns.state, "cause": ns.cause,

@@ -49,20 +49,6 @@ def clock_text(ts: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "--:--:--"
 
 
-def rank_ranges(ranks) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
-    out = []
-    ordered = sorted(set(ranks))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        out.append(str(ordered[i]) if i == j else "%d-%d" % (ordered[i], ordered[j]))
-        i = j + 1
-    return ",".join(out)
-
-
 def kill_summary(report: dict) -> str:
     """An agent's kill report in one line: what was signalled, killed, left, GPU memory."""
     if not report:

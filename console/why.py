@@ -11,7 +11,7 @@ import asyncio
 import sys
 
 from .sanitize import clean
-from .verdict import decide
+from agent.verdict import decide
 
 SAMPLE_GAP_S = 1.0  # between the two samples: a healthy job enters many collectives in it
 REQUEST_TIMEOUT_S = 20.0

@@ -11,12 +11,14 @@ pids of another PID namespace), the rank with that local rank, as ``cuda:LOCAL_R
 
 from __future__ import annotations
 
+from agent.verdict import rank_ranges
+
 from ..sanitize import clean
 from ..state import RunState
 from ..telemetry import SLOWING, hardware_of
 from .rowsview import RowsView
 from ..summary import ranks_by_node
-from ..text import gib, rank_ranges
+from ..text import gib
 
 BAR = 8
 

@@ -27,7 +27,9 @@ from textual.reactive import var
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ..text import clock_text, rank_ranges
+from agent.verdict import rank_ranges
+
+from ..text import clock_text
 from ..window import EntryWindow
 from .cells import fit, width_of
 from .messages import FollowChanged, OlderWanted

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from console.straggler import MIN_TICKS, WINDOW
+from agent.straggler import MIN_TICKS, WINDOW
 from console.tui.app import RankdeckApp
 from console.sources import RANK
 from console.tui.help import HelpScreen

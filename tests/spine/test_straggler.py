@@ -10,7 +10,7 @@ import pytest
 
 from console.history import History
 from console.run import LaunchSpec, RunController
-from console.straggler import MIN_TICKS, WINDOW
+from agent.straggler import MIN_TICKS, WINDOW
 from console.transport.local import LocalTransport
 
 from .helpers import TINY, TRAINER, local_inventory, wait_for, wind_down

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from console.straggler import HISTORY, MIN_TICKS, SHARE_MIN, WINDOW, Stragglers
+from agent.straggler import HISTORY, MIN_TICKS, SHARE_MIN, WINDOW, Stragglers
 
 WORLD = 4
 STEP_S = 0.05  # a fast rank's compute between two collectives

@@ -7,7 +7,8 @@ import sys
 
 from agent.fr_dump import sources
 from console.sanitize import Masker
-from console.verdict import decide, evidence_lines, frame_of, verdict_lines
+from agent.verdict import decide, frame_of
+from console.verdict import evidence_lines, verdict_lines
 from console.why import masked
 
 STUCK_STACK = '''Thread 11 (idle): "MainThread"

@@ -17,8 +17,6 @@ how much slower than the others the rank is (a rank 3x slower makes the others w
 the time: slowdown 3.0).
 """
 
-from __future__ import annotations
-
 from collections import deque
 from statistics import median
 
@@ -38,7 +36,7 @@ PENDING = HISTORY
 WHOLE_MAX = 2 ** 62
 
 
-def _times(rank: dict) -> dict[tuple[str, int], int]:
+def _times(rank):
     """{(pg, seq): entry time in us} of one rank of a sample, malformed rows skipped."""
     out = {}
     rows = rank.get("fr")
@@ -49,11 +47,11 @@ def _times(rank: dict) -> dict[tuple[str, int], int]:
     return out
 
 
-def _whole(value) -> bool:
+def _whole(value):
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= WHOLE_MAX
 
 
-def shares(times: dict[int, dict[tuple[str, int], int]]) -> dict[int, float] | None:
+def shares(times):
     """Each rank's share of the time the others waited for it, over the collectives every
     rank recorded; None with fewer than ``MIN_COMMON`` of them or fewer than 3 ranks."""
     if len(times) < 3:
@@ -72,7 +70,7 @@ def shares(times: dict[int, dict[tuple[str, int], int]]) -> dict[int, float] | N
     return out
 
 
-def over_median(found: dict[int, float]) -> tuple[dict[int, float], float]:
+def over_median(found):
     """Each rank's share above the median rank's, and the bar a straggler's must reach:
     ``SHARE_MIN`` and ``MAD_FACTOR`` x the MAD of all ranks' shares. Used here on each rank's
     sustained share and by the ``why`` verdict (console/verdict.py) on one sample's."""
@@ -84,13 +82,13 @@ def over_median(found: dict[int, float]) -> tuple[dict[int, float], float]:
 class Stragglers:
     """Fed the ``sample`` records of every node; says which rank is a straggler."""
 
-    def __init__(self) -> None:
-        self._ticks: dict[int, dict[int, dict]] = {}  # tick -> rank -> times
-        self.history: dict[int, deque] = {}  # rank -> its shares, newest last
-        self.flagged: set[int] = set()
+    def __init__(self):
+        self._ticks = {}  # tick -> rank -> times
+        self.history = {}  # rank -> its shares, newest last
+        self.flagged = set()
         self.ticks = 0  # ticks reduced into shares so far: the view redraws when it grows
 
-    def add(self, meta: dict, world: int | None) -> list[tuple[int, str, str]]:
+    def add(self, meta, world):
         """One node's sample; returns ``[(rank, kind, text)]`` events (``straggler``,
         ``straggler cleared``) once every rank of the world has reported that tick."""
         tick = meta.get("tick")
@@ -113,7 +111,7 @@ class Stragglers:
         self.ticks += 1
         return self._decide()
 
-    def _pending(self, tick: int) -> dict | None:
+    def _pending(self, tick):
         """The ranks heard of for ``tick`` so far; None for a tick older than every one kept
         when ``PENDING`` are kept (a node that never reported those: they are lost)."""
         if tick not in self._ticks and len(self._ticks) >= PENDING:
@@ -123,16 +121,16 @@ class Stragglers:
             del self._ticks[oldest]
         return self._ticks.setdefault(tick, {})
 
-    def sustained(self, rank: int) -> float | None:
+    def sustained(self, rank):
         """The median of the rank's newest ``WINDOW`` shares; None before ``MIN_TICKS``."""
         kept = list(self.history.get(rank, ()))[-WINDOW:]
         return median(kept) if len(kept) >= MIN_TICKS else None
 
-    def slowdown(self, rank: int) -> float | None:
+    def slowdown(self, rank):
         share = self.sustained(rank)
         return None if share is None else round(1.0 / (1.0 - share), 2)
 
-    def _decide(self) -> list[tuple[int, str, str]]:
+    def _decide(self):
         now = {r: s for r in self.history if (s := self.sustained(r)) is not None}
         if len(now) < 3:
             return []

@@ -1,0 +1,491 @@
+"""The run's judge: one process per run, on the rendezvous host, that applies the run's rules
+whether or not a console is attached, and writes what it decides into its own journal.
+
+Why here: the judge must live as long as the run and be reachable by every node, and the
+rendezvous host is where the run already depends on a process of its own (the store,
+agent/store.py); a judge that dies with that host dies with a run that could not go on
+anyway (docs/DESIGN-NOTES.md, "The judge", lists the failure cases).
+
+How: it listens on the rendezvous address (agent/judge_wire.py: a token handshake); each
+node's supervisor connects (agent/judge_link.py) and forwards the metas of its journal and
+its state.json; the judge keeps a RunView (agent/judge_rules.py) and every second applies the
+rules: stalls, the verdict when a stall starts and again while it lasts (it asks every node for
+its ranks' stacks and flight-recorder tails, twice, and decides with agent/verdict.py), nodes
+whose torchrun waits for what cannot come, the run's end. Policies the user turned on act
+here (``on_hang``: restart the node the verdict names within the restart budget, or stop the
+run; ``max_wall``); ``notify`` runs a command for the events the user picked
+(agent/judge_notify.py). Every decision is an event in ``<run_root>/judge/journal``, which a
+console reads as it reads a node's (docs/PROTOCOL.md "The judge").
+
+Standard library only; Python >= 3.9. ``python -m agent judge RUN_ROOT`` with its spec (token,
+settings, secrets) on stdin, as the supervisor takes its spec.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from . import judge_notify, judge_wire, procs
+from .journal import JournalWriter
+from .judge_rules import (RunView, check_stalls, ends_due, event, run_over, stalled,
+                          verdict_again_due)
+from .mask import Masker
+from .runfiles import log_tail, read_json, write_json_atomic
+from .verdict import decide
+
+TICK = 1.0
+WHY_TIMEOUT = 20.0
+SAMPLE_GAP = 1.0
+ACTION_TIMEOUT = 180.0
+SETTLE = 5.0  # after the run ended: the last events reach the journal, then the judge ends
+
+
+class NodeLine(object):
+    """A node's connection: requests out, answers in."""
+
+    def __init__(self, node, line):
+        self.node = node
+        self.line = line
+        self.ids = iter(range(1, 1 << 62))
+        self.pending = {}
+        self.lock = threading.Lock()
+
+    def request(self, op, args, timeout):
+        """The node's answer ``data``; raises judge_wire.WireError (with the reason)."""
+        done = threading.Event()
+        slot = {}
+        with self.lock:
+            req_id = next(self.ids)
+            self.pending[req_id] = (done, slot)
+        try:
+            self.line.send({"t": "req", "id": req_id, "op": op, "args": args})
+            if not done.wait(timeout):
+                raise judge_wire.WireError("%s: %s got no answer within %.0f s"
+                                           % (self.node, op, timeout))
+        finally:
+            with self.lock:
+                self.pending.pop(req_id, None)
+        if "error" in slot:
+            raise judge_wire.WireError("%s: %s" % (self.node, slot["error"]))
+        return slot.get("data") or {}
+
+    def answered(self, msg):
+        with self.lock:
+            waiter = self.pending.get(msg.get("id"))
+        if waiter is not None:
+            done, slot = waiter
+            if msg.get("ok"):
+                slot["data"] = msg.get("data") if isinstance(msg.get("data"), dict) else {}
+            else:
+                slot["error"] = str(msg.get("error"))[:500]
+            done.set()
+
+    def fail_all(self, why):
+        with self.lock:
+            for done, slot in self.pending.values():
+                slot["error"] = why
+                done.set()
+
+
+class Judge(object):
+    def __init__(self, spec, jdir):
+        self.spec = spec
+        self.jdir = jdir
+        self.token = spec["token"]
+        self.view = RunView(spec["nodes"], spec.get("stall_after", 60.0))
+        self.on_hang = spec.get("on_hang") or "warn"
+        self.max_wall = spec.get("max_wall")
+        self.max_restarts = int(spec.get("max_restarts") or 0)
+        self.restarts = {}  # node -> restarts the judge asked for
+        self.masker = Masker(spec.get("secrets") or [])
+        self.notifier = judge_notify.Notifier(spec.get("notify"), spec.get("notify_on"),
+                                              self.masker, self.write)
+        self.lock = threading.RLock()
+        self.lines = {}  # node -> NodeLine
+        self.journal = JournalWriter(os.path.join(jdir, "journal"))
+        self.started = time.time()
+        self.clock0 = time.monotonic()
+        self.verdict_running = False
+        self.ending = set()  # nodes the judge is stopping
+        self.over = None
+        self.stop = threading.Event()
+
+    # -- the journal -----------------------------------------------------------------------
+    def write(self, rec):
+        rec = dict(rec, ts=time.time())
+        if isinstance(rec.get("text"), str):
+            rec["text"] = self.masker.mask_text(rec["text"])
+        with self.lock:
+            self.journal.append(rec)
+        self.notifier.consider(rec)
+
+    def now(self):
+        return time.monotonic() - self.clock0
+
+    # -- connections -----------------------------------------------------------------------
+    def serve(self, sock):
+        while not self.stop.is_set():
+            try:
+                conn, _peer = sock.accept()
+            except OSError:
+                if self.stop.is_set():
+                    return
+                continue
+            threading.Thread(target=self.peer, args=(conn,), daemon=True).start()
+
+    def peer(self, conn):
+        try:
+            line, node = judge_wire.accept_peer(conn, self.token)
+        except (judge_wire.WireError, OSError):
+            conn.close()
+            return
+        if node.startswith("console:"):
+            return self.console(line)
+        if node not in self.view.nodes:
+            line.close()
+            return
+        nl = NodeLine(node, line)
+        with self.lock:
+            old = self.lines.get(node)
+            self.lines[node] = nl
+            self.view.nodes[node].connected = True
+        if old is not None:
+            old.line.close()
+        try:
+            while True:
+                msg = line.read()
+                if msg is None:
+                    break
+                self.from_node(nl, msg)
+        except judge_wire.WireError:
+            pass
+        finally:
+            nl.fail_all("the connection to %s was lost" % node)
+            with self.lock:
+                if self.lines.get(node) is nl:
+                    del self.lines[node]
+                    self.view.nodes[node].connected = False
+            line.close()
+
+    def from_node(self, nl, msg):
+        kind = msg.get("t")
+        if kind == "res":
+            nl.answered(msg)
+            return
+        with self.lock:
+            if kind == "recs" and isinstance(msg.get("recs"), list):
+                now = self.now()
+                for meta in msg["recs"]:
+                    if isinstance(meta, dict):
+                        for ev in self.view.apply(nl.node, meta, now):
+                            self.write(ev)
+            elif kind == "state":
+                self.view.apply_state(nl.node, msg.get("state"))
+
+    def console(self, line):
+        """A console's request through the rendezvous host's agent: a fresh verdict now."""
+        try:
+            msg = line.read()
+            if msg and msg.get("op") == "why":
+                verdict = self.take_verdict(reason="asked by a console")
+                line.send({"t": "res", "id": msg.get("id"), "ok": True, "data": verdict})
+            elif msg and msg.get("op") == "ping":
+                line.send({"t": "res", "id": msg.get("id"), "ok": True,
+                           "data": {"started": self.started, "on_hang": self.on_hang}})
+        except judge_wire.WireError:
+            pass
+        finally:
+            line.close()
+
+    # -- asking the nodes ------------------------------------------------------------------
+    def ask_all(self, op, args, timeout):
+        """{node: data or an Exception} from every node, in parallel."""
+        with self.lock:
+            lines = dict(self.lines)
+        out = {node: judge_wire.WireError("%s is not connected to the judge" % node)
+               for node in self.view.nodes if node not in lines}
+        threads = []
+
+        def one(node, nl):
+            try:
+                out[node] = nl.request(op, args, timeout)
+            except judge_wire.WireError as exc:
+                out[node] = exc
+        for node, nl in lines.items():
+            t = threading.Thread(target=one, args=(node, nl), daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join(timeout + 5)
+        return out
+
+    def _sample(self):
+        reports, unreachable = [], {}
+        for node, res in self.ask_all("why", {}, WHY_TIMEOUT).items():
+            if isinstance(res, Exception):
+                unreachable[node] = str(res)[:200]
+                continue
+            for r in res.get("ranks") or []:
+                if isinstance(r, dict) and isinstance(r.get("rank"), int):
+                    reports.append(dict(r, node=node))
+        return reports, unreachable
+
+    def take_verdict(self, reason):
+        """Two samples of every node's ranks, one verdict; journaled, and acted on."""
+        earlier, _ = self._sample()
+        time.sleep(SAMPLE_GAP)
+        reports, unreachable = self._sample()
+        with self.lock:
+            expected = self.view.alive_ranks()
+        verdict = decide(reports, unreachable, expected, earlier=earlier)
+        verdict = self.masker.mask_tree(verdict)
+        with self.lock:
+            self.view.verdict = verdict
+            self.view.verdict_at = self.now()
+        self.write(event("verdict", None, verdict=verdict, reason=reason,
+                         text="who is stuck: %s" % verdict.get("summary")))
+        return verdict
+
+    def _verdict_then_act(self, reason):
+        try:
+            verdict = self.take_verdict(reason)
+            if self.on_hang != "warn" and verdict.get("suspects"):
+                with self.lock:
+                    still = bool(stalled(self.view))
+                if still:
+                    self.act_on_hang(verdict)
+        except Exception as exc:  # a bug in a rule must never end the judge
+            self.write(event("judge_error", None, text="the verdict failed: %r" % (exc,)))
+        finally:
+            with self.lock:
+                self.verdict_running = False
+
+    # -- policies --------------------------------------------------------------------------
+    def act_on_hang(self, verdict):
+        nodes = sorted({s.get("node") for s in verdict.get("suspects") or []
+                        if isinstance(s.get("node"), str)})
+        who = ", ".join("rank %s on %s" % (s.get("rank"), s.get("node"))
+                        for s in verdict.get("suspects") or [])
+        if self.on_hang == "stop":
+            self.write(event("policy", None, action="stop",
+                             text="--on-hang stop: stopping the run (the verdict names %s)"
+                             % who))
+            self.stop_nodes({n: {"state": "failed", "cause": {
+                "message": "stopped by --on-hang stop: %s" % verdict.get("summary")}}
+                for n in self.view.nodes})
+            return
+        for node in nodes:
+            used = self.restarts.get(node, 0)
+            if used >= self.max_restarts:
+                self.write(event("policy", node, action="none",
+                                 text="--on-hang restart: %s not restarted, its restart budget "
+                                 "(%d) is spent" % (node, self.max_restarts)))
+                continue
+            self.restarts[node] = used + 1
+            self.write(event("policy", node, action="restart",
+                             text="--on-hang restart: restarting %s (the verdict names %s; "
+                             "restart %d of %d)" % (node, who, used + 1, self.max_restarts)))
+            try:
+                with self.lock:
+                    nl = self.lines.get(node)
+                if nl is None:
+                    raise judge_wire.WireError("%s is not connected to the judge" % node)
+                nl.request("restart", {}, ACTION_TIMEOUT)
+                self.write(event("restarted", node, reason="on-hang",
+                                 text="%s restarted by the judge (--on-hang restart)" % node))
+            except judge_wire.WireError as exc:
+                self.write(event("policy", node, action="failed",
+                                 text="--on-hang restart of %s failed: %s" % (node, exc)))
+
+    def stop_nodes(self, ends):
+        """Stop each node of ``ends`` ({node: {"state", "cause"}}) once, in parallel."""
+        todo = {n: e for n, e in ends.items() if n not in self.ending}
+        self.ending.update(todo)
+        for node, end in todo.items():
+            with self.lock:
+                nl = self.lines.get(node)
+            if nl is not None:
+                threading.Thread(target=self._stop_one, args=(nl, end), daemon=True).start()
+
+    def _stop_one(self, nl, end):
+        try:
+            nl.request("stop", {"end": end}, ACTION_TIMEOUT)
+        except judge_wire.WireError:
+            pass  # the node's own journal says how it ended; the run's end is seen below
+
+    # -- the rules, every second -----------------------------------------------------------
+    def tick(self):
+        now = self.now()
+        with self.lock:
+            news = check_stalls(self.view, now)
+            start_verdict = bool(news) and not self.verdict_running
+            again = not self.verdict_running and verdict_again_due(self.view, now)
+            if start_verdict or again:
+                self.verdict_running = True
+            ends = ends_due(self.view)
+            over = run_over(self.view) if self.over is None else None
+        for ev in news:
+            self.write(ev)
+        if start_verdict or again:
+            reason = "a stall began" if start_verdict else "the stall goes on"
+            threading.Thread(target=self._verdict_then_act, args=(reason,), daemon=True).start()
+        if ends:
+            for node, end in ends.items():
+                if node not in self.ending:
+                    self.write(event("ending", node, text=end["text"]))
+            self.stop_nodes({n: {"state": e["state"], "cause": e["cause"]}
+                             for n, e in ends.items()})
+        if self.max_wall and time.time() - self.started > self.max_wall and \
+                not self.ending.issuperset(self.view.nodes):
+            self.write(event("policy", None, action="stop",
+                             text="--max-wall %.0f s reached: stopping the run" % self.max_wall))
+            self.stop_nodes({n: {"state": "stopped", "cause": {
+                "message": "--max-wall %.0f s reached" % self.max_wall}}
+                for n in self.view.nodes})
+        if over is not None:
+            self.over = over
+            state, cause = over
+            self.write(event("run_ended", None, state=state, cause=cause,
+                             text="the run %s%s" % (state, ": %s: %s" % (
+                                 cause.get("node"), cause.get("message"))
+                                 if cause and cause.get("message") else "")))
+
+    def run(self, sock):
+        threading.Thread(target=self.serve, args=(sock,), daemon=True).start()
+        self.write(event("judge", None, action="started", stall_after=self.view.stall_after,
+                         on_hang=self.on_hang, max_wall=self.max_wall,
+                         notify=bool(self.spec.get("notify")),
+                         text="the judge watches the run on this host (stall after %.0f s, "
+                         "on hang: %s)" % (self.view.stall_after, self.on_hang)))
+        ended_at = None
+        while not self.stop.is_set():
+            self.tick()
+            if self.over is not None:
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at >= SETTLE:
+                    break
+            self.stop.wait(TICK)
+        if self.over is None:  # stopped (SIGTERM): say how the run ended, if it has
+            time.sleep(0.5)  # the nodes' last states, sent as their supervisors ended
+            self.tick()
+        self.notifier.drain()
+
+
+def judge_dir(run_root):
+    return os.path.join(run_root, "judge")
+
+
+def main(run_root):
+    """``python -m agent judge RUN_ROOT``: read the spec from stdin, listen, judge."""
+    spec = json.loads(sys.stdin.buffer.read())
+    jdir = judge_dir(run_root)
+    os.makedirs(jdir, 0o700, exist_ok=True)
+    from .store import listen_socket  # here: only the judge needs it
+    sock = listen_socket(spec["addr"], int(spec.get("port") or 0))
+    judge = Judge(spec, jdir)
+    me = procs.stat(os.getpid())
+    state = {"state": "running", "pid": os.getpid(), "starttime": me.starttime,
+             "addr": spec["addr"], "port": sock.getsockname()[1], "started": judge.started}
+    write_json_atomic(os.path.join(jdir, "state.json"), state)
+
+    def stop(_signum, _frame):
+        judge.stop.set()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        judge.run(sock)
+    finally:
+        sock.close()
+        state.update(state="exited", ended=time.time())
+        write_json_atomic(os.path.join(jdir, "state.json"), state)
+    return 0
+
+
+def start_judge(run_root, spec, timeout=30.0):
+    """Start the run's judge on this host (or return the running one's state): ``spec`` holds
+    ``addr``, ``token``, ``nodes`` and the settings. The token is also kept in the run folder
+    for the supervisors of this host (agent/judge_wire.py). Raises RuntimeError with the
+    judge's log when it does not come up."""
+    info = running_judge(run_root)
+    if info:
+        return info
+    jdir = judge_dir(run_root)
+    os.makedirs(jdir, 0o700, exist_ok=True)
+    judge_wire.keep_token(run_root, spec["token"])
+    path = os.path.join(jdir, "state.json")
+    if os.path.exists(path):
+        os.unlink(path)
+    from .node import agent_env  # here: node imports much the judge process does not need
+    log = open(os.path.join(jdir, "judge.log"), "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "judge", run_root],
+                            stdin=subprocess.PIPE, stdout=log, stderr=log,
+                            start_new_session=True, cwd=jdir, env=agent_env())
+    log.close()
+    proc.stdin.write(json.dumps(spec).encode())  # the token and secrets: never a command line
+    proc.stdin.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = running_judge(run_root)
+        if info and info.get("pid") == proc.pid:
+            threading.Thread(target=proc.wait, daemon=True).start()  # reaped if it ends
+            return info
+        if proc.poll() is not None:
+            raise RuntimeError("the judge exited with code %s: %s" % (
+                proc.returncode, log_tail(os.path.join(jdir, "judge.log"))))
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the judge did not start within %.0f s" % timeout)
+
+
+def stop_judge(run_root, wait=judge_notify.TIMEOUT_S + 15):
+    """End the run's judge on this host: SIGTERM (it says how the run ended and runs its last
+    notifications), SIGKILL if it is still there after ``wait`` seconds; pids checked by
+    start time (agent/procs.py)."""
+    info = running_judge(run_root)
+    if not info:
+        return {"stopped": False}
+    me = procs.stat(info["pid"])
+    if me is None or me.starttime != info.get("starttime"):
+        return {"stopped": False}
+    procs.signal_process(me, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and procs.alive(info["pid"], info.get("starttime")):
+        time.sleep(0.05)
+    if procs.alive(info["pid"], info.get("starttime")):
+        procs.signal_process(me, signal.SIGKILL)
+    return {"stopped": True}
+
+
+def ask_judge(run_root, op, timeout=60.0):
+    """A console's request to the run's judge on this host (``why``: a fresh verdict;
+    ``ping``); RuntimeError when there is no judge or it does not answer."""
+    info = running_judge(run_root)
+    token = judge_wire.read_token(run_root)
+    if not info or not token:
+        raise RuntimeError("no judge runs for this run on this host")
+    try:
+        line = judge_wire.connect_peer(info["addr"], info["port"], token, "console:" + op)
+        try:
+            line.sock.settimeout(timeout)
+            line.send({"t": "req", "id": 1, "op": op})
+            answer = line.read()
+        finally:
+            line.close()
+    except (OSError, judge_wire.WireError) as exc:
+        raise RuntimeError("the judge did not answer: %s" % exc)
+    if not answer or not answer.get("ok"):
+        raise RuntimeError("the judge did not answer %s" % op)
+    return answer.get("data") or {}
+
+
+def running_judge(run_root):
+    """The judge's state.json if its process lives, else None."""
+    info = read_json(os.path.join(judge_dir(run_root), "state.json"))
+    if info and info.get("state") == "running" and procs.alive(info.get("pid", -1),
+                                                                 info.get("starttime")):
+        return info
+    return None

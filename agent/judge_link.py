@@ -1,0 +1,182 @@
+"""A supervisor's line to the run's judge (agent/judge.py): what the node's journal says goes
+to the judge; what the judge asks of the node (its ranks' stacks and flight-recorder tails, a
+restart, a stop) is done here.
+
+A thread of the supervisor. It follows the node's own journal from where it stood when the
+supervisor started and forwards the metas of ``file``, ``metric`` and ``event`` records (never
+log data: the judge needs steps, not lines) and the node's state.json when it changes. After
+a (re)connection it first says which rank each of the node's files belongs to, so a judge that
+started again knows the node's ranks. A judge that cannot be reached is tried again every few
+seconds; the node's run never waits for it.
+
+Requests are answered on the link's own threads: ``why`` runs agent/fr_dump.py's node report
+(masked with the run's secrets before it leaves the host); ``restart`` and ``stop`` signal the
+supervisor itself (SIGUSR1, SIGTERM after writing how the node ends), exactly as a console's
+request through ``serve`` does.
+
+Standard library only; Python >= 3.9.
+"""
+
+import os
+import signal
+import threading
+import time
+
+from . import judge_wire
+from .journal import JournalReader
+from .node import STOP_END
+from .runfiles import read_json, write_json_atomic
+
+FORWARD = ("file", "metric", "event")
+POLL = 0.5
+BACKOFF = (1.0, 2.0, 5.0)
+RESTART_WAIT = 180.0
+
+
+class JudgeLink(object):
+    """``spec_judge``: the spec's ``judge`` ({"addr", "port", "token"?}); ``node_dir`` the
+    node's folder; ``files()`` -> {fid: rank} of the node's files so far; ``why()`` -> the
+    node report (masked); ``log(text)`` the supervisor's log."""
+
+    def __init__(self, spec_judge, node, node_dir, files, why, log):
+        self.addr = spec_judge.get("addr")
+        self.port = spec_judge.get("port")
+        run_root = os.path.dirname(node_dir)
+        self.token = spec_judge.get("token") or judge_wire.read_token(run_root)
+        if spec_judge.get("token"):
+            judge_wire.keep_token(run_root, spec_judge["token"])
+        self.node = node
+        self.node_dir = node_dir
+        self.files = files
+        self.why = why
+        self.log = log
+        journal = os.path.join(node_dir, "journal")
+        self.reader = JournalReader(journal, os.path.getsize(journal)
+                                    if os.path.exists(journal) else 0)
+        self.state_mtime = None
+        self.line = None
+        self.closed = threading.Event()
+        self.lock = threading.Lock()  # one sender of records at a time (the thread, close())
+
+    def start(self):
+        if not (self.addr and self.port and self.token):
+            self.log("no judge for this run (an older console, or its host has none)")
+            return
+        threading.Thread(target=self._run, name="judge-link", daemon=True).start()
+
+    def close(self):
+        """The node's run ended: what the journal and state.json say last goes to the judge
+        now (the forwarding thread dies with the process), then the link closes."""
+        line = self.line
+        if line is not None:
+            with self.lock:
+                try:
+                    self._send_records(line)
+                    self._send_state(line)
+                except judge_wire.WireError:
+                    pass
+        self.closed.set()
+        if line is not None:
+            line.close()
+
+    # -- the connection --------------------------------------------------------------------
+    def _run(self):
+        tries = 0
+        while not self.closed.is_set():
+            try:
+                self.line = judge_wire.connect_peer(self.addr, int(self.port), self.token,
+                                                    self.node)
+            except (OSError, judge_wire.WireError) as exc:
+                if tries == 0:
+                    self.log("judge at %s:%s not reached: %s" % (self.addr, self.port, exc))
+                self.closed.wait(BACKOFF[min(tries, len(BACKOFF) - 1)])
+                tries += 1
+                continue
+            tries = 0
+            self.log("connected to the judge at %s:%s" % (self.addr, self.port))
+            reader = threading.Thread(target=self._requests, args=(self.line,), daemon=True)
+            reader.start()
+            try:
+                self._forward(self.line, reader)
+            except judge_wire.WireError as exc:
+                self.log("judge link lost: %s" % exc)
+            self.line.close()
+
+    def _forward(self, line, reader):
+        files = [{"k": "file", "f": fid, "rank": rank} for fid, rank in sorted(self.files().items())
+                 if rank is not None]
+        if files:
+            line.send({"t": "recs", "recs": files})
+        self.state_mtime = None
+        while not self.closed.is_set() and reader.is_alive():
+            with self.lock:
+                self._send_state(line)
+                self._send_records(line)
+            self.closed.wait(POLL)
+
+    def _send_records(self, line):
+        recs = [meta for meta, _data, _end in self.reader.read() if meta.get("k") in FORWARD]
+        if recs:
+            line.send({"t": "recs", "recs": recs})
+
+    def _send_state(self, line):
+        path = os.path.join(self.node_dir, "state.json")
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return
+        if mtime != self.state_mtime:
+            self.state_mtime = mtime
+            state = read_json(path)
+            if isinstance(state, dict):
+                line.send({"t": "state", "state": {k: state.get(k) for k in (
+                    "state", "phase", "cause", "exit_code", "launches", "restarts")}})
+
+    # -- what the judge asks ---------------------------------------------------------------
+    def _requests(self, line):
+        try:
+            while True:
+                msg = line.read()
+                if msg is None:
+                    return
+                if msg.get("t") == "req":
+                    threading.Thread(target=self._answer, args=(line, msg), daemon=True).start()
+        except judge_wire.WireError:
+            return
+
+    def _answer(self, line, msg):
+        op, req_id = msg.get("op"), msg.get("id")
+        try:
+            if op == "why":
+                data = self.why()
+            elif op == "restart":
+                data = self._restart()
+            elif op == "stop":
+                data = self._stop((msg.get("args") or {}).get("end"))
+            else:
+                raise ValueError("unknown request %r" % (op,))
+            line.send({"t": "res", "id": req_id, "ok": True, "data": data})
+        except judge_wire.WireError:
+            return
+        except Exception as exc:  # an answer, never a dead link
+            try:
+                line.send({"t": "res", "id": req_id, "ok": False, "error": str(exc)[:300]})
+            except judge_wire.WireError:
+                return
+
+    def _restart(self):
+        before = (read_json(os.path.join(self.node_dir, "state.json")) or {}).get("launches", 0)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        deadline = time.monotonic() + RESTART_WAIT
+        while time.monotonic() < deadline:
+            st = read_json(os.path.join(self.node_dir, "state.json")) or {}
+            if st.get("launches", 0) > before and st.get("state") == "running":
+                return {"launches": st.get("launches")}
+            time.sleep(0.2)
+        raise RuntimeError("the node did not start again within %.0f s" % RESTART_WAIT)
+
+    def _stop(self, end):
+        if isinstance(end, dict):
+            write_json_atomic(os.path.join(self.node_dir, STOP_END), end)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return {}

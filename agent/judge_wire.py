@@ -1,0 +1,135 @@
+"""The judge's wire: newline-delimited JSON over TCP between the run's judge (agent/judge.py)
+and each node's supervisor (agent/judge_link.py), and the handshake that proves a peer holds
+the run's judge token.
+
+The judge listens on the rendezvous address, on the cluster's network, so a connection must
+prove itself: the judge sends a random nonce, the peer answers with HMAC-SHA256(token, nonce
++ node name); the token itself never crosses the network. The token is made by the console
+at launch, sent to each host inside the SSH channel (as the run's secrets are) and kept in the
+run folder (0600, in a 0700 folder) so that a supervisor started again later finds it.
+
+Standard library only; runs on Python >= 3.9.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import threading
+
+MAX_LINE = 8 << 20  # a why report of 1,024 ranks with their stacks fits
+TOKEN_FILE = "judge.token"
+HELLO_TIMEOUT = 10.0
+
+_encode = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
+
+
+class WireError(Exception):
+    """The peer broke the protocol, failed the handshake or went away."""
+
+
+def mac(token, nonce, node):
+    return hmac.new(token.encode(), (nonce + "\n" + node).encode(), hashlib.sha256).hexdigest()
+
+
+def new_nonce():
+    return os.urandom(16).hex()
+
+
+class Line(object):
+    """One connection, read and written a JSON object a line. ``send`` may be called from
+    any thread; ``read`` from one."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.file = sock.makefile("rb")
+        self._wlock = threading.Lock()
+
+    def send(self, obj):
+        data = (_encode(obj) + "\n").encode("ascii")
+        with self._wlock:
+            try:
+                self.sock.sendall(data)
+            except OSError as exc:
+                raise WireError("send failed: %s" % exc)
+
+    def read(self):
+        """The next object, or None at the end of the stream; WireError if it is not one."""
+        try:
+            line = self.file.readline(MAX_LINE + 1)
+        except OSError as exc:
+            raise WireError("read failed: %s" % exc)
+        if not line:
+            return None
+        if len(line) > MAX_LINE or not line.endswith(b"\n"):
+            raise WireError("a line over %d bytes" % MAX_LINE)
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise WireError("a line that is not JSON")
+        if not isinstance(obj, dict):
+            raise WireError("a line that is not an object")
+        return obj
+
+    def close(self):
+        for part in (self.file, self.sock):
+            try:
+                part.close()
+            except OSError:
+                pass
+
+
+def accept_peer(sock, token):
+    """Server side of the handshake on a new connection: (Line, node name) or WireError."""
+    sock.settimeout(HELLO_TIMEOUT)
+    line = Line(sock)
+    nonce = new_nonce()
+    line.send({"t": "nonce", "nonce": nonce})
+    hello = line.read()
+    if not hello or hello.get("t") != "hello" or not isinstance(hello.get("node"), str) \
+            or not isinstance(hello.get("mac"), str):
+        raise WireError("no hello")
+    if not hmac.compare_digest(hello["mac"], mac(token, nonce, hello["node"])):
+        raise WireError("a hello without the run's token")
+    sock.settimeout(None)
+    line.send({"t": "welcome"})
+    return line, hello["node"]
+
+
+def connect_peer(addr, port, token, node, timeout=HELLO_TIMEOUT):
+    """Client side: a Line to the judge at ``addr:port``, the handshake done; OSError or
+    WireError otherwise."""
+    sock = socket.create_connection((addr, port), timeout=timeout)
+    try:
+        line = Line(sock)
+        first = line.read()
+        if not first or first.get("t") != "nonce" or not isinstance(first.get("nonce"), str):
+            raise WireError("the judge sent no nonce")
+        line.send({"t": "hello", "node": node, "mac": mac(token, first["nonce"], node)})
+        if (line.read() or {}).get("t") != "welcome":
+            raise WireError("the judge refused this node's hello")
+        sock.settimeout(None)
+        return line
+    except BaseException:
+        sock.close()
+        raise
+
+
+def read_token(run_root):
+    """The run's judge token kept on this host, or None."""
+    try:
+        with open(os.path.join(run_root, TOKEN_FILE)) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def keep_token(run_root, token):
+    """Keep the token in the run folder, owner-only (a supervisor started later reads it)."""
+    os.makedirs(run_root, 0o700, exist_ok=True)
+    path = os.path.join(run_root, TOKEN_FILE)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    os.replace(path + ".tmp", path)

@@ -1,0 +1,171 @@
+"""The run's judge (agent/judge.py) on its own: real sockets and its real journal, with two
+peers speaking for nodes the way agent/judge_link.py does. The whole path with real torchrun
+is tests/spine/test_judge.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from agent import judge_wire
+from agent.journal import JournalReader
+from agent.judge import ask_judge, running_judge, start_judge, stop_judge
+from agent.judge_rules import RunView, check_stalls, ends_due, run_over
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOKEN = "t0ken-" + "x" * 20
+
+
+def wait_for(cond, what, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError("never: " + what)
+
+
+def events(run_root):
+    reader = JournalReader(os.path.join(run_root, "judge", "journal"))
+    return [meta for meta, _d, _e in reader.read() if meta.get("k") == "event"]
+
+
+class FakeNode:
+    """A node's side of the link: sends records, answers `why` with a fixed report."""
+
+    def __init__(self, port, node, report, token=TOKEN):
+        self.line = judge_wire.connect_peer("127.0.0.1", port, token, node)
+        self.node, self.report, self.asked = node, report, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                msg = self.line.read()
+            except judge_wire.WireError:
+                return
+            if msg is None:
+                return
+            self.asked.append(msg.get("op"))
+            data = self.report if msg.get("op") == "why" else {}
+            self.line.send({"t": "res", "id": msg["id"], "ok": True, "data": data})
+
+    def send(self, *recs):
+        self.line.send({"t": "recs", "recs": list(recs)})
+
+
+def stack(fn):
+    return 'Thread 1 (idle): "MainThread"\n    %s (train.py:12)\n' % fn
+
+
+def fr(seq, done):
+    return {"entries": [{"pg": "0", "seq": s, "op": "allreduce", "in": "[4]", "out": "[4]",
+                         "done": s < seq or done, "t_ns": 1000 * s} for s in range(1, seq + 1)]}
+
+
+@pytest.fixture
+def judged(tmp_path):
+    run_root = str(tmp_path / "run")
+    os.makedirs(run_root)
+    spec = {"addr": "127.0.0.1", "token": TOKEN, "nodes": ["node0", "node1"],
+            "stall_after": 2.0, "secrets": ["hunter2-very-secret"],
+            "notify": "cat >> %s" % (tmp_path / "notified.jsonl"),
+            "notify_on": ["stall", "verdict", "failed"]}
+    info = start_judge(run_root, spec)
+    yield run_root, info, tmp_path
+    stop_judge(run_root)
+    wait_for(lambda: running_judge(run_root) is None, "the judge ended")
+
+
+def test_a_stall_gets_one_verdict_journaled_and_notified(judged):
+    run_root, info, tmp = judged
+    n0 = FakeNode(info["port"], "node0", {"ranks": [
+        {"pid": 10, "rank": 0, "stack": stack("wait"), "fr": fr(5, False)}]})
+    n1 = FakeNode(info["port"], "node1", {"ranks": [
+        {"pid": 11, "rank": 1, "stack": stack("hunter2-very-secret_sleep"), "fr": fr(4, True)}]})
+    n0.send({"k": "file", "f": 1, "rank": 0})
+    n1.send({"k": "file", "f": 1, "rank": 1})
+    for step in range(3):
+        n0.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
+        n1.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
+    verdicts = wait_for(lambda: [e for e in events(run_root) if e["what"] == "verdict"],
+                        "a verdict in the judge's journal")
+    v = verdicts[0]["verdict"]
+    assert v["kind"] == "stuck-in-python" and [s["rank"] for s in v["suspects"]] == [1], v
+    assert v["suspects"][0]["node"] == "node1"
+    assert "hunter2-very-secret" not in json.dumps(events(run_root))  # masked
+    stalls = [e for e in events(run_root) if e["what"] == "stalled"]
+    assert sorted(e["rank"] for e in stalls) == [0, 1]
+    notified = tmp / "notified.jsonl"
+    wait_for(lambda: notified.exists() and len(notified.read_text().splitlines()) >= 2,
+             "the stall and the verdict notified")
+    kinds = [json.loads(line)["kind"] for line in notified.read_text().splitlines()]
+    assert kinds == ["stall", "verdict"], kinds  # the stall once, not once per rank
+    assert "hunter2-very-secret" not in notified.read_text()
+    n0.send({"k": "metric", "f": 1, "step": 3})
+    wait_for(lambda: any(e["what"] == "stepping" for e in events(run_root)), "stepping again")
+
+
+def test_a_console_gets_a_fresh_verdict_and_a_stranger_nothing(judged):
+    run_root, info, _tmp = judged
+    FakeNode(info["port"], "node0", {"ranks": [{"pid": 10, "rank": 0, "stack": stack("a"),
+                                                "fr": fr(3, True)}]})
+    FakeNode(info["port"], "node1", {"ranks": [{"pid": 11, "rank": 1, "stack": stack("b"),
+                                                "fr": fr(3, True)}]})
+    verdict = ask_judge(run_root, "why")
+    assert verdict["kind"] in ("unknown", "straggler") and "summary" in verdict
+    with pytest.raises(judge_wire.WireError):
+        judge_wire.connect_peer("127.0.0.1", info["port"], "wrong-token", "node0")
+    assert ask_judge(run_root, "ping")["on_hang"] == "warn"
+
+
+def test_a_failing_or_hanging_notify_command_is_an_event_and_the_judge_goes_on(tmp_path,
+                                                                               monkeypatch):
+    from agent import judge_notify
+    monkeypatch.setattr(judge_notify, "TIMEOUT_S", 1.0)
+    reported = []
+    from agent.mask import Masker
+    for command, text in [("exit 1", "exited with code 1"), ("sleep 30", "timed out")]:
+        n = judge_notify.Notifier(command, None, Masker([]), reported.append)
+        n.consider({"k": "event", "what": "verdict", "verdict": {}})
+        n.drain(10)
+        assert reported and text in reported[-1]["text"], reported
+        assert reported[-1]["what"] == "notify_failed"
+
+
+def test_the_rules_end_a_run_whose_rank_aborted_after_its_last_step():
+    view = RunView(["node0", "node1"], 60)
+    view.apply("node0", {"k": "file", "f": 1, "rank": 0}, 0)
+    view.apply("node1", {"k": "file", "f": 1, "rank": 1}, 0)
+    for node in ("node0", "node1"):
+        view.apply(node, {"k": "metric", "f": 1, "step": 100}, 1)
+    view.apply_state("node0", {"state": "exited"})
+    view.apply("node1", {"k": "event", "what": "worker_failed", "rank": 1, "exit_code": -6}, 2)
+    ends = ends_due(view)
+    assert ends["node1"]["state"] == "failed" and "SIGABRT" in ends["node1"]["cause"]["message"]
+    assert run_over(view) is None
+    view.apply_state("node1", {"state": "failed", "cause": ends["node1"]["cause"]})
+    state, cause = run_over(view)
+    assert state == "failed" and "after its last step" in cause["message"]
+
+
+def test_a_silent_rank_stalls_with_the_run_and_a_diverged_loss_is_said_once():
+    view = RunView(["node0"], 5)
+    view.apply("node0", {"k": "file", "f": 1, "rank": 0}, 0)
+    view.apply("node0", {"k": "file", "f": 2, "rank": 1}, 0)  # rank 1 prints no steps
+    view.apply("node0", {"k": "metric", "f": 1, "step": 1}, 0)
+    assert check_stalls(view, 3) == []
+    stalls = check_stalls(view, 6)
+    assert sorted(e["rank"] for e in stalls) == [0, 1]
+    out = view.apply("node0", {"k": "metric", "f": 1, "step": 2, "loss": float("nan")}, 7)
+    assert [e["what"] for e in out].count("diverged") == 1
+    assert sorted(e["rank"] for e in out if e["what"] == "stepping") == [0, 1]
+    again = view.apply("node0", {"k": "metric", "f": 1, "step": 3, "loss": float("inf")}, 8)
+    assert not any(e["what"] == "diverged" for e in again)
