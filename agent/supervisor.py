@@ -35,7 +35,6 @@ from .pace import SLOW, SLOW_WATCHED, Pace
 from .metrics import MetricParser
 from .ranksample import RankSampler, period_of
 from .resumed import resumed_records
-from .judge_link import JudgeLink
 from .node import STOP_END, job_env
 from .runfiles import read_json, write_json_atomic
 from .tail import LogFollower
