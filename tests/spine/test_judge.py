@@ -73,10 +73,12 @@ def stop(run_id: str) -> None:
 
 
 def test_a_detached_run_gets_its_verdict_with_no_console_and_status_shows_it(tmp_path):
+    notified = tmp_path / "notified.jsonl"
     run_id, workdir = launch_detached(
         tmp_path, ["--steps", "100000", "--ckpt-every", "0", "--pg-timeout", "600",
                    "--hang-at-step", "6", "--hang-rank", "2"],
-        "--max-restarts", "0", "--stall-after", "6")
+        "--max-restarts", "0", "--stall-after", "6", "--notify", "cat >> %s" % notified)
+    stopped = False
     try:
         started = wait_for_event(workdir, run_id, lambda e: e["what"] == "judge", "judge start")
         assert started[0]["stall_after"] == 6  # the run's own setting, not a console's
@@ -97,8 +99,14 @@ def test_a_detached_run_gets_its_verdict_with_no_console_and_status_shows_it(tmp
         assert status["verdict"]["suspects"][0]["node"] == suspects[0]["node"]
         ranks = {r["rank"]: r for n in status["nodes"] for r in n["ranks"]}
         assert ranks[2]["state"] == "stalled", ranks[2]
-    finally:
         stop(run_id)
+        stopped = True
+        # the stall (once, not once per rank), the verdict and the end, each once
+        kinds = [json.loads(line)["kind"] for line in notified.read_text().splitlines()]
+        assert kinds == ["stall", "verdict", "stopped"], kinds
+    finally:
+        if not stopped:
+            stop(run_id)
 
 
 def test_on_hang_restart_restarts_the_named_node_and_every_rank_steps_again(tmp_path):
@@ -134,7 +142,7 @@ def test_a_detached_run_whose_rank_aborts_after_the_last_step_ends_failed_and_no
     run_id, workdir = launch_detached(
         tmp_path, ["--steps", "12", "--ckpt-every", "0", "--abort-at-exit", "1"],
         "--max-restarts", "2", "--notify", "cat >> %s" % notified,
-        "--notify-on", "failed,succeeded,stall")
+        "--notify-on", "failed,succeeded")
     try:
         ended = wait_for_event(workdir, run_id, lambda e: e["what"] == "run_ended", "the end")
         assert ended[0]["state"] == "failed", ended
