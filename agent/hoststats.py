@@ -2,8 +2,15 @@
 
 Standard library only, Python >= 3.8, Linux files only. ``HostSampler.sample()`` never
 raises: a file or field this host does not have (no InfiniBand, a workdir on tmpfs or NFS, a
-container without /sys) comes back as None ("n/a" in the views). Rates are deltas between
-two samples, so the first sample has counters but no rates (None).
+container without /sys) comes back as None ("n/a" in the views).
+
+Rates (CPU %, Gbit/s, MB/s) are deltas of counters over the window since the sampler's last
+reading, so a sampler's first reading has none. ``prime()`` takes that first reading (every
+disk's too: which workdir will be asked for is not known yet), and the first ``sample()`` at
+least ``FIRST_WINDOW_S`` later (``settle_s()``) has every rate: `serve` primes when it starts,
+so a console that prints as soon as it has one sample (a new shell's `status`) has them too. A
+reading closer than ``SHORTEST_WINDOW_S`` to the last one repeats that one's rates rather than
+measure a window of a few CPU ticks.
 
 Sample::
 
@@ -30,8 +37,10 @@ import time
 
 from .gpu import GpuProbe
 
-__all__ = ["HostSampler"]
+__all__ = ["HostSampler", "FIRST_WINDOW_S", "SHORTEST_WINDOW_S"]
 
+FIRST_WINDOW_S = 0.25  # the primed window: /proc/stat counts 100 ticks a second per core
+SHORTEST_WINDOW_S = 0.1  # a shorter window is mostly rounding (10 ms CPU ticks)
 _SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's own size
 _IB_WORD = 4  # port_rcv_data / port_xmit_data are in units of 4 octets
 
@@ -59,6 +68,14 @@ def _rate(new, old, dt, scale):
     return round((new - old) * scale / dt, 6)
 
 
+def _cpu_pct(new, old, _dt):
+    """Busy share of all cores (0-100) between two ``(total, idle)`` tick counts."""
+    total, idle = new[0] - old[0], new[1] - old[1]
+    if total <= 0:  # no tick passed, or the counters went back
+        return None
+    return round(100.0 * max(0, total - idle) / total, 1)
+
+
 def _sum(values):
     values = [v for v in values if v is not None]
     return round(sum(values), 6) if values else None
@@ -74,9 +91,28 @@ class HostSampler:
     def __init__(self, root="/", clock=time.monotonic):
         self._root = root
         self._clock = clock
-        self._prev = {}  # counter name -> (value, clock time)
+        self._prev = {}  # counter name -> (value, clock time, rate over the window it ended)
         self._disk_of = {}  # workdir -> block device name or None
         self._seen_up = set()  # links seen up: only those can go down
+        self._primed_at = None
+
+    def prime(self):
+        """Take the first reading of every counter, so the next :meth:`sample` has rates."""
+        self._primed_at = self._clock()
+        self.sample()
+        try:
+            for dev, (read, written) in self._diskstats().items():
+                self._delta("rd:" + dev, read, self._primed_at, _SECTOR / 1e6)
+                self._delta("wr:" + dev, written, self._primed_at, _SECTOR / 1e6)
+        except Exception:  # as in sample(): an odd file costs the disk rates, nothing else
+            pass
+
+    def settle_s(self):
+        """Seconds until a sample's window since :meth:`prime` is ``FIRST_WINDOW_S`` long
+        (0 when it is, or without a prime)."""
+        if self._primed_at is None:
+            return 0.0
+        return max(0.0, self._primed_at + FIRST_WINDOW_S - self._clock())
 
     def _path(self, *parts):
         return os.path.join(self._root, *parts)
@@ -102,12 +138,19 @@ class HostSampler:
         return out
 
     def _delta(self, name, value, now, scale):
-        """Rate of counter ``name`` since the last sample, and remember ``value``."""
+        """Rate of counter ``name`` (times ``scale``) since the last reading."""
+        return self._window(name, value, now, _rate, scale)
+
+    def _window(self, name, value, now, rate_of, *args):
+        """``rate_of(value, old value, seconds, *args)`` over the window since the last
+        reading of ``name``, which then ends there; None at its first reading. Within
+        ``SHORTEST_WINDOW_S`` of the last reading: that reading's rate, and its window goes on."""
         old = self._prev.get(name)
-        self._prev[name] = (value, now)
-        if old is None:
-            return None
-        return _rate(value, old[0], now - old[1], scale)
+        if old is not None and now - old[1] < SHORTEST_WINDOW_S:
+            return old[2]
+        rate = None if old is None else rate_of(value, old[0], now - old[1], *args)
+        self._prev[name] = (value, now, rate)
+        return rate
 
     # -- CPU, memory, load -----------------------------------------------------------------
     def _cpu(self, now):
@@ -117,13 +160,7 @@ class HostSampler:
             return {"cpu_pct": None}
         ticks = [_int(v) or 0 for v in fields[1:9]]  # guest time is already in user time
         idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-        total = sum(ticks)
-        old = self._prev.get("cpu")
-        self._prev["cpu"] = ((total, idle), now)
-        if old is None or total <= old[0][0]:
-            return {"cpu_pct": None}
-        busy = (total - old[0][0]) - (idle - old[0][1])
-        return {"cpu_pct": round(100.0 * max(0, busy) / (total - old[0][0]), 1)}
+        return {"cpu_pct": self._window("cpu", (sum(ticks), idle), now, _cpu_pct)}
 
     def _memory(self, _now):
         info = {}
@@ -212,16 +249,21 @@ class HostSampler:
         if workdir not in self._disk_of:
             self._disk_of[workdir] = self._block_device(workdir)
         dev = self._disk_of[workdir]
-        if dev is None:
+        counters = self._diskstats().get(dev) if dev is not None else None
+        if counters is None:
             return None
+        return {"dev": dev,
+                "read_mbs": self._delta("rd:" + dev, counters[0], now, _SECTOR / 1e6),
+                "write_mbs": self._delta("wr:" + dev, counters[1], now, _SECTOR / 1e6)}
+
+    def _diskstats(self):
+        """``{device: (sectors read, sectors written)}`` from /proc/diskstats."""
+        out = {}
         for line in (_read(self._path("proc", "diskstats")) or "").splitlines():
             words = line.split()
-            if len(words) >= 10 and words[2] == dev:
-                read, written = _int(words[5]), _int(words[9])
-                return {"dev": dev,
-                        "read_mbs": self._delta("rd:" + dev, read, now, _SECTOR / 1e6),
-                        "write_mbs": self._delta("wr:" + dev, written, now, _SECTOR / 1e6)}
-        return None
+            if len(words) >= 10:
+                out[words[2]] = (_int(words[5]), _int(words[9]))
+        return out
 
     def _block_device(self, workdir):
         """The name (as in /proc/diskstats) of the disk holding ``workdir``, or None.

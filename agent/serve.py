@@ -57,6 +57,7 @@ class Server(object):
         self.gpu = GpuProbe()
         self.gpu_interval = 1.0
         self.host = HostSampler()  # sampled with the GPUs, sent in the same message
+        self.host.prime()  # so the first message has rates already (agent/hoststats.py)
         self.closed = threading.Event()
         self.wake = threading.Event()  # set: the stream loop turns now (a new subscription)
         self.watch = open_watch()  # None: the stream loop polls (agent/pace.py)
@@ -271,11 +272,14 @@ class Server(object):
             return protocol.encode({"t": "journal", "sub": sub_id, "end": records[-1][3],
                                     "recs": self._wire(parsed)})
 
-    def pump(self):
-        """Send what is new in subscribed journals and states; the journal bytes sent (a
-        state message counts as one)."""
+    def subscriptions(self):
+        """The subscriptions now (a copy: requests add and drop them on other threads)."""
         with self.subs_lock:
-            subs = list(self.subs.values())
+            return list(self.subs.values())
+
+    def pump(self, subs):
+        """Send what is new in the journals and states of ``subs``; the journal bytes sent
+        (a state message counts as one)."""
         sent = 0
         now = time.monotonic()
         for sub in subs:
@@ -310,21 +314,30 @@ class Server(object):
                     sent += 1
         return sent
 
-    def _run_folder(self):
-        """A subscribed node's run folder (in its workdir): the disk whose MB/s are sent."""
-        with self.subs_lock:
-            return next((sub.ndir for sub in self.subs.values()), None)
+    def send_telemetry(self, subs):
+        """The ``gpu`` message: a GPU snapshot and a host sample, measuring the disk of the
+        first subscription's run folder (in its workdir); that folder. The first message
+        waits out the primed window (hoststats.FIRST_WINDOW_S at most, once a connection: a
+        sleep, not a poll) so that it has rates."""
+        self.closed.wait(self.host.settle_s())
+        folder = subs[0].ndir if subs else None
+        self.send({"t": "gpu", "snap": self.gpu.snapshot(), "host": self.host.sample(folder)})
+        return folder
 
     def stream_loop(self):
         last_gpu = float("-inf")
+        measured = None  # the run folder whose disk the last host sample measured
         pace = Pace()
         while not self.closed.is_set():
-            sent = self.pump()
-            now = time.monotonic()
-            if self.gpu_interval and now - last_gpu >= self.gpu_interval:
-                last_gpu = now
-                self.send({"t": "gpu", "snap": self.gpu.snapshot(),
-                           "host": self.host.sample(self._run_folder())})
+            subs = self.subscriptions()
+            folder = subs[0].ndir if subs else None
+            # A new subscription's journal and state go after a sample of its disk: a console
+            # that prints once caught up (a new shell's status) has every figure then.
+            if self.gpu_interval and (time.monotonic() - last_gpu >= self.gpu_interval or
+                                      folder not in (None, measured)):
+                measured = self.send_telemetry(subs)
+                last_gpu = time.monotonic()
+            sent = self.pump(subs)
             flood = sent >= pace.batch  # more is likely waiting: go on at once
             wait = pace.after(sent)
             if flood:
@@ -355,9 +368,7 @@ class Server(object):
         return sub.watched
 
     def _all_watched(self):
-        with self.subs_lock:
-            subs = list(self.subs.values())
-        return all([self._watch(sub) for sub in subs])
+        return all([self._watch(sub) for sub in self.subscriptions()])
 
     def serve_forever(self, inp=None):
         inp = inp or sys.stdin.buffer

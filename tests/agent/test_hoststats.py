@@ -8,9 +8,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
-from agent.hoststats import HostSampler
+from agent import serve
+from agent.hoststats import FIRST_WINDOW_S, HostSampler
+from agent.journal import JournalWriter
 from console.telemetry import node_telemetry
 
 NET_DEV = """\
@@ -71,13 +74,19 @@ def fake_host(root, tick=0, with_ib=True, disk_of=None):
             link.symlink_to(block)
 
 
-def test_rates_from_two_samples(tmp_path):
+def sampler_on_fake_host(tmp_path):
+    """A sampler of a fake host at tick 0 whose disk is the one a workdir in ``tmp_path`` is
+    on: (clock, workdir, its st_dev, sampler)."""
     clock = FakeClock()
     workdir = tmp_path / "work"
     workdir.mkdir()
     st_dev = os.stat(workdir).st_dev
     fake_host(tmp_path / "h", 0, disk_of=st_dev)
-    sampler = HostSampler(root=str(tmp_path / "h"), clock=clock)
+    return clock, workdir, st_dev, HostSampler(root=str(tmp_path / "h"), clock=clock)
+
+
+def test_rates_from_two_samples(tmp_path):
+    clock, workdir, st_dev, sampler = sampler_on_fake_host(tmp_path)
 
     first = sampler.sample(str(workdir))
     assert first["cpu_pct"] is None  # rates need two samples
@@ -96,6 +105,51 @@ def test_rates_from_two_samples(tmp_path):
                            "rx_gbps": 100.0, "tx_gbps": 20.0}]
     if os.major(st_dev):  # a workdir on tmpfs/overlay has no block device to map
         assert snap["disk"] == {"dev": "sdz", "read_mbs": 256.0, "write_mbs": 64.0}
+
+
+def test_a_primed_sampler_has_every_rate_in_its_first_sample(tmp_path):
+    """serve primes at start: the first message a new shell's `status` gets has rates, the
+    workdir's disk too although nobody had asked for that disk at the prime."""
+    clock, workdir, st_dev, sampler = sampler_on_fake_host(tmp_path)
+    assert sampler.settle_s() == 0.0  # nothing primed: nothing to wait for
+
+    sampler.prime()
+    assert sampler.settle_s() == FIRST_WINDOW_S
+    clock.now += 1.0
+    assert sampler.settle_s() == 0.0
+    fake_host(tmp_path / "h", 1, disk_of=st_dev)
+    first = sampler.sample(str(workdir))
+    assert first["cpu_pct"] == 25.0
+    assert (first["net_rx_gbps"], first["net_tx_gbps"]) == (10.0, 2.0)
+    assert [(p["rx_gbps"], p["tx_gbps"]) for p in first["ib"]] == [(100.0, 20.0)]
+    if os.major(st_dev):
+        assert first["disk"] == {"dev": "sdz", "read_mbs": 256.0, "write_mbs": 64.0}
+
+
+def test_a_sample_too_soon_after_the_last_repeats_its_rates(tmp_path):
+    """A second message right after the last (a new subscription's) measures no window of a
+    few CPU ticks; the window it did not close goes on to the next sample."""
+    clock = FakeClock()
+    root = tmp_path / "h"
+    fake_host(root, 0)
+    sampler = HostSampler(root=str(root), clock=clock)
+    sampler.prime()
+    clock.now += 1.0
+    fake_host(root, 1)
+    assert sampler.sample()["net_rx_gbps"] == 10.0
+
+    clock.now += 0.05
+    write(root, "proc/stat", "cpu  1030 0 0 5075 0 0 0 0 0 0\n")  # 5 more ticks, all busy
+    # 4 s of traffic at tick 1's pace in 0.05 s
+    write(root, "proc/net/dev", NET_DEV.format(lo=0, rx=1250 * 10 ** 6 * 5,
+                                               tx=250 * 10 ** 6 * 5))
+    soon = sampler.sample()
+    assert (soon["cpu_pct"], soon["net_rx_gbps"], soon["net_tx_gbps"]) == (25.0, 10.0, 2.0)
+
+    clock.now += 0.95  # 1 s after the window's start: the traffic of 4 s came in it
+    later = sampler.sample()
+    assert (later["net_rx_gbps"], later["net_tx_gbps"]) == (40.0, 8.0)
+    assert later["cpu_pct"] == 100.0
 
 
 def test_missing_files_are_none_not_a_crash(tmp_path):
@@ -139,7 +193,8 @@ def test_real_host_answers_every_field():
 
 
 def test_serve_sends_host_sample_with_gpu_snapshot():
-    """The agent's once-a-second ``gpu`` message carries the host sample beside the GPUs."""
+    """The agent's once-a-second ``gpu`` message carries the host sample beside the GPUs,
+    with rates from the first message on (serve primes its sampler when it starts)."""
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.Popen([sys.executable, "-m", "agent", "serve"], cwd=repo,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -150,7 +205,10 @@ def test_serve_sends_host_sample_with_gpu_snapshot():
         proc.wait(timeout=10)
     gpu = [m for m in msgs if m["t"] == "gpu"]
     assert len(gpu) == 2 and "snap" in gpu[0]
-    assert gpu[0]["host"]["mem_total"] > 0 and gpu[1]["host"]["cpu_pct"] is not None
+    assert gpu[0]["host"]["mem_total"] > 0
+    for msg in gpu:
+        assert 0.0 <= msg["host"]["cpu_pct"] <= 100.0
+        assert all(i["rx_gbps"] is not None for i in msg["host"]["net"])
 
 
 def test_only_a_link_that_was_up_and_went_down_is_down(tmp_path):
@@ -180,3 +238,59 @@ def test_only_a_link_that_was_up_and_went_down_is_down(tmp_path):
     clock.now += 1
     write(root, "sys/class/net/eth1/operstate", "up\n")  # back: not down any more
     assert down(sampler.sample()) == ["mlx5_0/1"]
+
+
+class Messages(object):
+    """serve's output as messages, and a wait for the first of a kind."""
+
+    def __init__(self):
+        self.msgs = []
+        self.cond = threading.Condition()
+
+    def write(self, data):
+        with self.cond:
+            self.msgs += [json.loads(line) for line in data.splitlines()]
+            self.cond.notify_all()
+
+    def flush(self):
+        pass
+
+    def wait_for(self, kind, after=0):
+        """The index of the first ``kind`` message from index ``after`` on."""
+        def found():
+            return next((i for i, m in enumerate(self.msgs) if i >= after and m["t"] == kind),
+                        None)
+        with self.cond:
+            assert self.cond.wait_for(lambda: found() is not None, 30), self.msgs
+            return found()
+
+
+def test_a_new_subscriptions_state_comes_after_a_sample_of_its_disk(tmp_path, monkeypatch):
+    """A console prints `status` once a node's state arrives: the host sample before it must
+    have the rates of the run folder's disk too, not only a sample from before the
+    subscription named that folder (the next comes a second later)."""
+    ndir = tmp_path / "node1"
+    ndir.mkdir()
+    (ndir / "state.json").write_text('{"state": "exited"}')
+    JournalWriter(str(ndir / "journal")).append({"k": "event", "what": "launched"})
+    monkeypatch.setattr(serve.node, "node_dir", lambda args: str(ndir))
+    out = Messages()
+    server = serve.Server(out=out)
+    loop = threading.Thread(target=server.stream_loop, daemon=True)
+    loop.start()
+    try:
+        first = out.wait_for("gpu")  # before any subscription: no disk to measure
+        assert out.msgs[first]["host"]["disk"] is None
+        assert out.msgs[first]["host"]["cpu_pct"] is not None
+        server.op_subscribe({"node": "node1"})
+        state = out.wait_for("state", first)
+    finally:
+        server.closed.set()
+        server.turn_now()
+        loop.join(30)
+    before = [m for m in out.msgs[:state] if m["t"] == "gpu"][-1]["host"]
+    assert before["cpu_pct"] is not None
+    assert before["net_rx_gbps"] is not None or not before["net"]
+    if HostSampler().sample(str(ndir))["disk"] is not None:  # a workdir on a block device
+        disk = before["disk"] or {}
+        assert None not in (disk.get("read_mbs"), disk.get("write_mbs")), before["disk"]
