@@ -73,7 +73,7 @@ def shares(times):
 def over_median(found):
     """Each rank's share above the median rank's, and the bar a straggler's must reach:
     ``SHARE_MIN`` and ``MAD_FACTOR`` x the MAD of all ranks' shares. Used here on each rank's
-    sustained share and by the ``why`` verdict (console/verdict.py) on one sample's."""
+    sustained share and by the ``why`` verdict (agent/verdict.py) on one sample's."""
     mid = median(found.values())
     mad = median(abs(s - mid) for s in found.values())
     return {rank: share - mid for rank, share in found.items()}, max(SHARE_MIN, MAD_FACTOR * mad)

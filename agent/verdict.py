@@ -235,7 +235,7 @@ def lateness(reports):
 
 
 def _entry_times(reports):
-    """{rank: {(pg, seq): entry time in us}}, the shape console/straggler.py reduces."""
+    """{rank: {(pg, seq): entry time in us}}, the shape agent/straggler.py reduces."""
     return {r["rank"]: {(e["pg"], e["seq"]): e["t_ns"] // 1000 for e in _entries(r)
                         if isinstance(e.get("t_ns"), int) and e["t_ns"] > 0}
             for r in reports}
@@ -243,7 +243,7 @@ def _entry_times(reports):
 
 def straggler(reports):
     """The one rank the others wait for, by the continuous detector's rule
-    (console/straggler.py) applied to one sample: its share of the others' wait is above the
+    (agent/straggler.py) applied to one sample: its share of the others' wait is above the
     median rank's by ``SHARE_MIN`` and by 5 x the MAD of all ranks' shares. A share, not a
     lateness in ms: a rank 18 ms late in 100 ms steps on a loaded core is noise, one 1 s late
     in them is the job's bottleneck."""

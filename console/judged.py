@@ -25,14 +25,15 @@ def judged(state: RunState) -> bool:
     return state.judge is not None
 
 
-def apply_judge_records(state: RunState, recs: list, end: int) -> None:
-    """The ``recs`` of a ``journal`` message of the ``judge`` subscription."""
+def apply_judge_records(state: RunState, recs: list, end: int, host: str) -> None:
+    """The ``recs`` of a ``journal`` message of the ``judge`` subscription on ``host``'s link
+    (the node whose change listeners hear of it: they know nodes, not the judge)."""
     for rec in recs:
         meta = rec[0]
         if meta.get("k") == "event" and meta.get("what") in JUDGE_EVENTS:
             _event(state, meta)
     state.judge_offset = end
-    state.changed(None)
+    state.changed(host)
 
 
 def settle(state: RunState) -> None:

@@ -200,7 +200,7 @@ class NodeLink:
                                                              clean(str(msg.get("error")))),
                                                  msg.get("kind") or "error"))
         elif kind == "journal" and self.state is not None and msg.get("sub") == "judge":
-            apply_judge_records(self.state, msg.get("recs", []), msg.get("end", 0))
+            apply_judge_records(self.state, msg.get("recs", []), msg.get("end", 0), self.name)
         elif kind == "journal" and self.state is not None:
             self.state.apply_records(self.name, msg.get("recs", []), msg.get("end", 0))
         elif kind == "state" and msg.get("sub") == "judge":

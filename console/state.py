@@ -187,7 +187,7 @@ class RunState:
         self.checkpoints = Checkpoints()
         self.ran = False  # a rank has stepped: the run is never `starting` again
         self.silent_waiting: set[int] = set()  # silent ranks the run's next step wakes
-        self.verdict: dict | None = None  # who is stuck (console/verdict.py), while stalled
+        self.verdict: dict | None = None  # who is stuck (agent/verdict.py), while stalled
         self.verdict_at = 0.0  # when it was taken
         self.verdict_tries = 0  # looks again at an unknown verdict (console/liveness.py)
         self.judge: dict | None = None  # the judge on the hosts, its settings (console/judged.py)
@@ -375,7 +375,7 @@ class RunState:
 
     def _sample(self, ns: NodeState, meta: dict) -> None:
         """A supervisor's periodic sample of its ranks: who enters collectives last
-        (console/straggler.py), and whose CPU advances (console/rankcpu.py)."""
+        (agent/straggler.py), and whose CPU advances (console/rankcpu.py)."""
         for rank, kind, text in self.stragglers.add(meta, self.world_size):
             node = self.ranks[rank].node if rank in self.ranks else ns.name
             self.add_event(node, kind, text, rank, meta.get("ts"))

@@ -1,5 +1,5 @@
 """Taking a verdict from a live run: ask every node for its ranks' stacks and flight-recorder
-tails (the agent's ``why`` request, agent/fr_dump.py), twice, and decide (console/verdict.py).
+tails (the agent's ``why`` request, agent/fr_dump.py), twice, and decide (agent/verdict.py).
 
 Works on any object with ``gather_nodes``, ``links`` and ``state`` (a RunController), so this
 module sits below the controller and both the verbs and the controller's stall watch use it.

@@ -23,7 +23,7 @@ from . import toml_lines, yaml_lines
 from .interpolate import ENV_NAME, expand
 from .model import EnvValue, Host, Inventory, InventoryError
 
-TOP_KEYS = ("defaults", "hosts", "name", "transport")
+TOP_KEYS = ("defaults", "hosts", "name", "notify", "transport")
 HOST_KEYS = ("addr", "env", "gpus", "name", "python", "slots", "ssh", "workdir")
 DEFAULT_KEYS = ("env", "gpus", "python", "slots", "sync", "workdir")
 ENV_FORM_KEYS = ("secret", "value")
@@ -217,7 +217,8 @@ class _Reader:
             by_name[host.name], by_addr[host.addr] = i, i
             hosts.append(host)
         return Inventory(path=self.path, hosts=hosts, transport=transport, name=name,
-                         sync=self.sync_dir(top.get("defaults")))
+                         sync=self.sync_dir(top.get("defaults")),
+                         notify=self.text(top, (), "notify", "notify"))
 
     def first(self, index: int, key: str) -> str:
         line = self.doc.line(("hosts", index, key))

@@ -51,6 +51,9 @@ class Inventory:
     # defaults.sync: the folder `launch` sends to every host's workdir (absolute; a relative
     # one in the file is read against the inventory's folder). None: nothing is sent.
     sync: str | None = None
+    # a shell command the run's judge runs on its host for each event (docs/JUDGE.md);
+    # `launch --notify` overrides it
+    notify: str | None = None
 
     def host(self, name: str) -> Host:
         for h in self.hosts:

@@ -1,7 +1,7 @@
 """LatenessScreen (``L``): how long the other ranks wait for each rank, worst first.
 
 One row a rank: rank, node, slowdown (``1.43x``), the share of the time the others wait for
-it (the median of its newest shares, console/straggler.py ``sustained``) and a strip of its
+it (the median of its newest shares, agent/straggler.py ``sustained``) and a strip of its
 recent shares, one cell a sample tick, newest at the right, as a coloured sparkline. A rank
 flagged as a straggler is drawn like a verdict's suspect. Ranks are ordered by sustained
 share, then newest share; only the rows that fit are built (a 512-rank run shows the top
@@ -24,13 +24,13 @@ from textual.widgets import Static
 from ..sanitize import clean
 from ..sources import RANK
 from ..state import RunState
-from ..straggler import HISTORY, SHARE_MIN
+from agent.straggler import HISTORY, SHARE_MIN
 from .messages import SourceChosen
 from .rowsview import RowsView
 from .styles import SUSPECT_STYLE
 
 REDRAW_S = 1.0
-SHARE_TOP = 0.95  # console/straggler.py caps a share there
+SHARE_TOP = 0.95  # agent/straggler.py caps a share there
 SPARKS = "▁▂▃▄▅▆▇█"
 NODE_W = 16
 MORE = "more"

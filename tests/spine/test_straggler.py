@@ -1,7 +1,7 @@
 """Stragglers, continuously, with real parts: 4 local nodes, torchrun, gloo, the reference
 trainer's ``--slow-rank``; the supervisors sample the flight recorder every 2 s
 (agent/ranksample.py) and the console names the rank the others wait for
-(console/straggler.py) in ``status --json``, in events and in ``why``'s verdict; a clean run
+(agent/straggler.py) in ``status --json``, in events and in ``why``'s verdict; a clean run
 names nobody."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stragglers from synthetic samples (console/straggler.py): a synchronous job simulated step
+"""Stragglers from synthetic samples (agent/straggler.py): a synchronous job simulated step
 by step, each rank entering every collective when its own compute ends, the collective
 finishing when the last rank enters; the samples carry what the flight recorder would."""
 
