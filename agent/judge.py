@@ -42,6 +42,7 @@ WHY_TIMEOUT = 20.0
 SAMPLE_GAP = 1.0
 ACTION_TIMEOUT = 180.0
 SETTLE = 5.0  # after the run ended: the last events reach the journal, then the judge ends
+ALONE_END = 300.0  # no supervisor connected for this long (from the start, too): the judge ends
 
 
 class NodeLine(object):
@@ -362,12 +363,24 @@ class Judge(object):
                          text="the judge watches the run on this host (stall after %.0f s, "
                          "on hang: %s)" % (self.view.stall_after, self.on_hang)))
         ended_at = None
+        alone_since = time.monotonic()  # no node connected since (none yet, at the start)
         while not self.stop.is_set():
             self.tick()
             if self.over is not None:
                 ended_at = ended_at or time.monotonic()
                 if time.monotonic() - ended_at >= SETTLE:
                     break
+            with self.lock:
+                alone = not self.lines
+            if not alone:
+                alone_since = time.monotonic()
+            elif time.monotonic() - alone_since >= ALONE_END:
+                # every supervisor gone without a last word (killed, hosts lost): nobody is
+                # left to judge, and a judge must not outlive its run
+                self.write(event("judge", None, action="ended",
+                                 text="no node has been connected to the judge for %.0f s: it "
+                                 "ends; a console judges what is left" % ALONE_END))
+                break
             self.stop.wait(TICK)
         if self.over is None:  # stopped (SIGTERM): say how the run ended, if it has
             time.sleep(0.5)  # the nodes' last states, sent as their supervisors ended

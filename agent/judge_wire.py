@@ -39,11 +39,13 @@ def new_nonce():
 
 class Line(object):
     """One connection, read and written a JSON object a line. ``send`` may be called from
-    any thread; ``read`` from one."""
+    any thread, ``read`` from one; ``close`` from any, also while another thread waits in
+    ``read`` (it then sees the end of the stream: a socket is shut down, not a buffered file
+    closed under its reader, which would block the closer)."""
 
     def __init__(self, sock):
         self.sock = sock
-        self.file = sock.makefile("rb")
+        self._buf = bytearray()
         self._wlock = threading.Lock()
 
     def send(self, obj):
@@ -56,14 +58,23 @@ class Line(object):
 
     def read(self):
         """The next object, or None at the end of the stream; WireError if it is not one."""
-        try:
-            line = self.file.readline(MAX_LINE + 1)
-        except OSError as exc:
-            raise WireError("read failed: %s" % exc)
-        if not line:
-            return None
-        if len(line) > MAX_LINE or not line.endswith(b"\n"):
-            raise WireError("a line over %d bytes" % MAX_LINE)
+        while True:
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                break
+            if len(self._buf) > MAX_LINE:
+                raise WireError("a line over %d bytes" % MAX_LINE)
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except OSError as exc:
+                raise WireError("read failed: %s" % exc)
+            if not chunk:
+                if self._buf:
+                    raise WireError("the stream ended inside a line")
+                return None
+            self._buf += chunk
+        line = bytes(self._buf[:end])
+        del self._buf[:end + 1]
         try:
             obj = json.loads(line)
         except ValueError:
@@ -73,11 +84,11 @@ class Line(object):
         return obj
 
     def close(self):
-        for part in (self.file, self.sock):
-            try:
-                part.close()
-            except OSError:
-                pass
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
 
 
 def accept_peer(sock, token):

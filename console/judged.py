@@ -50,7 +50,9 @@ def _event(state: RunState, meta: dict) -> None:
     node = node if node in state.nodes else None
     text = clean(meta.get("text") or what, limit=600)
     rs = state.ranks.get(rank) if isinstance(rank, int) else None
-    if what == "judge":
+    if what == "judge" and meta.get("action") == "ended":
+        state.judge = None  # it is gone: this console judges again
+    elif what == "judge":
         state.judge = {"stall_after": meta.get("stall_after"), "on_hang": meta.get("on_hang"),
                        "max_wall": meta.get("max_wall"), "notify": meta.get("notify")}
         if isinstance(meta.get("stall_after"), (int, float)):

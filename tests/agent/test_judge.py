@@ -169,3 +169,23 @@ def test_a_silent_rank_stalls_with_the_run_and_a_diverged_loss_is_said_once():
     assert sorted(e["rank"] for e in out if e["what"] == "stepping") == [0, 1]
     again = view.apply("node0", {"k": "metric", "f": 1, "step": 3, "loss": float("inf")}, 8)
     assert not any(e["what"] == "diverged" for e in again)
+
+
+def test_closing_a_line_while_another_thread_reads_it_ends_both():
+    """A supervisor ending closes its judge link while the link's reader waits in read():
+    with a buffered file closed under its reader, close() blocked for good and the supervisor
+    never exited (its run's processes stayed)."""
+    import socket
+    a, b = socket.socketpair()
+    line = judge_wire.Line(a)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(line.read()), daemon=True)
+    reader.start()
+    wait_for(lambda: reader.is_alive(), "the reader waits")
+    closer = threading.Thread(target=line.close, daemon=True)
+    closer.start()
+    closer.join(30)
+    reader.join(30)
+    assert not closer.is_alive() and not reader.is_alive()
+    assert got in ([None], []) or isinstance(got[0], type(None))
+    b.close()
