@@ -28,8 +28,23 @@ Safety: paths from the console are refused when absolute, empty, with ``.``/``..
 NUL, inside ``.git``/``.rankdeck``, or when a folder on the way is a symlink leading out of the
 workdir. Only files marked ``own`` (rankdeck wrote them) are ever removed, and only while their
 content is what rankdeck wrote: a file the user made or changed on the host stays. A host file
-that already has the tree's content is taken as it is (recorded, not ``own``). Folders are
-removed only when rankdeck created them and they are empty.
+that already has the tree's content is taken as it is (recorded, not ``own``). Any other host
+file (or link, or folder) where the tree has a file is a ``conflict``, named in the refusal,
+unless rankdeck placed it (or recorded it and it is unchanged since): never overwritten, never
+marked as placed. The login home itself is never a sync workdir. Folders are removed only when
+rankdeck created them and they are empty. Modes: 0644, 0755, and owner-only 0600, 0700 as the
+laptop has them.
+
+Races: the commit takes ``.rankdeck/sync.lock`` and looks again at every path the plan looked
+at; anything changed since (another console's sync into the workdir) fails it with
+``conflict`` before a file moves. It then works on folder descriptors opened part by part
+without following links (rename, chmod and unlink by ``dir_fd``, chmod by ``fchmod``), so a
+folder or file swapped for a symlink meanwhile cannot send a write out of the workdir. A
+transfer holds a lock in its staging folder while it lives, so another console's sweep of old
+staging folders leaves a long upload alone.
+
+This file is over 450 lines until the split into agent/workdir.py and agent/sync_wire.py
+(branch agent-split) lands.
 
 Standard library only; Python >= 3.8.
 """
@@ -46,7 +61,7 @@ import stat
 import threading
 import time
 
-from .hostpaths import host_path
+from .hostpaths import home, host_path
 
 try:
     import fcntl
@@ -60,6 +75,7 @@ MAX_MESSAGE = 1 << 20
 MAX_PUT_BYTES = (MAX_MESSAGE - 64 * 1024) // 4 * 3
 SKIP_PARTS = (".git", ".rankdeck")
 STALE_STAGING = 600.0  # seconds before a staging folder no transfer owns is swept
+STAGING_LOCK = "lock"  # in a staging folder: held (flock) by the transfer that owns it
 KEEP_FAILED = 16  # failed transfers remembered per connection (their puts still in flight)
 SESSION_RE = re.compile(r"^[0-9a-f]{8,64}$")
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -101,9 +117,14 @@ def file_sha256(path):
             h.update(block)
 
 
+MODES = (0o644, 0o755, 0o600, 0o700)
+
+
 def norm_mode(st_mode):
-    """What a manifest keeps of a file's mode: executable or not."""
-    return 0o755 if st_mode & 0o111 else 0o644
+    """What a manifest keeps of a file's mode: executable or not, and owner-only when others
+    cannot read it (a 0600 key file stays 0600 on the host, never 0644)."""
+    mode = 0o755 if st_mode & 0o111 else 0o644
+    return mode if st_mode & 0o004 else mode & 0o700
 
 
 # -- paths ----------------------------------------------------------------------------------
@@ -111,6 +132,17 @@ def expand_workdir(workdir):
     """``~``, ``~/x`` and relative workdirs against the login home, as scp and rsync read them
     (agent/hostpaths.py; ``str`` because the value comes from the console, untrusted)."""
     return host_path(str(workdir or "~"))
+
+
+def sync_root(workdir):
+    """The workdir a sync may place files into; refused (``path``) when it is the login home
+    itself, where a tree would mix with the user's dotfiles and keys."""
+    root = expand_workdir(workdir)
+    if os.path.realpath(root) == os.path.realpath(home()):
+        raise SyncError("refused workdir %s: the login home itself (a tree there mixes with "
+                        "your dotfiles); set the host's workdir: to a folder such as ~/proj"
+                        % root, "path")
+    return root
 
 
 def check_relpath(path):
@@ -133,18 +165,26 @@ def _inside(real_root, path):
     return path == real_root or path.startswith(real_root.rstrip("/") + "/")
 
 
+NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+NOFOLLOW_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: a FIFO never hangs
+
+
 class Workdir(object):
     """A host workdir, and the folders in it already checked not to lead out of it.
 
     Each folder is resolved once (a tree of thousands of files has tens of folders). The last
     part of a path may be a symlink: rename replaces the link, never writes through it.
+
+    A commit works through :meth:`folder` instead: an open descriptor of each folder, reached
+    one part at a time without following a symlink, so a folder swapped for a link after the
+    checks cannot send a rename, chmod or unlink out of the workdir. Call :meth:`close` after.
     """
 
     def __init__(self, root):
         self.root = root
         self.real = os.path.realpath(root)
         self._checked = {}  # folder (relative) -> inside the workdir?
-        self._present = set()  # folders known to exist (made or checked) in this commit
+        self._fds = {}  # folder (relative, "" the workdir) -> an open descriptor of it
 
     def _folder_inside(self, sub):
         ok = self._checked.get(sub)
@@ -161,28 +201,61 @@ class Workdir(object):
                             "workdir" % rel, "path")
         return os.path.join(self.root, rel)
 
-    def make_parents(self, rel, created):
-        """Create the folders on the way to ``rel``, noting those made (for later removal)."""
-        parts = rel.split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            sub = "/".join(parts[:i])
-            if sub in self._present:
-                continue
-            full = os.path.join(self.root, sub)
-            if os.path.isdir(full):
-                self._checked.pop(sub, None)  # it may have changed since the plan looked
-                if not self._folder_inside(sub):
-                    raise SyncError("refused path %r: %s is a symlink out of the workdir"
-                                    % (rel, sub), "path")
-            else:
-                try:
-                    os.mkdir(full)
-                    created.add(sub)
-                except FileExistsError:
-                    if not os.path.isdir(full):
-                        raise SyncError("%s: the host has a file %s where the tree has a "
-                                        "folder" % (rel, sub), "conflict") from None
-            self._present.add(sub)
+    def folder(self, sub, created=None):
+        """An open descriptor of the folder ``sub`` ("" the workdir), made (and noted in
+        ``created``) when missing and ``created`` is a set. Raises SyncError ``path`` when a
+        part is a symlink out of the workdir, ``conflict`` when it is a file; OSError when
+        missing and not to be made."""
+        fd = self._fds.get(sub)
+        if fd is not None:
+            return fd
+        if not sub:
+            fd = os.open(self.real, os.O_RDONLY | os.O_DIRECTORY)
+        else:
+            parent, _, name = sub.rpartition("/")
+            fd = self._open_child(self.folder(parent, created), sub, name, created)
+        self._fds[sub] = fd
+        return fd
+
+    def _open_child(self, parent_fd, sub, name, created):
+        try:
+            return os.open(name, NOFOLLOW_DIR, dir_fd=parent_fd)
+        except FileNotFoundError:
+            if created is None:
+                raise
+            try:
+                os.mkdir(name, 0o777, dir_fd=parent_fd)  # the umask (serve: 077) decides
+                created.add(sub)
+            except FileExistsError:
+                pass  # made meanwhile: open what is there, with the same checks
+            return self._open_child(parent_fd, sub, name, None)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        if not stat.S_ISLNK(st.st_mode):
+            raise SyncError("the host has a file %s where the tree has a folder" % sub,
+                            "conflict") from None
+        real = os.path.realpath(os.path.join(self.real, sub))
+        if real == self.real or not _inside(self.real, real):
+            raise SyncError("refused path %r: a symlink out of the workdir" % sub, "path")
+        # a link that stays inside: the folder it names, reached without links
+        fd = os.open(self.real, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in os.path.relpath(real, self.real).split("/"):
+                nxt = os.open(part, NOFOLLOW_DIR, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        except OSError:
+            os.close(fd)
+            raise SyncError("refused path %r: its folder changed while being placed" % sub,
+                            "conflict") from None
+        return fd
+
+    def close(self):
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 # -- the record of what was placed ----------------------------------------------------------
@@ -226,6 +299,20 @@ def same_stat(st, frec):
             and st.st_mtime_ns == frec.get("mtime_ns") and (st.st_mode & 0o777) == frec.get("mode"))
 
 
+def signature(st):
+    """What a commit compares with what its plan saw: kind, inode, size, mtime, mode."""
+    if st is None:
+        return None
+    return [stat.S_IFMT(st.st_mode), st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode & 0o777]
+
+
+def lstat_or_none(full):
+    try:
+        return os.lstat(full)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def _stat_record(st, sha, own):
     return {"sha256": sha, "size": st.st_size, "mode": st.st_mode & 0o777,
             "mtime_ns": st.st_mtime_ns, "own": own}
@@ -234,7 +321,7 @@ def _stat_record(st, sha, own):
 # -- ops ------------------------------------------------------------------------------------
 def check(args):
     """Is the workdir's placed tree ``args["tree"]``, untouched since? One stat per file."""
-    root = expand_workdir(args.get("workdir"))
+    root = sync_root(args.get("workdir"))
     rec = read_record(root)
     same = bool(args.get("tree")) and rec.get("tree") == args.get("tree")
     if same:
@@ -255,9 +342,25 @@ class Transfer(object):
         self.entries = []
         self.need = None  # {index: bytes received}, once the plan is complete
         self.unchanged = {}  # {index: record} of files the plan found as recorded
+        self.seen = {}  # {index: signature} of each path as the plan found it (None: absent)
+        self.overwrite = {}  # {index: record} of files placed before that the tree replaces
         self.done = set()
         self.lock = threading.Lock()
         self.staging = os.path.join(root, ".rankdeck", "sync", session)
+        self.staging_lock = None  # an fd holding STAGING_LOCK in staging while this lives
+
+    def hold_staging(self):
+        """Make the staging folder, locked: another console's sweep leaves it be."""
+        os.makedirs(self.staging, exist_ok=True)
+        fd = os.open(os.path.join(self.staging, STAGING_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self.staging_lock = fd
+
+    def release(self):
+        fd, self.staging_lock = self.staging_lock, None
+        if fd is not None:
+            os.close(fd)  # closing drops the lock
 
     def staged(self, index):
         return os.path.join(self.staging, str(index))
@@ -286,14 +389,19 @@ class Transfers(object):
         """End a transfer for ``err`` (its staging is the caller's to remove); the puts of it
         still in flight, on other threads, raise the same error rather than an OSError."""
         with self.lock:
-            self.by_session.pop(session, None)
+            tr = self.by_session.pop(session, None)
+            if tr is not None:
+                tr.release()
             self.failed.setdefault(session, (str(err), err.kind))  # the first cause wins
             while len(self.failed) > KEEP_FAILED:
                 del self.failed[next(iter(self.failed))]
 
     def pop(self, session):
         with self.lock:
-            return self.by_session.pop(session, None)
+            tr = self.by_session.pop(session, None)
+        if tr is not None:
+            tr.release()
+        return tr
 
     def sessions(self):
         with self.lock:
@@ -305,7 +413,7 @@ def _check_entry(entry):
         raise SyncError("malformed manifest entry %r" % (entry,), "usage")
     path, size, mode, sha = entry
     check_relpath(path)
-    if not isinstance(size, int) or size < 0 or mode not in (0o644, 0o755) \
+    if not isinstance(size, int) or size < 0 or mode not in MODES \
             or not (isinstance(sha, str) and SHA_RE.match(sha)):
         raise SyncError("malformed manifest entry %r" % (entry,), "usage")
     return path, size, mode, sha
@@ -326,7 +434,25 @@ def _sweep_staging(root, live):
         except OSError:
             continue
         if name not in live and old:
-            shutil.rmtree(path, ignore_errors=True)
+            _sweep_unless_held(path)
+
+
+def _sweep_unless_held(path):
+    """Remove a staging folder unless its transfer (in another serve) still holds its lock."""
+    try:
+        fd = os.open(os.path.join(path, STAGING_LOCK), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        fd = None  # no lock file: a transfer that died before it made one
+    try:
+        if fd is not None and fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return  # a long upload of another console: its staging stays
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def plan(transfers, args):
@@ -337,7 +463,7 @@ def plan(transfers, args):
     with transfers.lock:
         tr = transfers.by_session.get(session)
         if tr is None:
-            tr = Transfer(session, expand_workdir(args.get("workdir")), args.get("tree"))
+            tr = Transfer(session, sync_root(args.get("workdir")), args.get("tree"))
             transfers.by_session[session] = tr
     if tr.need is not None:
         raise SyncError("sync %s already has its plan" % session, "usage")
@@ -367,19 +493,40 @@ def _plan_complete(transfers, tr):
     _sweep_staging(tr.root, transfers.sessions())
     rec = read_record(tr.root)
     need = {}
+    conflicts = []
     for i, (path, size, _mode, sha) in enumerate(tr.entries):
         full = workdir.path(path)
         frec = rec["files"].get(path)
-        st = regular_stat(full)
+        st = lstat_or_none(full)
+        tr.seen[i] = signature(st)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            conflicts.append(path)  # a folder, a link, ...: the host's, never replaced
+            continue
         if frec and frec.get("sha256") == sha and same_stat(st, frec):
             tr.unchanged[i] = frec
             continue
         if st is not None and st.st_size == size and file_sha256(full) == sha:
             continue  # the host already has these bytes: commit records them as they are
+        if st is not None:
+            if not (frec and (frec.get("own") or same_stat(st, frec))):
+                conflicts.append(path)  # the host's own file (or changed since recorded)
+                continue
+            tr.overwrite[i] = frec
         need[i] = 0
-    os.makedirs(tr.staging, exist_ok=True)
+    if conflicts:
+        raise SyncError(_conflict_text(conflicts, "the host has %d path(s) rankdeck did not "
+                                       "place that differ from the tree" % len(conflicts))
+                        + "; move them aside (or delete them) on the host and sync again",
+                        "conflict")
+    tr.hold_staging()
     tr.need = need
     return {"need": sorted(need), "bytes": sum(tr.entries[i][1] for i in need)}
+
+
+def _conflict_text(paths, what):
+    shown = ", ".join(sorted(paths)[:10])
+    more = " and %d more" % (len(paths) - 10) if len(paths) > 10 else ""
+    return "%s: %s%s" % (what, shown, more)
 
 
 def put(transfers, args):
@@ -408,6 +555,7 @@ def put(transfers, args):
         raise SyncError("sync %s: %d bytes in one message, at most %d"
                         % (tr.session, total, MAX_PUT_BYTES), "usage")
     try:
+        os.utime(tr.staging)  # a long upload stays young for any sweep without flock
         return {"done": _write_pieces(transfers, tr, decoded)}
     except (OSError, SyncError):
         with transfers.lock:
@@ -463,21 +611,36 @@ class _WorkdirLock(object):
         os.close(self.fd)  # closing drops the lock
 
 
-def _place(tr, index, full):
-    """Rename the staged file over ``full`` (across file systems: copy next to it first)."""
-    staged = tr.staged(index)
-    os.chmod(staged, tr.entries[index][2])
-    if os.path.isdir(full) and not os.path.islink(full):
-        raise SyncError("%s: the host has a folder where the tree has a file"
-                        % tr.entries[index][0], "conflict")
+def _place(tr, index, staging_fd, folder_fd, name):
+    """Rename the staged file over ``name`` in ``folder_fd``, its mode set first (across file
+    systems: copied next to it first). Neither step follows a symlink."""
+    staged = str(index)
+    fd = os.open(staged, NOFOLLOW_FILE, dir_fd=staging_fd)
     try:
-        os.replace(staged, full)
+        os.fchmod(fd, tr.entries[index][2])
+    finally:
+        os.close(fd)
+    try:
+        os.rename(staged, name, src_dir_fd=staging_fd, dst_dir_fd=folder_fd)
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
-        tmp = "%s.rankdeck-%s.tmp" % (full, tr.session)
-        shutil.copy2(staged, tmp)
-        os.replace(tmp, full)
+        tmp = "%s.rankdeck-%s.tmp" % (name, tr.session)
+        with open(os.open(staged, NOFOLLOW_FILE, dir_fd=staging_fd), "rb") as src, \
+                open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                             dir_fd=folder_fd), "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            os.fchmod(dst.fileno(), tr.entries[index][2])
+        os.rename(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+
+
+def _fd_sha256(fd):
+    h = hashlib.sha256()
+    while True:
+        block = os.read(fd, 1 << 20)
+        if not block:
+            return h.hexdigest()
+        h.update(block)
 
 
 def _remove_stale(workdir, rec, keep_paths):
@@ -488,17 +651,24 @@ def _remove_stale(workdir, rec, keep_paths):
             continue
         if not frec.get("own"):
             continue  # the user's file, merely identical to the tree's once: never removed
+        sub, _, name = rel.rpartition("/")
         try:
-            full = workdir.path(rel)
-        except SyncError:
-            kept.append(rel)
-            continue
-        st = regular_stat(full)
-        if st is None:
+            check_relpath(rel)
+            folder = workdir.folder(sub)
+            fd = os.open(name, NOFOLLOW_FILE, dir_fd=folder)
+        except (OSError, SyncError):
             continue  # gone already, or not a plain file any more: nothing of ours to remove
-        if same_stat(st, frec) or file_sha256(full) == frec.get("sha256"):
+        try:
+            st = os.fstat(fd)
+            ours = stat.S_ISREG(st.st_mode) and (same_stat(st, frec)
+                                                 or _fd_sha256(fd) == frec.get("sha256"))
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        if ours:
             try:
-                os.remove(full)
+                os.unlink(name, dir_fd=folder)
                 removed.append(rel)
             except FileNotFoundError:
                 pass
@@ -516,56 +686,99 @@ def commit(transfers, args):
     if missing:
         raise SyncError("sync %s: %d file(s) not received, e.g. %s"
                         % (tr.session, len(missing), missing[0]), "usage")
+    workdir = Workdir(tr.root)
     try:
         with _WorkdirLock(tr.root):
-            return _commit_locked(tr)
+            return _commit_locked(tr, workdir)
     finally:
+        workdir.close()
         transfers.pop(tr.session)
         shutil.rmtree(tr.staging, ignore_errors=True)
 
 
-def _commit_locked(tr):
-    root = tr.root
-    workdir = Workdir(root)
-    rec = read_record(root)
-    created = set(rec["dirs"])
-    files = {}
-    for i, (path, _size, mode, sha) in enumerate(tr.entries):
+def _look_again(tr, workdir, rec):
+    """Under the lock: is every path as the plan saw it? Another sync into this workdir (a
+    second launch) may have committed since; then this one must not place or trust anything."""
+    changed = []
+    for i, (path, _size, _mode, _sha) in enumerate(tr.entries):
         frec = tr.unchanged.get(i)
-        if frec is not None and frec.get("mode") == mode:
-            files[path] = frec  # as the plan saw it a moment ago: no need to look again
-            continue
-        full = workdir.path(path)
-        workdir.make_parents(path, created)
-        if i in tr.need:
-            _place(tr, i, full)
-            own = True
-        else:
-            old = rec["files"].get(path)
-            own = bool(old and old.get("own") and old.get("sha256") == sha)
-            try:
-                st = os.lstat(full)
-            except OSError:
-                raise SyncError("%s changed on the host during the sync: sync again" % path,
-                                "conflict") from None
-            if (st.st_mode & 0o777) != mode:
-                os.chmod(full, mode)
-        files[path] = _stat_record(os.lstat(full), sha, own)
+        if signature(lstat_or_none(workdir.path(path))) != tr.seen[i] or (
+                frec is not None and rec["files"].get(path) != frec):
+            changed.append(path)
+    if changed:
+        raise SyncError(_conflict_text(changed, "changed on the host since this sync looked "
+                                       "(another sync into this workdir?)")
+                        + "; nothing was placed: sync again", "conflict")
+
+
+def _commit_locked(tr, workdir):
+    root = tr.root
+    rec = read_record(root)
+    _look_again(tr, workdir, rec)
+    created = set(rec["dirs"])
+    staging_fd = os.open(tr.staging, NOFOLLOW_DIR)
+    try:
+        files = {}
+        for i, entry in enumerate(tr.entries):
+            files[entry[0]] = _commit_one(tr, workdir, rec, created, staging_fd, i)
+    finally:
+        os.close(staging_fd)
     removed, kept = _remove_stale(workdir, rec, files)
     dirs = []
     wanted = {"/".join(p.split("/")[:k]) for p in files for k in range(1, p.count("/") + 1)}
     for sub in sorted(created, key=lambda d: -d.count("/")):
+        parent, _, name = sub.rpartition("/")
+        try:
+            folder = workdir.folder(parent)
+        except (OSError, SyncError):
+            continue  # gone (or no longer a plain folder): nothing to note
         if sub not in wanted:
             try:
-                os.rmdir(os.path.join(root, sub))
+                os.rmdir(name, dir_fd=folder)
                 continue
             except OSError:
                 pass  # not empty (the user's files), or gone: keep noting it
-        if os.path.isdir(os.path.join(root, sub)):
-            dirs.append(sub)
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+                dirs.append(sub)
+        except OSError:
+            pass
     write_record(root, {"version": RECORD_VERSION, "tree": tr.tree, "files": files,
                         "dirs": sorted(dirs)})
     return {"placed": len(tr.need), "removed": removed, "kept": kept, "workdir": root}
+
+
+def _commit_one(tr, workdir, rec, created, staging_fd, i):
+    """Place (or re-mode, or take as it is) entry ``i``; its record."""
+    path, _size, mode, sha = tr.entries[i]
+    frec = tr.unchanged.get(i)
+    if frec is not None and frec.get("mode") == mode:
+        return frec  # as the plan saw it, and looked at again under the lock
+    sub, _, name = path.rpartition("/")
+    folder = workdir.folder(sub, created)
+    if i in tr.need:
+        _place(tr, i, staging_fd, folder, name)
+        old = tr.overwrite.get(i)
+        own = old is None or bool(old.get("own"))  # the host's file stays the host's
+        return _stat_record(os.stat(name, dir_fd=folder, follow_symlinks=False), sha, own)
+    old = rec["files"].get(path)
+    own = bool(old and old.get("own") and old.get("sha256") == sha)
+    try:
+        fd = os.open(name, NOFOLLOW_FILE, dir_fd=folder)
+    except OSError:
+        raise SyncError("%s changed on the host during the sync: sync again" % path,
+                        "conflict") from None
+    try:
+        st = os.fstat(fd)
+        if signature(st) != tr.seen[i]:
+            raise SyncError("%s changed on the host during the sync: sync again" % path,
+                            "conflict")
+        if (st.st_mode & 0o777) != mode:
+            os.fchmod(fd, mode)
+            st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return _stat_record(st, sha, own)
 
 
 def abort(transfers, args):

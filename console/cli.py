@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--sync", metavar="DIR", help="send DIR's files (what git tracks, or "
                     "what its .gitignore does not exclude) into every host's workdir first; "
                     "only changed files travel (default: the inventory's defaults.sync)")
+    la.add_argument("--sync-include", metavar="PATTERN", action="append", default=[],
+                    help="also send the secret-looking files (.env, id_*, *.pem) this "
+                    ".gitignore-style pattern matches, which --sync leaves out (repeatable)")
     la.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
     la.add_argument("script", help="training script, as a path on the hosts (relative to "
                     "each host's workdir)")

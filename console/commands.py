@@ -139,6 +139,7 @@ async def cmd_launch(args) -> int:
                       nnodes=args.nnodes, grace=args.grace, metrics_regex=args.metrics_regex,
                       env=parse_env(args.env), module=args.module,
                       sync=sync_folder(args.sync, inv.sync, path),
+                      sync_include=list(args.sync_include),
                       checkpoint_dir=args.checkpoint_dir, **judge_settings(args, inv))
     return await start_run(inv, spec, args, path)
 

@@ -210,8 +210,8 @@ class RunController:
         for ns in self.state.nodes.values():
             ns.max_restarts = spec.max_restarts
         # listed and hashed while the connections open (a thread: it reads every file)
-        listing = asyncio.ensure_future(asyncio.to_thread(build_manifest, spec.sync)) \
-            if spec.sync else None
+        listing = asyncio.ensure_future(asyncio.to_thread(
+            build_manifest, spec.sync, True, spec.sync_include)) if spec.sync else None
         failed = await self.connect_all()
         if failed and not allow_partial:
             if listing is not None:

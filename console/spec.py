@@ -31,6 +31,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     module: bool = False  # script is a module name (torchrun -m)
     sync: str | None = None  # a folder sent into every host's workdir before the start
+    sync_include: list[str] = field(default_factory=list)  # secret-looking files to send too
     # An argv that replaces torchrun (benchmarks, non-torch launchers). It must write each
     # rank's output as torchrun's --log-dir layout under $RANKDECK_LOG_DIR.
     launcher: list[str] | None = None

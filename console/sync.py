@@ -11,7 +11,14 @@
 ``.git/`` and ``.rankdeck/`` are never sent. Symlinks are not sent: each is left out with a
 warning in ``Manifest.skipped`` (a link's target may lie outside the tree or not exist on the
 host; copy what it points at into the tree if the host needs it). Git submodules and nested
-repositories are left out the same way. A file keeps only its executable bit (0755 or 0644).
+repositories are left out the same way. A file keeps its executable bit and whether it is
+owner-only: 0755, 0644, or 0700, 0600 for a file others cannot read (the host's copy stays as
+private as the laptop's).
+
+Files that look like secrets (:func:`looks_secret`: ``.env``, ``.env.*``, ``id_`` and a name
+without a dot as SSH keys are named, ``*.pem``) are left out even when git lists them, each
+with a warning in ``Manifest.skipped``, unless an ``include`` pattern (``--sync-include``, a
+.gitignore-style pattern) names them.
 
 :func:`sync_node` sends a manifest to one node's agent (agent/sync.py) through ``call(op,
 args)``, the link's request function: one round trip when the node already has the tree.
@@ -25,6 +32,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 import subprocess
@@ -78,6 +86,28 @@ class Manifest:
 # -- listing --------------------------------------------------------------------------------
 def _excluded(rel: str) -> bool:
     return any(part in SKIP_PARTS for part in rel.split("/"))
+
+
+# .env files, SSH private keys (id_rsa, id_ed25519; id_map.json is code) and PEM files
+SECRET_NAME = re.compile(r"^(?:\.env(?:\..*)?|id_[^./]+|.*\.pem)$", re.DOTALL)
+SECRET_WHY = "looks like a secret, not sent (--sync-include PATTERN sends it)"
+
+
+def looks_secret(rel: str) -> bool:
+    """Is ``rel`` a file name that usually holds a secret (left out unless included)?"""
+    return SECRET_NAME.match(rel.rsplit("/", 1)[-1]) is not None
+
+
+def include_patterns(include) -> list[gitignore.Pattern]:
+    """``--sync-include`` patterns, read as .gitignore lines. Raises SyncError for a pattern
+    that matches nothing ever (blank, a comment)."""
+    out = []
+    for text in include or ():
+        pat = gitignore.parse_line(text)
+        if pat is None:
+            raise SyncError("--sync-include %r: not a pattern" % text)
+        out.append(pat)
+    return out
 
 
 def git_files(root: str) -> list[str] | None:
@@ -184,13 +214,15 @@ class HashCache:
             pass  # a cache that cannot be written is only slower next time
 
 
-def build_manifest(root: str, cache: bool = True) -> Manifest:
+def build_manifest(root: str, cache: bool = True, include=()) -> Manifest:
     """List and hash what ``--sync root`` sends (see the module docstring). Blocking: run it
     off the event loop. ``cache``: reuse the hashes of files unchanged since the last manifest
-    (HashCache). Raises SyncError when ``root`` is not a folder."""
+    (HashCache). ``include``: ``--sync-include`` patterns, the secret-looking files to send.
+    Raises SyncError when ``root`` is not a folder or a pattern is empty."""
     root = os.path.abspath(os.path.expanduser(root))
     if not os.path.isdir(root):
         raise SyncError("--sync %s: not a folder" % root)
+    included = include_patterns(include)
     hashes = HashCache(root) if cache else None
     skipped: list[tuple[str, str]] = []
     listed = git_files(root)
@@ -203,6 +235,9 @@ def build_manifest(root: str, cache: bool = True) -> Manifest:
             skipped.append((rel, "nested git repository, not sent"))
             continue
         if _excluded(rel):
+            continue
+        if looks_secret(rel) and not gitignore.ignored(included, rel, False):
+            skipped.append((rel, SECRET_WHY))
             continue
         full = os.path.join(root, rel)
         try:
