@@ -145,23 +145,23 @@ class Server(object):
 
     # -- the run's judge (agent/judge.py) ---------------------------------------------------
     def op_judge_start(self, args):
-        from . import judge  # as for sync: not needed to start
+        from . import judge_control  # as for sync: not needed to start
         try:
-            return judge.start_judge(host_path(args["run_root"]), args["spec"])
+            return judge_control.start_judge(host_path(args["run_root"]), args["spec"])
         except RuntimeError as exc:
             raise RequestError(str(exc), "judge")
 
     def op_judge_stop(self, args):
-        from . import judge
-        return judge.stop_judge(host_path(args["run_root"]))
+        from . import judge_control
+        return judge_control.stop_judge(host_path(args["run_root"]))
 
     def op_judge(self, args):
         """A console's question to the run's judge: ``why`` (a fresh verdict) or ``ping``."""
-        from . import judge
+        from . import judge_control
         if args.get("op") not in ("why", "ping"):
             raise RequestError("the judge answers why and ping, not %r" % args.get("op"), "usage")
         try:
-            return judge.ask_judge(host_path(args["run_root"]), args["op"],
+            return judge_control.ask_judge(host_path(args["run_root"]), args["op"],
                                    float(args.get("timeout", 60)))
         except RuntimeError as exc:
             raise RequestError(str(exc), "no-judge")

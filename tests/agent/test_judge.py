@@ -15,7 +15,7 @@ import pytest
 
 from agent import judge_wire
 from agent.journal import JournalReader
-from agent.judge import ask_judge, running_judge, start_judge, stop_judge
+from agent.judge_control import ask_judge, running_judge, start_judge, stop_judge
 from agent.judge_rules import RunView, check_stalls, ends_due, run_over
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
