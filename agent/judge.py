@@ -45,7 +45,7 @@ SETTLE = 5.0  # after the run ended: the last events reach the journal, then the
 ALONE_END = 300.0  # no supervisor connected for this long (from the start, too): the judge ends
 
 
-class NodeLine(object):
+class NodeLine:
     """A node's connection: requests out, answers in."""
 
     def __init__(self, node, line):
@@ -92,7 +92,7 @@ class NodeLine(object):
                 done.set()
 
 
-class Judge(object):
+class Judge:
     def __init__(self, spec, jdir):
         self.spec = spec
         self.jdir = jdir

@@ -33,7 +33,7 @@ BACKOFF = (1.0, 2.0, 5.0)
 RESTART_WAIT = 180.0
 
 
-class JudgeLink(object):
+class JudgeLink:
     """``spec_judge``: the spec's ``judge`` ({"addr", "port", "token"?}); ``node_dir`` the
     node's folder; ``files()`` -> {fid: rank} of the node's files so far; ``why()`` -> the
     node report (masked); ``log(text)`` the supervisor's log."""

@@ -48,7 +48,7 @@ def _kill_group(proc):
     proc.communicate()
 
 
-class Notifier(object):
+class Notifier:
     """``command``: the shell command or None (nothing is run); ``kinds``: the kinds to
     send (None: all); ``masker``: agent/mask.py Masker; ``report(event)``: journals an event."""
 

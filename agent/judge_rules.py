@@ -29,7 +29,7 @@ VERDICT_AGAIN_MAX_S = 120.0
 ENDED = ("exited", "failed", "stopped")
 
 
-class RankView(object):
+class RankView:
     def __init__(self, rank, node):
         self.rank = rank
         self.node = node
@@ -41,7 +41,7 @@ class RankView(object):
         self.diverged = None  # the step of its first non-finite loss
 
 
-class NodeView(object):
+class NodeView:
     def __init__(self, name):
         self.name = name
         self.state = "starting"
@@ -55,7 +55,7 @@ class NodeView(object):
         return self.state in ENDED
 
 
-class RunView(object):
+class RunView:
     """Nodes, ranks and the verdict's timing, as the judge has heard of them."""
 
     def __init__(self, nodes, stall_after):

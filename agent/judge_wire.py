@@ -37,7 +37,7 @@ def new_nonce():
     return os.urandom(16).hex()
 
 
-class Line(object):
+class Line:
     """One connection, read and written a JSON object a line. ``send`` may be called from
     any thread, ``read`` from one; ``close`` from any, also while another thread waits in
     ``read`` (it then sees the end of the stream: a socket is shut down, not a buffered file
