@@ -63,7 +63,8 @@ class RunController:
         self.history = history or History()
         self.run_id = run_id or new_run_id()
         self.state = RunState(self.run_id, [(h.name, h.addr) for h in inventory.hosts],
-                              max_restarts=max_restarts)
+                              max_restarts=max_restarts,
+                              slots={h.name: h.slots for h in inventory.hosts})
         self.links: dict[str, NodeLink] = {}
         self.record: dict = {}
         self.spec: LaunchSpec | None = None  # what launch() starts (a recorded run: its record's)
@@ -204,6 +205,7 @@ class RunController:
                       preflight: bool) -> str:
         self.state.started = time.time()
         self.spec = spec
+        self.state.nproc = spec.nproc_per_node  # bounds what a node may claim (ownership.py)
         self.mask_env_secrets(spec.env)
         for warning in secret_warnings(self.secrets):
             self.state.add_event(None, "warning", warning)
@@ -406,6 +408,7 @@ class RunController:
         spec = dict(record.get("spec", {}))
         spec["env"] = restored.spec_env
         ctl.spec = LaunchSpec(**spec)
+        ctl.state.nproc = ctl.spec.nproc_per_node
         ctl.missing_env = restored.missing
         ctl.secrets = sorted(set(ctl.inventory.secrets) | set(restored.secrets))
         ctl.state.masker = Masker(ctl.secrets)

@@ -23,11 +23,13 @@ from .buffers import BUDGET_MB, Kept, LineBudget, Series
 from .checkpoints import Checkpoints
 from . import rendezvous
 from .lines import split_lines
+from . import ownership
 from .rankcpu import RankCpu
 from .sanitize import NO_SECRETS, Masker, clean
 from agent.straggler import Stragglers
 from .telemetry import hardware_events, hardware_of, node_row
 from .text import human_bytes, kill_summary
+from agent.protocol import ProtocolError
 
 LINES_PER_RANK = 5000
 LINES_PER_NODE = 2000
@@ -51,6 +53,9 @@ class FileInfo:
     path: str
     partial: str = ""
     journal: int | None = None  # where it was announced in the node's journal
+    claim: int | None = None  # a rank another node still runs: held (console/ownership.py)
+    pid: int | None = None
+    ts: float | None = None
 
 
 @dataclass
@@ -119,6 +124,8 @@ class NodeState:
     worker_failure: dict | None = None  # the newest worker_failed of its current torchrun
     state_seen: bool = False  # a state message (its state.json) has arrived (caught_up waits)
     hardware: tuple | None = None  # (gpu, host, their telemetry.hardware_row): hardware_of
+    slots: int = 1  # its processes (the inventory's slots): bounds its records (ownership.py)
+    stray: FileInfo | None = None  # bytes of files never announced (or long forgotten)
 
     @property
     def torchrun_restarts(self) -> int:
@@ -162,16 +169,19 @@ class RunState:
 
     def __init__(self, run_id: str, nodes: list[tuple[str, str]], max_restarts: int = 0,
                  stall_min_s: float = STALL_MIN_S, lines_per_rank: int = LINES_PER_RANK,
-                 line_budget: int = BUDGET_MB << 20):
+                 line_budget: int = BUDGET_MB << 20, slots: dict[str, int] | None = None):
         self.run_id = run_id
         self.lines_per_rank = lines_per_rank  # older lines are fetched from the nodes on demand
         self.budget = LineBudget(line_budget)  # for all kept lines: memory by budget, not rank
         self.nodes: dict[str, NodeState] = {
             name: NodeState(name=name, addr=addr, max_restarts=max_restarts,
-                            lines=Kept(LINES_PER_NODE, self.budget))
+                            lines=Kept(LINES_PER_NODE, self.budget),
+                            slots=(slots or {}).get(name, ownership.DEFAULT_SLOTS))
             for name, addr in nodes
         }
+        self.nproc: int | None = None  # the launch's --nproc-per-node, when it has one
         self.ranks: dict[int, RankState] = {}
+        self.held: list[tuple[str, int]] = []  # (node, file id) of claims held (ownership.py)
         self.events: deque[Event] = deque(maxlen=EVENTS)
         self.started = time.time()
         self.stall_min_s = stall_min_s
@@ -238,6 +248,8 @@ class RunState:
         ns = self.nodes[node]
         for rec in recs:
             meta = rec[0]
+            if meta.get("j") is not None:  # a record refused: a reconnect resumes at it
+                ns.journal_offset = meta["j"]
             kind = meta.get("k")
             if kind == "data":
                 self._data(ns, meta, rec[1] if len(rec) > 1 else "")
@@ -262,6 +274,8 @@ class RunState:
             for cb in self.record_listeners:  # export: every record, once the reducer has it
                 cb(node, meta)
         ns.journal_offset = end
+        if self.held:
+            self._settle_claims()
         self.changed(node)
 
     def _checkpoint(self, ns: NodeState, meta: dict) -> None:
@@ -296,13 +310,16 @@ class RunState:
         self.add_event(ns.name, kind, text, ckpt.rank, meta.get("ts"))
 
     def _file(self, ns: NodeState, meta: dict) -> None:
-        fi = FileInfo(meta["f"], meta.get("rank"), meta.get("local_rank"),
-                      meta.get("stream", "stdout"), meta.get("attempt"), meta.get("instance"),
-                      meta.get("path", ""), journal=meta.get("j"))
+        fi = FileInfo(meta["f"], None, meta.get("local_rank"), meta.get("stream", "stdout"),
+                      meta.get("attempt"), meta.get("instance"), meta.get("path", ""),
+                      journal=meta.get("j"), pid=meta.get("pid"), ts=meta.get("ts"))
+        rank = meta.get("rank")
+        ownership.check_claim(ns, fi, rank, self.nproc)  # ProtocolError past the node's bounds
         ns.files[fi.fid] = fi
         if fi.instance is not None and fi.attempt is not None:
             ns.attempts[fi.instance] = max(ns.attempts.get(fi.instance, 0), fi.attempt)
             ns.instance = fi.instance
+        ownership.forget_old_files(ns, self.nproc)
         size = meta.get("world_size")
         if size and size != self.world_size:
             if self.world_size is not None:
@@ -312,26 +329,63 @@ class RunState:
             for rs in self.ranks.values():  # ranks beyond the new world are gone
                 if rs.rank >= size and rs.state not in ("exited", "failed"):
                     rs.state = "exited"
-        if fi.rank is not None:
-            rs = self.ranks.get(fi.rank)
-            if rs is None:
-                rs = self.ranks[fi.rank] = RankState(fi.rank, ns.name,
-                                                     lines=Kept(self.lines_per_rank,
-                                                                self.budget))
-            rs.node = ns.name
-            rs.local_rank = fi.local_rank
-            rs.pid = meta.get("pid", rs.pid)
-            rs.started = meta.get("ts") or time.time()
-            if rs.state in ("exited", "failed"):
-                rs.state = "starting"
-            if not rs.reports and rs.state == "starting":
-                self.silent_waiting.add(rs.rank)
+        if rank is None:
+            return
+        if ownership.can_take(self, ns, rank):
+            self._own(ns, fi, rank)
+        else:  # another node still runs it: held until that node lets it go
+            fi.claim = rank
+            self.held.append((ns.name, fi.fid))
+
+    def _own(self, ns: NodeState, fi: FileInfo, rank: int) -> None:
+        """``fi`` is ``rank``'s newest file: the rank is on ``ns`` now."""
+        fi.rank, fi.claim = rank, None
+        rs = self.ranks.get(rank)
+        if rs is None:
+            self._make_room()
+            rs = self.ranks[rank] = RankState(rank, ns.name,
+                                              lines=Kept(self.lines_per_rank, self.budget))
+        rs.node = ns.name
+        rs.local_rank = fi.local_rank
+        rs.pid = fi.pid if fi.pid is not None else rs.pid
+        rs.started = fi.ts or time.time()
+        if rs.state in ("exited", "failed"):
+            rs.state = "starting"
+        if not rs.reports and rs.state == "starting":
+            self.silent_waiting.add(rs.rank)
+
+    def _make_room(self) -> None:
+        """One more rank fits: at most as many as the nodes may run, forgetting ranks no node
+        runs any more (a node that claims a new attempt's ranks again and again)."""
+        most = sum(ownership.ranks_cap(ns, self.nproc) for ns in self.nodes.values())
+        if len(self.ranks) < most:
+            return
+        for rank in ownership.idle_ranks(self)[:len(self.ranks) - most + 1]:
+            del self.ranks[rank]
+            self.silent_waiting.discard(rank)
+        if len(self.ranks) >= most:
+            raise ProtocolError("more than %d ranks claimed, all still running" % most)
+
+    def _settle_claims(self) -> None:
+        """Grant the held claims whose rank its owner let go; drop those gone stale."""
+        still = []
+        for name, fid in self.held:
+            ns = self.nodes[name]
+            fi = ns.files.get(fid)
+            if fi is None or fi.claim is None:
+                continue
+            if ns.ended or ownership.generation(fi) != ownership.newest(ns):
+                fi.claim = None  # its node moved on: the claim is of a worker long gone
+            elif ownership.can_take(self, ns, fi.claim):
+                self._own(ns, fi, fi.claim)
+            else:
+                still.append((name, fid))
+        self.held = still
 
     def _data(self, ns: NodeState, meta: dict, text: str) -> None:
         fi = ns.files.get(meta.get("f"))
-        if fi is None:  # data for a file we never saw announced: keep it on the node
-            fi = ns.files[meta.get("f")] = FileInfo(meta.get("f"), None, None, "unknown", None,
-                                                    None, "")
+        if fi is None:  # data for a file we never saw announced (or forgot): on the node
+            fi = ns.stray = ns.stray or FileInfo(-1, None, None, "unknown", None, None, "")
         lines, fi.partial = split_lines(fi.partial, text, self.masker)
         self.total_lines += len(lines)
         ts, journal = meta.get("ts", 0.0), meta.get("j")
@@ -462,8 +516,11 @@ class RunState:
             return
         ns = self.nodes[node]
         ns.state_seen = True
-        ns.restarts = st.get("restarts", ns.restarts)
-        ns.max_restarts = st.get("max_restarts", ns.max_restarts)
+        # null is "not said" (the checks let it through): the counts as they were
+        if st.get("restarts") is not None:
+            ns.restarts = st["restarts"]
+        if st.get("max_restarts") is not None:
+            ns.max_restarts = st["max_restarts"]
         if "phase" in st:
             ns.phase = rendezvous.phase_of(st["phase"], self.masker)
         sup = st.get("state")
@@ -480,6 +537,8 @@ class RunState:
             ns.state = sup
         elif sup == "running" and ns.state in ("connecting", "unreachable", "lost"):
             ns.state = "starting" if not self._node_stepping(node) else "running"
+        if self.held:
+            self._settle_claims()
         self.changed(node)
 
     def _node_stepping(self, node: str) -> bool:
