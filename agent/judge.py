@@ -13,8 +13,8 @@ rules: stalls, the verdict when a stall starts and again while it lasts (it asks
 its ranks' stacks and flight-recorder tails, twice, and decides with agent/verdict.py), nodes
 whose torchrun waits for what cannot come, the run's end. Policies the user turned on act
 here (``on_hang``: restart the node the verdict names within the restart budget, or stop the
-run; ``max_wall``); ``notify`` runs a command for the events the user picked
-(agent/judge_notify.py). Every decision is an event in ``<run_root>/judge/journal``, which a
+run; ``on_nan``: stop the run at a rank's first inf or NaN loss; ``max_wall``); ``notify``
+runs a command for the events the user picked (agent/judge_notify.py). Every decision is an event in ``<run_root>/judge/journal``, which a
 console reads as it reads a node's (docs/PROTOCOL.md "The judge").
 
 Standard library only; Python >= 3.9. ``python -m agent judge RUN_ROOT`` with its spec (token,
@@ -99,6 +99,7 @@ class Judge:
         self.token = spec["token"]
         self.view = RunView(spec["nodes"], spec.get("stall_after", 60.0))
         self.on_hang = spec.get("on_hang") or "warn"
+        self.on_nan = spec.get("on_nan") or "warn"  # stop: the run, at a first inf/NaN loss
         self.max_wall = spec.get("max_wall")
         self.max_restarts = int(spec.get("max_restarts") or 0)
         self.restarts = {}  # node -> restarts the judge asked for
@@ -177,6 +178,7 @@ class Judge:
         if kind == "res":
             nl.answered(msg)
             return
+        diverged = []
         with self.lock:
             if kind == "recs" and isinstance(msg.get("recs"), list):
                 now = self.now()
@@ -184,8 +186,12 @@ class Judge:
                     if isinstance(meta, dict):
                         for ev in self.view.apply(nl.node, meta, now):
                             self.write(ev)
+                            if ev.get("what") == "diverged":
+                                diverged.append(ev)
             elif kind == "state":
                 self.view.apply_state(nl.node, msg.get("state"))
+        if diverged and self.on_nan == "stop":
+            self.act_on_nan(diverged[0])
 
     def console(self, line):
         """A console's request through the rendezvous host's agent: a fresh verdict now."""
@@ -302,6 +308,20 @@ class Judge:
                 self.write(event("policy", node, action="failed",
                                  text="--on-hang restart of %s failed: %s" % (node, exc)))
 
+    def act_on_nan(self, ev):
+        """--on-nan stop: a rank's loss went inf or NaN; stop every node (once), each saving
+        what its ranks printed to the end (the supervisor's stop drains their files)."""
+        with self.lock:
+            if self.ending.issuperset(self.view.nodes):
+                return
+        where = "rank %s on %s diverged at step %s" % (ev.get("rank"), ev.get("node"),
+                                                        ev.get("step"))
+        self.write(event("policy", ev.get("node"), ev.get("rank"), action="stop",
+                         step=ev.get("step"), text="--on-nan stop: stopping the run (%s)" % where))
+        self.stop_nodes({n: {"state": "stopped", "cause": {
+            "message": "stopped by --on-nan stop: %s" % where, "rank": ev.get("rank")}}
+            for n in self.view.nodes})
+
     def stop_nodes(self, ends):
         """Stop each node of ``ends`` ({node: {"state", "cause"}}) once, in parallel."""
         todo = {n: e for n, e in ends.items() if n not in self.ending}
@@ -358,7 +378,7 @@ class Judge:
     def run(self, sock):
         threading.Thread(target=self.serve, args=(sock,), daemon=True).start()
         self.write(event("judge", None, action="started", stall_after=self.view.stall_after,
-                         on_hang=self.on_hang, max_wall=self.max_wall,
+                         on_hang=self.on_hang, on_nan=self.on_nan, max_wall=self.max_wall,
                          notify=bool(self.spec.get("notify")),
                          text="the judge watches the run on this host (stall after %.0f s, "
                          "on hang: %s)" % (self.view.stall_after, self.on_hang)))

@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="what the run's judge on the hosts does when a hang's verdict names "
                     "a rank, console or not: warn (default), restart that node (within "
                     "--max-restarts), or stop the run")
+    la.add_argument("--on-nan", choices=("warn", "stop"), default="warn",
+                    help="what the run's judge does when a rank's loss turns inf or NaN: warn "
+                    "(default: an event, the rank marked) or stop the run")
     la.add_argument("--max-wall", type=SECONDS, metavar="SECONDS",
                     help="the judge stops the run after this long")
     la.add_argument("--notify", metavar="CMD", help="a shell command the judge runs on its "

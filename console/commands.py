@@ -155,6 +155,7 @@ def judge_settings(args, inv: Inventory) -> dict:
                              % (", ".join(unknown), ", ".join(NOTIFY_KINDS)))
     return {"stall_after": args.stall_after or 60.0,
             "on_hang": getattr(args, "on_hang", "warn"),
+            "on_nan": getattr(args, "on_nan", "warn"),
             "max_wall": getattr(args, "max_wall", None),
             "notify": getattr(args, "notify", None) or getattr(inv, "notify", None),
             "notify_on": kinds}

@@ -369,6 +369,7 @@ class RunController:
         token = _secrets.token_hex(32)
         settings = {"addr": rdzv.addr, "token": token, "nodes": [h.name for h in hosts],
                     "stall_after": spec.stall_after, "on_hang": spec.on_hang,
+                    "on_nan": spec.on_nan,
                     "max_wall": spec.max_wall, "notify": spec.notify,
                     "notify_on": spec.notify_on, "max_restarts": spec.max_restarts,
                     "secrets": list(self.secrets)}

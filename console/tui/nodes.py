@@ -16,6 +16,8 @@ row.
 
 from __future__ import annotations
 
+import math
+
 from textual.binding import Binding
 
 from ..sanitize import clean
@@ -31,6 +33,7 @@ from .styles import state_style
 from .suspects import marked_line
 
 STATE_W, STEP_W, RST_W = 11, 5, 4
+DIVERGED_STYLE = "bold red"
 CAUSE_MAX = 400
 FOLD_ABOVE = 16  # ranks in the run: more, and each node starts as one row
 ODD_NAMED = 3  # ranks named on a folded node's row, per state
@@ -199,11 +202,15 @@ class NodesTable(RowsView):
             return ()
         name, phase, step, restarts, detail = values
         if key.startswith("r:"):
-            return (marked_line(self.state, key, self._line(values, "", state_style(phase))),)
+            line = self._line(values, "", state_style(phase))
+            rs = self.state.ranks[int(key[2:])]
+            if has_diverged(rs):
+                line = line[:-1] + ((diverged_mark(rs) + "  ", DIVERGED_STYLE),) + line[-1:]
+            return (marked_line(self.state, key, line),)
         ns = self.state.nodes[key[2:]]
         line = marked_line(self.state, key, self._line(
             values if not ns.cause else values[:4] + ("",), "bold", state_style(phase)))
-        odd = () if self.is_open(ns.name) else self._odd_ranks(ns.name)
+        odd = () if self.is_open(ns.name) else self._odd_ranks(ns.name) + self._diverged(ns.name)
         if not ns.cause and detail and detail == self._telemetry_text(ns.name):
             return (line[:-1] + odd + self._telemetry_pieces(ns.name),)
         if not ns.cause:
@@ -235,6 +242,15 @@ class NodesTable(RowsView):
                                state_style(st)))
         return tuple(pieces)
 
+    def _diverged(self, node: str) -> tuple:
+        """A folded node's ranks whose loss went inf or NaN: ``NaN@12 r3  ``."""
+        bad = [rs for rs in self._by_node.get(node, []) if has_diverged(rs)]
+        if not bad:
+            return ()
+        named = " ".join("%s r%d" % (diverged_mark(rs), rs.rank) for rs in bad[:ODD_NAMED])
+        more = " +%d" % (len(bad) - ODD_NAMED) if len(bad) > ODD_NAMED else ""
+        return ((named + more + "  ", DIVERGED_STYLE),)
+
     def _telemetry_text(self, node: str) -> str:
         return clean("  ".join(text for text, _cols in self._cells.get(node, ())))
 
@@ -264,3 +280,13 @@ class NodesTable(RowsView):
             self.post_message(SourceChosen((NODE, key[2:])))
         elif key.startswith("r:"):
             self.post_message(SourceChosen((RANK, int(key[2:]))))
+
+
+def has_diverged(rs) -> bool:
+    """Its loss went inf or NaN (at a step it may not have said)."""
+    return rs.diverged is not None or (rs.loss is not None and not math.isfinite(rs.loss))
+
+
+def diverged_mark(rs) -> str:
+    """``NaN@12``: the step of a rank's first loss that was inf or NaN."""
+    return "NaN@%s" % ("?" if rs.diverged is None else rs.diverged)
