@@ -30,7 +30,7 @@ from .run import LaunchSpec, RunController
 from .run_env import launch_secrets
 from .sanitize import secret_warnings
 from .stacks import group, render
-from .summary import control_lines, status_table
+from .summary import control_lines, shown, status_table
 from .transport import make_transport
 from .verdict import evidence_lines, verdict_lines
 
@@ -68,7 +68,7 @@ def wants_tui(args) -> bool:
 
 def report_unreachable(failed: dict) -> None:
     for name, exc in failed.items():
-        print("rankdeck: %s unreachable: %s" % (name, exc), file=sys.stderr)
+        print("rankdeck: %s unreachable: %s" % (name, shown(str(exc))), file=sys.stderr)
 
 
 def recorded_run(run_id: str, stall_after: float | None = None,

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from . import rendezvous
 from .errors import AgentError
+from .sanitize import clean
 from .state import NodeState, RunState
 from .text import columns, kill_summary
 
@@ -125,8 +126,22 @@ def eta_s(state: RunState, record: dict | None, rate: float | None) -> float | N
 
 
 # -- texts at the end of a command ---------------------------------------------------------------
+def shown(value):
+    """``value`` (host text, or a document holding it) safe to print: every string cleaned
+    of escapes and control characters (an OSC 52 clipboard write, a title, a screen clear)
+    and on one line (a host's newline must not forge a row)."""
+    if isinstance(value, str):
+        return clean(value).replace("\n", " ")
+    if isinstance(value, dict):
+        return {k: shown(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [shown(v) for v in value]
+    return value
+
+
 def status_table(status: dict) -> str:
     """The run's state, one row per rank, from a ``status`` document (RunState.status)."""
+    status = shown(status)  # paths, causes, phases: a host's text
     rows = [("node", "state", "restarts", "exit", "rank", "rank state", "step", "loss")]
     for node in status["nodes"]:
         used, left = node["restarts_used"], node["restarts_left"]
@@ -209,8 +224,11 @@ def control_lines(verb: str, results: dict) -> list[ControlLine]:
     for name, res in results.items():
         if isinstance(res, BaseException):
             closed = isinstance(res, AgentError) and res.kind == "closed"
-            out.append(ControlLine("%s: %s" % (name, res), "unreachable" if closed else "failed"))
-        elif verb == "stop":
+            out.append(ControlLine("%s: %s" % (name, shown(str(res))),
+                                   "unreachable" if closed else "failed"))
+            continue
+        res = shown(res)  # the node's answer: its agent's words
+        if verb == "stop":
             out.append(ControlLine("%s: %s (%s)" % (name, res.get("state", "stopped"),
                                                    kill_summary(res.get("kill") or {}))))
             left = res.get("left") or []
