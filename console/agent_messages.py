@@ -70,6 +70,9 @@ def check(msg: dict) -> None:
             if gpus is not None and not (isinstance(gpus, list)
                                          and all(isinstance(g, dict) for g in gpus)):
                 _bad("a gpu snapshot's gpus is not a list of objects")
+            for i, gpu in enumerate(gpus or ()):  # the index keys a node's GPUs (telemetry)
+                _field(gpu, "index", _INT, "a gpu snapshot's gpus[%d]" % i, optional=True,
+                       span=(0, SAMPLE_RANKS_MAX))
         _field(msg, "host", _DICT, "a gpu message", optional=True)
     # other kinds (a newer agent's) are ignored by NodeLink
 
