@@ -198,7 +198,7 @@ class Judge:
         try:
             msg = line.read()
             if msg and msg.get("op") == "why":
-                verdict = self.take_verdict(reason="asked by a console")
+                verdict = self.take_verdict(reason=judge_notify.ASKED)
                 line.send({"t": "res", "id": msg.get("id"), "ok": True, "data": verdict})
             elif msg and msg.get("op") == "ping":
                 line.send({"t": "res", "id": msg.get("id"), "ok": True,

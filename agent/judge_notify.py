@@ -23,6 +23,7 @@ import threading
 KINDS = ("stall", "verdict", "failed", "succeeded", "stopped", "restarted", "diverged")
 TIMEOUT_S = 30.0
 QUEUE_MAX = 256
+ASKED = "asked by a console"  # a verdict's reason when `w` or `why` asked for it
 
 
 def kind_of(rec):
@@ -68,6 +69,8 @@ class Notifier:
         if what == "stepping":
             self.in_stall = False
         kind = kind_of(rec)
+        if kind == "verdict" and rec.get("reason") == ASKED:
+            return  # a console asked: its user is watching
         if kind == "stall":
             if self.in_stall:
                 return

@@ -140,7 +140,9 @@ def keep_token(run_root, token):
     """Keep the token in the run folder, owner-only (a supervisor started later reads it)."""
     os.makedirs(run_root, 0o700, exist_ok=True)
     path = os.path.join(run_root, TOKEN_FILE)
-    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # a name of this process's own: the nodes of one host share the run folder and start at once
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)

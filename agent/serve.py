@@ -158,10 +158,11 @@ class Server(object):
     def op_judge(self, args):
         """A console's question to the run's judge: ``why`` (a fresh verdict) or ``ping``."""
         from . import judge_control
-        if args.get("op") not in ("why", "ping"):
-            raise RequestError("the judge answers why and ping, not %r" % args.get("op"), "usage")
+        if args.get("ask") not in ("why", "ping"):
+            raise RequestError("the judge answers why and ping, not %r" % args.get("ask"),
+                               "usage")
         try:
-            return judge_control.ask_judge(host_path(args["run_root"]), args["op"],
+            return judge_control.ask_judge(host_path(args["run_root"]), args["ask"],
                                    float(args.get("timeout", 60)))
         except RuntimeError as exc:
             raise RequestError(str(exc), "no-judge")

@@ -595,7 +595,7 @@ class RunController:
         link = self.links.get(self.judge_host() or "")
         if link is not None and link.stream is not None:
             try:
-                verdict = await link.request("judge", run_root=link.run_root, op="why",
+                verdict = await link.request("judge", run_root=link.run_root, ask="why",
                                              timeout=90)
             except AgentError as exc:
                 self.state.add_event(link.name, "judge", "the judge did not answer (%s): this "

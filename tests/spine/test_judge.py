@@ -99,6 +99,12 @@ def test_a_detached_run_gets_its_verdict_with_no_console_and_status_shows_it(tmp
         assert status["verdict"]["suspects"][0]["node"] == suspects[0]["node"]
         ranks = {r["rank"]: r for n in status["nodes"] for r in n["ranks"]}
         assert ranks[2]["state"] == "stalled", ranks[2]
+        # `why` from a new shell asks the judge for a fresh verdict (not notified: asked)
+        why = rankdeck("why", run_id, "--json")
+        assert why.returncode == 0, why.stdout + why.stderr
+        assert [s["rank"] for s in json.loads(why.stdout)["suspects"]] == [2], why.stdout
+        assert any(e["what"] == "verdict" and e.get("reason") == "asked by a console"
+                   for e in judge_events(workdir, run_id))
         stop(run_id)
         stopped = True
         # the stall (once, not once per rank), the verdict and the end, each once
