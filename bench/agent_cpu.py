@@ -158,15 +158,28 @@ async def until(condition, timeout: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
+def judge_of(work: str, run_id: str) -> int | None:
+    """The run's judge (agent/judge.py): the pid its state.json gives, while it runs."""
+    from agent.judge import running_judge
+    info = running_judge(os.path.join(work, ".rankdeck", "runs", run_id))
+    return info["pid"] if info else None
+
+
 async def measure(seconds: float, nproc: int, rate: float, work: str,
-                  sample_s: str | None = None) -> dict:
+                  sample_s: str | None = None, judge: bool = True) -> dict:
+    """One window of the run; ``judge`` False: the run has no judge (its node spec carries
+    none, as from a console older than the judge), so the supervisor runs no judge link."""
     from console.history import History
     from console.run import LaunchSpec, RunController
     from console.transport.local import LocalTransport
     from inventory.model import Host, Inventory
 
+    class NoJudge(RunController):
+        async def _start_judge(self, rdzv, hosts, spec) -> None:
+            return None
+
     host = Host(name="node1", addr="127.0.0.2", python="", workdir=work)
-    ctl = RunController(Inventory("<bench>", [host], "local"), LocalTransport(),
+    ctl = (RunController if judge else NoJudge)(Inventory("<bench>", [host], "local"), LocalTransport(),
                         History(os.path.join(work, "history")))
     arrived = {"lines": 0, "ranks": set()}
 
@@ -192,11 +205,18 @@ async def measure(seconds: float, nproc: int, rate: float, work: str,
         if supervisor is None or len(ranks) != nproc or len(files) != nproc:
             raise SystemExit("found supervisor %s, ranks %s, files %s" % (supervisor, ranks,
                                                                           files))
+        judge_pid = judge_of(work, ctl.run_id)
+        if judge != (judge_pid is not None):
+            raise SystemExit("a judge %s, found %s" % ("wanted" if judge else "not wanted",
+                                                       judge_pid))
         tail = Tail(files)
         await asyncio.sleep(1.0)  # tail's start (reading and watching 8 files) is not the loop
         groups = {"serve": [serve], "supervisor": [supervisor], "tail": [tail.proc.pid],
                   "torchrun": torchrun, "ranks": ranks}
         waited = ("serve", "supervisor")  # children they wait for are theirs (helpers)
+        if judge_pid is not None:
+            groups["judge"] = [judge_pid]
+            waited += ("judge",)
 
         def cpu() -> dict:
             return {g: sum(cpu_of(p, children=g in waited) for p in pids)
@@ -219,7 +239,7 @@ async def measure(seconds: float, nproc: int, rate: float, work: str,
         await ctl.close()
     return {"wall": wall1 - wall0, "lines": lines1 - lines0, "tail_lines": tail1 - tail0,
             "cpu": {g: cpu1[g] - cpu0[g] for g in cpu0}, "files": len(files),
-            "wakes": {g: wakes1[g] - wakes0[g] for g in wakes0},
+            "wakes": {g: wakes1[g] - wakes0[g] for g in wakes0}, "judge": judge,
             "gpu": (ctl.state.nodes["node1"].gpu or {}).get("source"),
             "host": sorted((ctl.state.nodes["node1"].host or {}).keys())}
 

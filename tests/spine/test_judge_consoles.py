@@ -1,0 +1,117 @@
+"""Two consoles on one hung run show the same verdict, and neither takes its own (issue 25).
+
+Real torchrun and the reference trainer on 4 local nodes, launched with `--detach`; two
+`rankdeck attach RUN --no-tui` consoles follow it from before rank 2 stalls. The run's judge
+(agent/judge.py) takes the verdict; both consoles print it, the same line. That neither
+console took a verdict of its own is proven from the agents' side: every `serve` of the run
+(the consoles' included) logs the op of each request it handles (agent/serve.py OPS_LOG), and
+a console's own verdict can only come from `why` requests to the nodes' `serve`
+(console/why.py) or from asking the judge (`judge`, which the judge would journal as "asked by
+a console"). Neither appears, from the consoles nor from a `status` run meanwhile."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent.serve import OPS_LOG
+
+from .helpers import REPO, TINY, TRAINER, processes_of
+from .test_judge import judge_events, wait_for_event, write_inventory
+
+pytestmark = pytest.mark.e2e
+TIMEOUT = 300
+VERDICT = "[rankdeck] stuck-in-python: "
+
+
+def rankdeck(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "console", *args], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def wait_until(predicate, what: str, show, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("no %s; %s" % (what, show()))
+        time.sleep(0.5)
+
+
+def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_path):
+    ops = tmp_path / "serve-ops.log"
+    # after the autouse fixtures: the consoles and `launch` share one history
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", **{OPS_LOG: str(ops)})
+    inv, workdir = write_inventory(tmp_path)
+    # --idle-s 1: the ranks step once a second, so the consoles are attached before the hang
+    out = rankdeck(env, "launch", "--detach", "-i", inv, "--max-restarts", "0",
+                   "--stall-after", "6", TRAINER, "--", *TINY, "--steps", "100000",
+                   "--ckpt-every", "0", "--pg-timeout", "600", "--idle-s", "1",
+                   "--hang-at-step", "6", "--hang-rank", "2")
+    run_id = out.stdout.strip().splitlines()[-1]
+    outputs = [tmp_path / ("console%d.out" % i) for i in (1, 2)]
+    consoles = []
+    try:
+        for path in outputs:
+            with open(path, "w") as f:
+                consoles.append(subprocess.Popen(
+                    [sys.executable, "-m", "console", "attach", run_id, "--no-tui"],
+                    cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT))
+
+        def text(i: int) -> str:
+            return outputs[i].read_text(errors="replace")
+
+        def show() -> str:
+            return "\n".join("console %d:\n%s" % (i + 1, text(i)[-3000:]) for i in (0, 1))
+
+        # both follow the run live, before rank 2 stalls
+        wait_until(lambda: all(" r2] " in text(i) for i in (0, 1)), "rank 2 line in both", show)
+        assert not [e for e in judge_events(workdir, run_id) if e["what"] == "stalled"], \
+            "rank 2 stalled before both consoles were attached: the test shows nothing"
+
+        first = wait_for_event(workdir, run_id, lambda e: e["what"] == "verdict"
+                               and e["verdict"]["kind"] == "stuck-in-python", "a verdict")[0]
+        assert [s["rank"] for s in first["verdict"]["suspects"]] == [2], first
+        line = VERDICT + first["verdict"]["summary"]
+        wait_until(lambda: all(line in text(i).splitlines() for i in (0, 1)),
+                   "verdict line %r in both consoles" % line, show)
+        # a third console, `status` from a new shell, shows the same. Meanwhile a console
+        # judging for itself would have asked: its stall rule (the run's 6 s) fires on the
+        # console's own clock, within a second of the judge's stall (the judge hears of steps
+        # through its link, not sooner), and the judge's verdict takes two samples 1 s apart
+        status = json.loads(rankdeck(env, "status", run_id, "--json").stdout)
+        assert status["verdict"]["summary"] == first["verdict"]["summary"], status["verdict"]
+
+        said = [[ln for ln in text(i).splitlines() if ln.startswith(VERDICT)] for i in (0, 1)]
+        assert said[0] == said[1], said  # the same verdict line(s), in the same order
+        assert all("suspect rank 2 on %s" % first["verdict"]["suspects"][0]["node"] in text(i)
+                   for i in (0, 1)), show()
+
+        # no console took a verdict of its own: no `why` to a node's serve, no `judge` asked
+        logged = [ln.split(" ", 1) for ln in ops.read_text().splitlines()]
+        subscribers = {pid for pid, op in logged if op == "subscribe"}
+        assert len(subscribers) >= 8, logged  # each console's 4 serves log (the log works)
+        assert [op for _pid, op in logged if op in ("why", "judge")] == [], logged
+        reasons = {e["reason"] for e in judge_events(workdir, run_id) if e["what"] == "verdict"}
+        assert reasons <= {"a stall began", "the stall goes on"}, reasons
+    finally:
+        for proc in consoles:  # Ctrl-C: each console detaches, the run goes on
+            proc.send_signal(signal.SIGINT)
+        for proc in consoles:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        rankdeck(env, "stop", run_id)
+        deadline = time.monotonic() + 60
+        while processes_of(run_id) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert processes_of(run_id) == [], processes_of(run_id)
