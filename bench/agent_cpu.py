@@ -18,6 +18,9 @@ with no lines at all (its polling and telemetry), so the rest is the lines' cost
 
     .venv/bin/python bench/agent_cpu.py [--seconds 60] [--nproc 8] [--rate 10] [--no-idle]
 
+``measure(..., judge=False)``: the same run without the run's judge (bench/judge_cpu.py runs
+both in pairs; with it, the judge process is measured too).
+
 Target (issue 13): agent <= 1 % of a core. CPU seconds, not wall time, are the figure: the
 shared machine's load moves wall time, not how much work a process does. Never a test.
 """
@@ -160,7 +163,7 @@ async def until(condition, timeout: float, what: str) -> None:
 
 def judge_of(work: str, run_id: str) -> int | None:
     """The run's judge (agent/judge.py): the pid its state.json gives, while it runs."""
-    from agent.judge import running_judge
+    from agent.judge_control import running_judge
     info = running_judge(os.path.join(work, ".rankdeck", "runs", run_id))
     return info["pid"] if info else None
 

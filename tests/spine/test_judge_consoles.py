@@ -87,7 +87,6 @@ def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_pa
         # console's own clock, within a second of the judge's stall (the judge hears of steps
         # through its link, not sooner), and the judge's verdict takes two samples 1 s apart
         status = json.loads(rankdeck(env, "status", run_id, "--json").stdout)
-        assert status["verdict"]["summary"] == first["verdict"]["summary"], status["verdict"]
 
         said = [[ln for ln in text(i).splitlines() if ln.startswith(VERDICT)] for i in (0, 1)]
         assert said[0] == said[1], said  # the same verdict line(s), in the same order
@@ -101,6 +100,7 @@ def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_pa
         assert [op for _pid, op in logged if op in ("why", "judge")] == [], logged
         reasons = {e["reason"] for e in judge_events(workdir, run_id) if e["what"] == "verdict"}
         assert reasons <= {"a stall began", "the stall goes on"}, reasons
+        assert (status["verdict"] or {}).get("summary") == first["verdict"]["summary"], status
     finally:
         for proc in consoles:  # Ctrl-C: each console detaches, the run goes on
             proc.send_signal(signal.SIGINT)
