@@ -117,8 +117,10 @@ def check_answer(op: str, data) -> None:
         _field(data, "start", _INT, what)
     elif op in ("stacks", "why"):
         _stacks(data, what)
-    elif op == "judge" and "kind" in data:
+    elif op == "judge":  # the console asks it `why` only
         _verdict(data, what)
+    elif op == "judge_start":
+        _field(data, "port", _INT, what, span=(1, 65536))
 
 
 def _stacks(data: dict, what: str) -> None:

@@ -377,8 +377,10 @@ class RunController:
             info = await self.links[rdzv.name].request(
                 "judge_start", run_root=self.root_of(rdzv.name), spec=settings, timeout=60)
         except AgentError as exc:
+            why = "its agent has none (older than this console)" if exc.kind == "usage" \
+                else str(exc)
             self.state.add_event(rdzv.name, "judge", "no judge on the hosts (%s): this console "
-                                 "judges the run, only while it is attached" % exc)
+                                 "judges the run, only while it is attached" % why)
             return
         self.record["judge"] = {"host": rdzv.name, "addr": rdzv.addr, "port": info.get("port")}
         self.judge_ref = {"addr": rdzv.addr, "port": info.get("port"), "token": token}

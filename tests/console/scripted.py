@@ -241,6 +241,11 @@ class ScriptedTransport(Transport):
         elif req.op == "scrollback":
             data = node.scrollback(set(req.args["files"]), int(req.args["before"]),
                                    int(req.args.get("bytes", 256 * 1024)))  # since: a hint
+        elif req.op not in ("unsubscribe", "store_stop", "sync_check", "stacks", "why"):
+            # as agent/serve.py answers an op it does not have (this agent has no judge)
+            stream.send({"t": "res", "id": req_id, "ok": False, "kind": "usage",
+                         "error": "unknown request %r (agent scripted)" % req.op})
+            return
         stream.send({"t": "res", "id": req_id, "ok": True, "data": data})
 
 

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import console.liveness
 import console.preflight
 import console.run
 import console.state
@@ -40,7 +41,7 @@ class FrozenTime:
 
 @pytest.fixture(autouse=True)
 def frozen(monkeypatch, tmp_path):
-    for module in (console.state, console.run, console.preflight):
+    for module in (console.state, console.liveness, console.run, console.preflight):
         monkeypatch.setattr(module, "time", FrozenTime(NOW))
     monkeypatch.setenv("TZ", "UTC")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
