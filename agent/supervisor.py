@@ -1,4 +1,4 @@
-"""One per run per node, detached: owns torchrun, records what happened, kills and restarts.
+"""One per run per node, detached: owns torchrun (starts, kills, reaps and restarts it).
 
 Started by `serve` in a session of its own with the run spec on stdin (secrets stay in this
 process's memory and torchrun's environment; they are never written to a file or a command
@@ -13,7 +13,9 @@ line). It outlives the SSH connection and the laptop. Its files, in the node's r
 Signals: SIGTERM stops the node's run (verified kill, see procs.kill_run); SIGUSR1 restarts
 torchrun (kill, then start again into the same rendezvous).
 
-Each file's global rank comes from torchrun's own record of its worker group
+What torchrun and its workers print is recorded by agent/recorder.py (masked, parsed,
+journaled); this module owns the journal and the file follower it reads through, and their
+lifetime. Each file's global rank comes from torchrun's own record of its worker group
 (agent/torchrun_log.py), else from the worker's environment; a failure's cause is built by
 agent/cause.py. Paths in the spec are already absolute here (agent/hostpaths.py, in node.py).
 """
@@ -24,17 +26,15 @@ import signal
 import sys
 import time
 
-from . import cause, frhook, procs, worker_exit
-from .checkpoint_watch import CheckpointWatch
+from . import cause, frhook, procs
 from .gpu import GpuProbe, gpu_pids_memory
 from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
 from .judge_link import JudgeLink
 from .mask import Masker
 from .pace import SLOW, SLOW_WATCHED, Pace
-from .metrics import MetricParser
 from .ranksample import RankSampler, period_of
-from .resumed import resumed_records
+from .recorder import Recorder
 from .node import STOP_END, job_env
 from .runfiles import read_json, write_json_atomic
 from .tail import LogFollower
@@ -42,7 +42,6 @@ from .watch import open_watch
 from .torchrun_log import RANK_RECORD, TorchrunLog, with_rank_record
 
 ORPHAN_GRACE = 3.0
-STDERR_TAIL = 16 * 1024  # bytes of each worker's stderr kept for the cause of a failure
 PHASE_POLL = 0.25  # how often torchrun's phase (agent/torchrun_phase.py) is read
 IDLE_WATCHED = 1.0  # with inotify, the longest sleep: writes, signals, a child's end wake it
 
@@ -103,90 +102,19 @@ class Supervisor(object):
                                     first_fid=previous.get("next_fid", 1), ignore=earlier,
                                     watch=open_watch(),  # woken by writes (agent/watch.py)
                                     keep_whole=self.masker.safe_cut)  # never in a secret
-        self.parser = MetricParser(spec.get("metrics_regex"))
-        # complete? deleted later? (and new entries of --checkpoint-dir)
-        self.checkpoints = CheckpointWatch(spec.get("cwd") or self.node_dir,
-                                           watch_dir=spec.get("checkpoint_dir"))
         self.torchrun = None  # pid
         self.judge_link = None  # agent/judge_link.py, once run() starts
         self.instance_before = set()
         self.requests = []
         self.exiting = []  # old torchruns a restart left exiting (kill, watch_exiting)
-        self.ranks = {}  # fid -> (rank, local_rank, attempt, instance, stream)
-        self.stderr_tails = {}  # fid -> the last bytes of a worker's stderr
         self.torchrun_log = TorchrunLog(os.path.join(self.node_dir, "torchrun.log"),
                                         os.path.join(self.node_dir, RANK_RECORD))
+        # what torchrun and its workers print, masked, parsed and journaled (agent/recorder.py)
+        self.recorder = Recorder(self.journal, self.follower, self.masker, spec["node"],
+                                 spec.get("metrics_regex"), spec.get("cwd") or self.node_dir,
+                                 spec.get("checkpoint_dir"), self.current_instance, self.log)
 
-    # -- journal ---------------------------------------------------------------------------
-    def event(self, what, **fields):
-        self.journal.append(self.event_record(what, **fields))
-
-    def event_record(self, what, **fields):
-        fields.update(k="event", what=what, ts=time.time(), node=self.spec["node"])
-        return fields
-
-    def pump(self, final=False):
-        """Journal what the ranks and torchrun wrote since the last turn; the bytes read."""
-        records = self.follower.poll(final=final)
-        if not records:
-            return 0
-        out = []
-        for meta, data in records:
-            kind = meta["k"]
-            if kind == "data":
-                data = self.masker.mask(data)
-            out.append((meta, data))
-            if kind == "file":
-                self.ranks[meta["f"]] = (meta.get("rank"), meta.get("local_rank"),
-                                         meta.get("attempt"), meta.get("instance"),
-                                         meta.get("stream"))
-            elif kind == "data" and data and meta["f"] in self.ranks \
-                    and self.ranks[meta["f"]][4] == "torchrun":
-                out.extend((rec, b"") for rec in self.worker_failures(data))
-            elif kind == "data" and data and self._is_worker(meta["f"]):
-                if self.ranks[meta["f"]][4] == "stderr":
-                    tail = self.stderr_tails.get(meta["f"], b"") + data
-                    self.stderr_tails[meta["f"]] = tail[-STDERR_TAIL:]
-                text = data.decode("utf-8", "surrogateescape")
-                try:
-                    # the worker (local rank, attempt, instance) ties its stdout to its stderr
-                    parsed = self.parser.parse(text, meta["f"], self.ranks[meta["f"]][1:4])
-                    parsed += resumed_records(text)
-                except Exception as exc:  # a parser bug must never stop the journal
-                    parsed = []
-                    self.log("metrics parser failed: %r" % (exc,))
-                now = meta["ts"]
-                for rec in parsed:
-                    rec["f"] = meta["f"]
-                    rec["ts"] = now
-                    out.append((rec, b""))
-                    if rec["k"] == "ckpt":
-                        self.checkpoints.add(rec)
-        self.journal.append_many(out)
-        return sum(len(data) for _meta, data in records)
-
-    def worker_failures(self, data):
-        """``worker_failed`` events for the failures torchrun reports in its own output
-        (agent/worker_exit.py): which rank, which exit code or signal."""
-        out = []
-        for code, local_rank, pid in worker_exit.failures(data.decode("utf-8", "replace")):
-            fid, attempt = self._stderr_of(self.current_instance(), local_rank)
-            rank = self.ranks[fid][0] if fid is not None else None
-            out.append(self.event_record("worker_failed", rank=rank, local_rank=local_rank,
-                                         attempt=attempt, pid=pid, exit_code=code))
-        return out
-
-    def deleted_checkpoints(self, final=False):
-        """Journal ``ckpt_done`` for saves found complete (or, final, not), ``ckpt_gone`` for
-        ones the trainer deleted, ``ckpt`` for new entries of --checkpoint-dir."""
-        found = self.checkpoints.poll(final=final)
-        if found:
-            self.journal.append_many([(rec, b"") for rec in found])
-
-    def _is_worker(self, fid):
-        info = self.ranks.get(fid)
-        return info is not None and info[1] is not None
-
+    # -- which rank wrote a file -----------------------------------------------------------
     def _resolve_rank(self, attempt, local_rank):
         """The global rank of a worker's files: torchrun's record first (it outlives a worker
         of milliseconds), its environment second; the worker's pid when it still runs (the
@@ -220,7 +148,7 @@ class Supervisor(object):
         env[procs.MARKER] = self.marker
         env["PYTHONUNBUFFERED"] = "1"
         # Without this a node relaunched into a running c10d rendezvous kills the whole job
-        # (torch 2.13; FACTS.md "Hangs, kills and restarts").
+        # (torch 2.13; docs/FACTS.md, "Hangs, kills and restarts").
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         env["RANKDECK_RUN_ID"] = self.spec["run_id"]
         env["RANKDECK_NODE"] = self.spec["node"]
@@ -259,7 +187,7 @@ class Supervisor(object):
         launches = self.state["launches"] + 1
         self.save(state="running", torchrun_pid=pid, launches=launches, exit_code=None,
                   cause=None, phase=dict(self.torchrun_log.phase.phase))
-        self.event("launched", pid=pid, launch=launches)
+        self.recorder.event("launched", pid=pid, launch=launches)
 
     def current_instance(self):
         try:
@@ -277,30 +205,19 @@ class Supervisor(object):
         errors = cause.find_error_files(self.log_dir, inst)
         if errors:
             _ts, local_rank, attempt, text, path = errors[0]
-            rank = None
-            for r, lr, att, ins, _stream in self.ranks.values():
-                if lr == local_rank and att == attempt and ins == inst:
-                    rank = r
+            rank = self.recorder.rank_of(inst, local_rank, attempt)
             first = text.strip().splitlines()[-1] if text.strip() else "worker failed"
             return {"message": cause.one_line(first, self.secrets), "rank": rank,
                     "local_rank": local_rank, "attempt": attempt, "error_file": path}
         failure = self.torchrun_log.first_failure()
         if failure and failure.get("local_rank") is not None:
-            fid, attempt = self._stderr_of(inst, failure["local_rank"])
-            text = self.stderr_tails.get(fid, b"").decode("utf-8", "replace")
+            fid, attempt = self.recorder.stderr_of(inst, failure["local_rank"])
+            text = self.recorder.stderr_tail(fid)
             return {"message": cause.worker_failed(failure, text, self.secrets),
                     "rank": failure.get("rank"), "local_rank": failure["local_rank"],
                     "attempt": attempt, "exit_code": failure.get("exitcode")}
         return {"message": cause.torchrun_failed(code, self.torchrun_log.recent_text(),
                                                  True, self.secrets), "rank": None}
-
-    def _stderr_of(self, inst, local_rank):
-        """(fid, attempt) of the newest stderr file of ``local_rank`` in torchrun start ``inst``."""
-        best = (None, None)
-        for fid, (_r, lr, att, ins, stream) in sorted(self.ranks.items()):
-            if ins == inst and lr == local_rank and stream == "stderr":
-                best = (fid, att)
-        return best
 
     def kill(self, grace, leave_torchrun=False):
         """The run's verified kill (procs.kill_run). ``leave_torchrun``: return once its
@@ -309,8 +226,8 @@ class Supervisor(object):
         probe = GpuProbe()
         run_pids = set(procs.run_pids(os.getpid(), self.marker))
         report = procs.kill_run(os.getpid(), self.marker, grace=grace, first=self.torchrun,
-                                on_wait=self.pump, leave_first=leave_torchrun)
-        self.pump()
+                                on_wait=self.recorder.pump, leave_first=leave_torchrun)
+        self.recorder.pump()
         report["gpu"] = gpu_after_kill(probe, run_pids - {self.torchrun})
         exiting = report.pop("exiting", None)
         if exiting:
@@ -339,7 +256,7 @@ class Supervisor(object):
                 self.exiting.remove(old)
                 left = [] if gone else [old["pid"]]
                 info = None if gone else procs.stat(old["pid"])
-                self.event("killed", report={
+                self.recorder.event("killed", report={
                     "sigterm": [old["pid"]], "killed": [old["pid"]], "left": left,
                     "dstate": left if info and info.state == "D" else []})
             elif time.monotonic() > old["deadline"] and not old.get("killed"):
@@ -354,10 +271,6 @@ class Supervisor(object):
         self.requests.append(signum)
 
     # -- the run's judge (agent/judge_link.py) ---------------------------------------------
-    def files_by_rank(self):
-        """{fid: rank} of the workers' files so far."""
-        return {fid: info[0] for fid, info in list(self.ranks.items()) if info[1] is not None}
-
     def why_report(self):
         """The node's ranks' stacks and flight-recorder tails (agent/fr_dump.py), masked."""
         from .fr_dump import node_report  # only when the judge asks
@@ -366,7 +279,8 @@ class Supervisor(object):
     def run(self):
         procs.set_child_subreaper()
         self.judge_link = JudgeLink(self.spec.get("judge") or {}, self.spec["node"],
-                                    self.node_dir, self.files_by_rank, self.why_report, self.log)
+                                    self.node_dir, self.recorder.files_by_rank, self.why_report,
+                                    self.log)
         self.judge_link.start()
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGUSR1, self.on_signal)
@@ -390,10 +304,10 @@ class Supervisor(object):
         self.follower.wake_on(record, signals=(signal.SIGCHLD,))
         pace = Pace(slow=SLOW if self.follower.watch is None else SLOW_WATCHED)
         while True:
-            read = self.pump()
+            read = self.recorder.pump()
             telemetry.tick()
             ranks_sample.tick()
-            self.deleted_checkpoints()
+            self.recorder.deleted_checkpoints()
             # with a watch a turn comes of a write or a signal (torchrun's records among them)
             if self.follower.watch is not None or time.monotonic() - phase_read >= PHASE_POLL:
                 phase_read = time.monotonic()
@@ -403,15 +317,15 @@ class Supervisor(object):
                 if sig == signal.SIGTERM:
                     end = self.stop_end()
                     self.save(state="stopping")
-                    self.event("stopping")
+                    self.recorder.event("stopping")
                     report = self.kill(grace)
                     return self.finish(end["state"], None, report, cause=end["cause"])
                 if sig == signal.SIGUSR1:
                     self.save(state="restarting")
-                    self.event("restarting")
+                    self.recorder.event("restarting")
                     report = self.kill(grace, leave_torchrun=True)
                     self.reap_torchrun()
-                    self.event("killed", report=report)
+                    self.recorder.event("killed", report=report)
                     if report["left"]:
                         return self.finish("failed", None, report,
                                            cause={"message": "host needs attention: processes "
@@ -423,9 +337,9 @@ class Supervisor(object):
             code = self.reap_torchrun()
             if code is not None:
                 # every file torchrun made, read to its end: a worker of milliseconds too
-                self.pump(final=True)
+                self.recorder.pump(final=True)
                 report = procs.kill_run(os.getpid(), self.marker, grace=ORPHAN_GRACE,
-                                        on_wait=self.pump)
+                                        on_wait=self.recorder.pump)
                 if code == 0:
                     return self.finish("exited", 0, report)
                 return self.finish("failed", code, report, cause=self.root_cause(code))
@@ -473,11 +387,11 @@ class Supervisor(object):
         return {"state": end["state"], "cause": cause}
 
     def finish(self, state, code, report, cause=None):
-        self.pump(final=True)
-        self.deleted_checkpoints(final=True)
+        self.recorder.pump(final=True)
+        self.recorder.deleted_checkpoints(final=True)
         self.torchrun_log.phase.end(time.time(), state if code is None else "exit %s" % code)
         self.state["phase"] = dict(self.torchrun_log.phase.phase)
-        self.event("ended", state=state, exit_code=code, cause=cause, kill=report)
+        self.recorder.event("ended", state=state, exit_code=code, cause=cause, kill=report)
         self.exiting = []  # the end's kill took any old torchrun too (it carries the marker)
         self.save(state=state, exit_code=code, cause=cause, kill=report, ended=time.time(),
                   torchrun_pid=None, exiting=[])
