@@ -40,7 +40,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from agent.sync import MAX_MESSAGE, MAX_PUT_BYTES, SKIP_PARTS, file_sha256, norm_mode, tree_hash
+from agent.sync_wire import (MAX_MESSAGE, MAX_PUT_BYTES, SKIP_PARTS, file_sha256, norm_mode,
+                             tree_hash)
 
 from . import gitignore
 

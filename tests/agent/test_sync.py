@@ -13,7 +13,7 @@ import pytest
 
 from agent import protocol
 from agent import sync as agent_sync
-from agent.sync import MAX_MESSAGE, tree_hash
+from agent.sync_wire import MAX_MESSAGE, tree_hash
 from console.link import AgentError
 from console.sync import Entry, Manifest, _plan_messages, build_manifest, sync_node
 
