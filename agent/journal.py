@@ -1,12 +1,13 @@
 """A node's run journal: one append-only file the supervisor writes and every `serve` reads.
 
 Why a journal and not torchrun's log files directly: torchrun deletes an ``attempt_<n>``
-folder when a membership change restarts its workers (see FACTS.md), and global ranks move
-between nodes across restarts. The supervisor follows the live files (keeping them open, so
-even a deleted file is read to its end), tags every chunk with the file it came from, and
-appends it here with the metrics parsed from it and the run's events. A console then needs one
-number per node - the journal offset it has seen - to resume after a reconnect and receive
-every line exactly once.
+folder when a membership change restarts its workers (docs/FACTS.md, "torchrun on CPU
+(gloo), 4 nodes x 1 process, small MLP"), and global ranks move between nodes across
+restarts. The supervisor follows the live files (keeping them open, so even a deleted file
+is read to its end), tags every chunk with the file it came from, and appends it here with
+the metrics parsed from it and the run's events. A console then needs one number per node -
+the journal offset it has seen - to resume after a reconnect and receive every line exactly
+once.
 
 Record layout: an ASCII header ``<meta_len> <data_len>\\n``, then ``meta_len`` bytes of JSON
 (an object with ``k``, the record kind), then ``data_len`` raw bytes (log data; empty for

@@ -2,7 +2,8 @@
 
 Every node's torchrun joins the c10d rendezvous with ``is_host=false``, so the store does not
 live inside any node's torchrun and a restart of the rendezvous host's node does not take the
-whole job down (FACTS.md: "The c10d store lives in the torchrun of the rendezvous host").
+whole job down (docs/FACTS.md, "Hangs, kills and restarts": the c10d store lives in the
+torchrun of the rendezvous host).
 The store runs with the host's training interpreter (it needs torch; the agent does not) as
 ``python -c STORE_SCRIPT``, which imports this module for :func:`store_main`.
 

@@ -88,7 +88,8 @@ class Kept:
             return
         # A tuple of strings (not the list): the collector stops tracking a chunk after its
         # first looks, so a full budget of kept lines no longer lengthens every collection
-        # (at 512 ranks a full one took 270 ms of the event loop; bench/tui.py, issue 12).
+        # (at 512 ranks a full one took 270 ms of the event loop; bench/tui.py;
+        # docs/BENCHMARKS.md, "Keys and frames at 512 ranks").
         self.chunks.append((ts, node, journal, tuple(lines), 0))
         self.count += len(lines)
         self.per_node[node] = self.per_node.get(node, 0) + 1

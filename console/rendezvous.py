@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from .sanitize import NO_SECRETS, Masker, clean
 
-# A restart measured here brings every rank back in 10-23 s (FACTS.md, "Hangs, kills and
-# restarts"), 40 s on a loaded machine; past this the run says what its rendezvous waits for.
+# A restart measured here brings every rank back in 10-23 s (docs/FACTS.md, "Hangs, kills
+# and restarts"), 40 s on a loaded machine; past this the run says what its rendezvous
+# waits for.
 # RunState passes its stall threshold (``--stall-after``, 60 s by default) instead.
 WAIT_S = 60.0
 JOIN_TIMEOUT_S = 600  # torch's c10d default join timeout, which rankdeck leaves as it is
@@ -140,9 +141,10 @@ def restart_refusal(nodes: dict, ranks: list, targets: list, now: float,
                     wait_s: float = WAIT_S) -> str | None:
     """Why a restart must wait, or None. A node killed while the others are in a rendezvous
     can end the whole run (torch 2.13: the others fail with DistStoreError ``role_info`` or
-    RendezvousClosedError, issue 11), so a restart waits until the rendezvous completes; once
-    it has waited longer than ``wait_s`` a restart is allowed: it is how a node that never
-    joins is brought back. Restarting a node that has ended kills nothing: always allowed."""
+    RendezvousClosedError; docs/FACTS.md, "Seen in rankdeck's own tests"), so a restart
+    waits until the rendezvous completes; once it has waited longer than ``wait_s`` a
+    restart is allowed: it is how a node that never joins is brought back. Restarting a node
+    that has ended kills nothing: always allowed."""
     if all(nodes[n].state in ENDED for n in targets):
         return None
     flight = in_flight(nodes, ranks)

@@ -70,7 +70,8 @@ def torchrun_argv(host: Host, spec: LaunchSpec, run_id: str, nnodes: str, endpoi
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", endpoint,
         "--rdzv-id", run_id,
-        # an elastic run proceeds 5 s after its last node arrived (FACTS.md)
+        # an elastic run proceeds 5 s after its last node arrived (docs/FACTS.md, "Hangs,
+        # kills and restarts")
         "--rdzv-conf", RDZV_CONF + (",last_call_timeout=5" if ":" in nnodes else ""),
         "--local-addr", host.addr,
         "--max-restarts", str(spec.max_restarts),
