@@ -32,7 +32,7 @@ WATCHED = 256  # newest announced paths looked at; older ones are left alone
 _NOT_A_SAVE = (".", "tmp-")  # name starts: hidden or temporary files, a save in the making
 
 
-class _Save(object):
+class _Save:
     __slots__ = ("rec", "seen", "start", "snap", "done")
 
     def __init__(self, rec, seen):
@@ -43,7 +43,7 @@ class _Save(object):
         self.done = False
 
 
-class CheckpointWatch(object):
+class CheckpointWatch:
     def __init__(self, cwd, every=CHECK_EVERY, watched=WATCHED, watch_dir=None, settle=SETTLE):
         self.cwd = cwd
         self.every = every

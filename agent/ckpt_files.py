@@ -32,7 +32,7 @@ _WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors
 _INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-class Snapshot(object):
+class Snapshot:
     """One look at a checkpoint: ``files`` {relative name: (size, mtime_ns)}, ``missing``
     names, ``broken`` names (cut short), ``exists``."""
 

@@ -42,7 +42,7 @@ _CKPT = re.compile(r"Saving (?:model )?checkpoint to\s+(.+)")
 _KEEP = 64
 
 
-class _Worker(object):
+class _Worker:
     __slots__ = ("total", "step", "sent", "writes", "clears", "after_clear", "pending", "steps")
 
     def __init__(self):
@@ -56,7 +56,7 @@ class _Worker(object):
         self.steps = {}  # clear number -> step, waiting for its dict
 
 
-class HuggingFaceFamily(object):
+class HuggingFaceFamily:
     """Hugging Face Trainer output, stdout and stderr of one worker together."""
 
     name = "hf"

@@ -10,7 +10,7 @@ import re
 from .metric_values import NUM, strip_ansi, to_float, to_int
 
 
-class TorchtitanFamily(object):
+class TorchtitanFamily:
     """torchtitan, torchtitan/components/metrics.py ``MetricsProcessor.log``::
 
         [titan] 2026-01-05 10:00:00,000 - root - INFO - \\x1b[31mstep:  1  \\x1b[32mloss: 12.25311
@@ -46,7 +46,7 @@ class TorchtitanFamily(object):
         return True
 
 
-class MegatronFamily(object):
+class MegatronFamily:
     """Megatron-LM, megatron/training/training.py ``training_log`` (printed on the last rank)::
 
          [2026-01-05 10:00:00.123456] iteration      100/    1000 | consumed samples: ... |
@@ -102,7 +102,7 @@ class MegatronFamily(object):
         return True
 
 
-class DeepSpeedFamily(object):
+class DeepSpeedFamily:
     """DeepSpeed, deepspeed/runtime/engine.py ``_report_progress`` (every ``steps_per_print``)::
 
         [2026-01-05 10:00:00,123] [INFO] [logging.py:107:log_dist] [Rank 0] step=10, skipped=0,

@@ -40,7 +40,7 @@ def _loss_key(keys):
     return None
 
 
-class _Bar(object):
+class _Bar:
     __slots__ = ("epoch", "base", "last", "resumed", "first", "values")
 
     def __init__(self):
@@ -52,7 +52,7 @@ class _Bar(object):
         self.values = (None, None)  # the (step, loss) read last
 
 
-class LightningFamily(object):
+class LightningFamily:
     """PyTorch Lightning's training bar, and the checkpoint a run resumed from."""
 
     name = "lightning"

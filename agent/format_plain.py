@@ -69,7 +69,7 @@ def reference_record(m):
             "step_time": float(step_time), "tok_s": float(tok_s)}
 
 
-class PlainFamily(object):
+class PlainFamily:
     """``key=value`` metrics and the reference trainer's checkpoint line."""
 
     name = "plain"

@@ -240,7 +240,7 @@ class MetricParser:
         return rec if metric else None
 
 
-class _FileFormats(object):
+class _FileFormats:
     """The families one file tries, in order, and the one it settled on."""
 
     __slots__ = ("order", "settled")

@@ -142,7 +142,7 @@ def host_facts(args):
     return facts
 
 
-class Listener(object):
+class Listener:
     """A TCP listener for the preflight's reachability probe; accepts and closes."""
 
     def __init__(self, addr, port=0):

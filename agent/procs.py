@@ -18,7 +18,7 @@ MARKER = "RANKDECK_RUN"
 PR_SET_CHILD_SUBREAPER = 36
 
 
-class ProcInfo(object):
+class ProcInfo:
     __slots__ = ("pid", "ppid", "pgid", "sid", "state", "starttime", "comm")
 
     def __init__(self, pid, ppid, pgid, sid, state, starttime, comm):

@@ -76,7 +76,7 @@ def entry_times(trace):
     return out[-KEEP:]
 
 
-class RankSampler(object):
+class RankSampler:
     """Called from the supervisor's loop (``tick``); journals one record a period."""
 
     def __init__(self, journal, node_dir, period, clock=time.time):

@@ -37,7 +37,7 @@ OPS_LOG = "RANKDECK_SERVE_OPS"  # a file each request's op is appended to: tests
 IDLE = 1.0  # with a watch: the longest sleep of the stream loop (a dead supervisor is seen)
 
 
-class Subscription(object):
+class Subscription:
     """One console's reading position in one node's journal."""
 
     def __init__(self, sub_id, ndir, offset, quiet_until=0):
@@ -50,7 +50,7 @@ class Subscription(object):
         self.watched = False  # its folder's changes wake the stream loop
 
 
-class Server(object):
+class Server:
     def __init__(self, out=None):
         self.out = out or sys.stdout.buffer
         self.lock = threading.Lock()

@@ -63,7 +63,7 @@ def gpu_after_kill(probe, run_pids, wait=5.0):
         time.sleep(0.25)
 
 
-class Supervisor(object):
+class Supervisor:
     def __init__(self, spec):
         self.spec = spec
         self.node_dir = spec["node_dir"]

@@ -78,7 +78,7 @@ def check(args):
     return {"same": same, "workdir": root}
 
 
-class Transfer(object):
+class Transfer:
     """One sync in progress on this connection: the manifest, what is needed, what arrived."""
 
     def __init__(self, session, root, tree):
@@ -112,7 +112,7 @@ class Transfer(object):
         return os.path.join(self.staging, str(index))
 
 
-class Transfers(object):
+class Transfers:
     """The transfers of one serve process (one connection), by session id; thread-safe."""
 
     def __init__(self):

@@ -37,7 +37,7 @@ RESCAN = 2.0  # with a watch: a scan this often even if no folder reported a cha
 _ATTEMPT = re.compile(r"attempt_(\d+)$")
 
 
-class FollowedFile(object):
+class FollowedFile:
     __slots__ = ("fid", "path", "fd", "inode", "offset", "pending", "pending_offset", "meta",
                  "announced", "seen", "gone")
 
@@ -55,7 +55,7 @@ class FollowedFile(object):
         self.gone = False  # unlinked or replaced: close at EOF
 
 
-class LogFollower(object):
+class LogFollower:
     """Follows a torchrun log dir plus any extra files (torchrun's own console output).
 
     ``resolve_rank(attempt, local_rank)`` returns the global rank of that worker, or

@@ -88,7 +88,7 @@ def with_rank_record(argv, record_path):
     return list(argv)
 
 
-class _Reader(object):
+class _Reader:
     """One file read from where it last stopped, with its own place in a multi-line record."""
 
     def __init__(self, path):
@@ -124,7 +124,7 @@ class _Reader(object):
         return lines
 
 
-class TorchrunLog(object):
+class TorchrunLog:
     """Reads torchrun's console output (``torchrun.log``) and the worker-group records
     :data:`BOOTSTRAP` writes (``record_path``) from where it last stopped.
 

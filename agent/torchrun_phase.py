@@ -71,7 +71,7 @@ _RULES = (
 )
 
 
-class PhaseTracker(object):
+class PhaseTracker:
     """The phase of one torchrun, from its record lines fed in order (:meth:`feed`)."""
 
     def __init__(self, now=None):

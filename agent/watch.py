@@ -49,7 +49,7 @@ def _libc():
     return libc
 
 
-class Watch(object):
+class Watch:
     """One inotify instance: :meth:`add` paths, :meth:`wait` for a change, :meth:`drain` it.
 
     Raises OSError when the kernel refuses an instance or a watch (usually means the user's

@@ -150,12 +150,23 @@ def clean(line: str, secrets=(), limit: int = MAX_LINE) -> str:
 def clean_tree(value):
     """``value`` (decoded JSON from a host: preflight facts) with every string in it cleaned,
     keys included; numbers and the rest as they are."""
+    return _each_string(value, clean, keys=True)
+
+
+def mask_tree(value, masker: Masker):
+    """``value`` (a verdict: dicts, lists, strings) with the run's secrets masked in every
+    string but the keys (the verdict's own field names)."""
+    return _each_string(value, masker.mask, keys=False)
+
+
+def _each_string(value, change: Callable[[str], str], keys: bool):
     if isinstance(value, str):
-        return clean(value)
+        return change(value)
     if isinstance(value, dict):
-        return {clean_tree(k): clean_tree(v) for k, v in value.items()}
+        return {(_each_string(k, change, keys) if keys else k): _each_string(v, change, keys)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [clean_tree(v) for v in value]
+        return [_each_string(v, change, keys) for v in value]
     return value
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from .sanitize import clean
+from .sanitize import clean, mask_tree
 from agent.verdict import decide
 
 SAMPLE_GAP_S = 1.0  # between the two samples: a healthy job enters many collectives in it
@@ -54,19 +54,8 @@ async def take_verdict(ctl, gap: float = SAMPLE_GAP_S) -> dict:
     earlier, _ = await _sample(ctl)
     await asyncio.sleep(gap)
     reports, unreachable = await _sample(ctl)
-    verdict = masked(decide(reports, unreachable, expected_ranks(ctl), earlier=earlier),
-                     ctl.state.masker)
+    verdict = mask_tree(decide(reports, unreachable, expected_ranks(ctl), earlier=earlier),
+                        ctl.state.masker)
     ctl.state.set_verdict(verdict)
     return verdict
 
-
-def masked(value, masker):
-    """``value`` (a verdict: dicts, lists, strings) with the run's secrets masked in every
-    string: a source line or a host's cause may hold one."""
-    if isinstance(value, str):
-        return masker.mask(value)
-    if isinstance(value, dict):
-        return {k: masked(v, masker) for k, v in value.items()}
-    if isinstance(value, list):
-        return [masked(v, masker) for v in value]
-    return value

@@ -104,10 +104,6 @@ class SshAgentStream(AgentStream):
         except (OSError, asyncssh.Error) as exc:
             raise self._lost(exc) from exc
 
-    async def stderr_tail(self) -> str:
-        """The last few KB the agent wrote to stderr (for a crash report)."""
-        return await self._stderr.text()
-
     @property
     def exit_status(self) -> int | None:
         return self.process.exit_status

@@ -240,7 +240,7 @@ def test_only_a_link_that_was_up_and_went_down_is_down(tmp_path):
     assert down(sampler.sample()) == ["mlx5_0/1"]
 
 
-class Messages(object):
+class Messages:
     """serve's output as messages, and a wait for the first of a kind."""
 
     def __init__(self):

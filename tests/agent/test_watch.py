@@ -160,7 +160,7 @@ def test_follower_polls_again_when_the_kernel_refuses_a_watch(tmp_path, monkeypa
     f.close()
 
 
-class Collect(object):
+class Collect:
     """serve's output: the journal messages' data, and a flag when a wanted line came."""
 
     def __init__(self, want):

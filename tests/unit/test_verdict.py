@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 from agent.fr_dump import sources
-from console.sanitize import Masker
+from console.sanitize import Masker, mask_tree
 from agent.verdict import decide, frame_of
 from console.verdict import evidence_lines, verdict_lines
-from console.why import masked
 
 STUCK_STACK = '''Thread 11 (idle): "MainThread"
     injected_hang (trainer/faults.py:87)
@@ -200,6 +199,6 @@ def test_secrets_are_masked_in_the_whole_verdict():
     masked like every line (console/why.py masks it before it is kept)."""
     reports = hung_at(2)
     reports[2]["sources"] = {"trainer/faults.py:87": 'login(token="hf_s3cr3tvalue")'}
-    v = masked(decide(reports), Masker(["hf_s3cr3tvalue"]))
+    v = mask_tree(decide(reports), Masker(["hf_s3cr3tvalue"]))
     assert v["suspects"][0]["source"] == 'login(token="****")'
     assert "hf_s3cr3tvalue" not in repr(v)
