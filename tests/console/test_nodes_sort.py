@@ -14,7 +14,7 @@ from console.state import NodeState, RankState
 from console.telemetry import node_telemetry
 from console.tui.app import RankdeckApp
 from console.tui.nodeorder import ORDERS, TELEMETRY, ordered, telemetry_key
-from tests.console.pilot import until
+from tests.waits import wait_until
 from tests.console.scripted import (controller, gpu_snapshot, host_names, no_gpu_snapshot,
                                    standard_script)
 
@@ -134,14 +134,14 @@ async def test_o_orders_the_table_by_gpu_util_then_cpu_and_O_goes_back(tmp_path)
     samples = {"node1": {"cpu_pct": 30.0}, "node2": {"cpu_pct": "99"},
                "node3": {"cpu_pct": 12.0}, "node4": {"cpu_pct": 95.0}}
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: not app.launching, what="launch")
-        await until(pilot, lambda: all(t.node(h).subscribed for h in hosts), what="subscribed")
+        await wait_until(pilot, lambda: not app.launching, what="launch")
+        await wait_until(pilot, lambda: all(t.node(h).subscribed for h in hosts), what="subscribed")
         for h in hosts:
             t.node(h).stream.send({"t": "gpu", "snap": gpus[h], "host": samples[h]})
-        await until(pilot, lambda: all(ctl.state.nodes[h].host == samples[h] for h in hosts),
-                    what="host samples")
-        await until(pilot, lambda: "cpu 95%" in app.nodes.row_text("n:node4")[0],
-                    what="node4's telemetry on screen")
+        await wait_until(pilot, lambda: all(ctl.state.nodes[h].host == samples[h] for h in hosts),
+                         what="host samples")
+        await wait_until(pilot, lambda: "cpu 95%" in app.nodes.row_text("n:node4")[0],
+                         what="node4's telemetry on screen")
         app.nodes.focus()
         assert node_rows(app) == ["n:node1", "n:node2", "n:node3", "n:node4"]
         for _ in range(len(ORDERS)):

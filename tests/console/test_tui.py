@@ -16,8 +16,10 @@ from console.tui.confirm import ConfirmScreen
 from console.tui.events import EventsLog
 from console.sources import ALL, NODE, RANK
 from console.tui.help import HelpScreen
+from console.tui.logs import second_source
+from console.tui.messages import RunChanged
 
-from tests.console.pilot import until
+from tests.waits import wait_until
 from tests.console.scripted import (RUN_ID, T0, RunScript, controller, event, gpu_snapshot,
                                    host_names, no_gpu_snapshot, standard_script)
 
@@ -44,14 +46,23 @@ def build(tmp_path, script: RunScript | None = None, steps: int | None = 40, **t
 
 async def running(pilot, app) -> None:
     """Launch done, every rank stepping and shown in the nodes table."""
-    await until(pilot, lambda: not app.launching, what="launch")
-    await until(pilot, lambda: (app.nodes.row_values("r:7") or ("", ""))[1] == "running",
-                what="rank rows running")
-    await until(pilot, lambda: app.logs.panes[0].view.lines_text(), what="pane lines")
+    await wait_until(pilot, lambda: not app.launching, what="launch")
+    await wait_until(pilot, lambda: (app.nodes.row_values("r:7") or ("", ""))[1] == "running",
+                     what="rank rows running")
+    await wait_until(pilot, lambda: app.logs.panes[0].view.lines_text(), what="pane lines")
 
 
 def node_row(app, node):
     return app.nodes.row_values("n:" + node)
+
+
+async def handled(pilot, message) -> None:
+    """``message`` posted to the app and handled: a callback posted after it runs after its
+    handler (one queue, in order)."""
+    done: list = []
+    pilot.app.post_message(message)
+    pilot.app.call_later(done.append, True)
+    await wait_until(pilot, lambda: done, what="%s handled" % type(message).__name__)
 
 
 # -- launch progress and state ---------------------------------------------------------------
@@ -60,12 +71,12 @@ async def test_launch_progress_shows_each_phase(tmp_path):
     script = RunScript(hosts, 2, t0=time.time()).launched()  # workers up, no step yet
     app, ctl, t = build(tmp_path, script, hold={"open"})
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.1)
-        assert [node_row(app, h)[1] for h in hosts] == ["connecting"] * 4
+        await wait_until(pilot, lambda: [node_row(app, h)[1] for h in hosts] == ["connecting"] * 4,
+                         what="every node connecting")
         assert "launching" in app.header.info().plain
         t.release()
-        await until(pilot, lambda: node_row(app, "node1")[1] == "rendezvous",
-                    what="rendezvous phase")
+        await wait_until(pilot, lambda: node_row(app, "node1")[1] == "rendezvous",
+                         what="rendezvous phase")
         assert node_row(app, "node1")[-1] == "waiting for first step"
         assert app.nodes.row_values("r:0")[1] == "starting"
         live = RunScript(hosts, 2, t0=time.time())
@@ -73,7 +84,7 @@ async def test_launch_progress_shows_each_phase(tmp_path):
         for node in hosts:
             for rec in live.recs[node]:
                 t.node(node).append([rec])
-        await until(pilot, lambda: node_row(app, "node4")[1] == "running", what="running")
+        await wait_until(pilot, lambda: node_row(app, "node4")[1] == "running", what="running")
         assert node_row(app, "node4")[2] == "3"
         assert app.nodes.row_values("r:7")[2] == "3"
 
@@ -81,7 +92,7 @@ async def test_launch_progress_shows_each_phase(tmp_path):
 async def test_start_held_shows_starting(tmp_path):
     app, ctl, t = build(tmp_path, hold={"start"})
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: node_row(app, "node2")[1] == "starting", what="starting")
+        await wait_until(pilot, lambda: node_row(app, "node2")[1] == "starting", what="starting")
         assert node_row(app, "node2")[-1] == "starting torchrun"
         assert t.ops("store_start") == ["node1"]
         t.release()
@@ -94,8 +105,8 @@ async def test_unreachable_host_shows_cause_and_exit_code(tmp_path):
     app, ctl, t = build(tmp_path, unreachable={
         "node3": ("refused", "node3: connection refused (127.0.0.4:22)")})
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: not app.launching, what="launch to fail")
-        await until(pilot, lambda: node_row(app, "node3")[1] == "unreachable")
+        await wait_until(pilot, lambda: not app.launching, what="launch to fail")
+        await wait_until(pilot, lambda: node_row(app, "node3")[1] == "unreachable")
         row = node_row(app, "node3")
         assert "refused" in row[-1] and "connection refused" in row[-1]
         assert "launch failed" in app.header.info().plain
@@ -111,12 +122,12 @@ async def test_crashed_node_shows_failure_and_cause(tmp_path):
                  time.time() + 30)
     app, ctl, t = build(tmp_path, script)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: node_row(app, "node2")[1] == "failed (1)", what="failed")
+        await wait_until(pilot, lambda: node_row(app, "node2")[1] == "failed (1)", what="failed")
         row = node_row(app, "node2")
         assert "rank 3 (local 1) exited with code 1" in row[-1]
         assert app.nodes.row_values("r:3")[1] == "failed"
         assert node_row(app, "node1")[1] == "running"
-        await until(pilot, lambda: any(" failed " in s for s in app.events.shown))
+        await wait_until(pilot, lambda: any(" failed " in s for s in app.events.shown))
         failed = [s for s in app.events.shown if " failed " in s]
         assert "node2/r3" in failed[0] and "illegal memory access" in failed[0]
 
@@ -158,8 +169,14 @@ async def test_hidden_sources_get_no_writes_and_refill_when_shown(tmp_path):
         live = RunScript(host_names(4), 2, t0=time.time())
         live.lines("node3", 1, ["only for rank five"], time.time())
         t.node("node3").append(live.recs["node3"])
-        await until(pilot, lambda: ctl.state.ranks[5].lines[-1] == "only for rank five")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: ctl.state.ranks[5].lines[-1] == "only for rank five")
+        # a line of a shown rank after it: once a pane shows that one, the feed has flushed
+        # everything that came before, rank 5's line included had it kept it
+        later = RunScript(host_names(4), 2, t0=time.time())
+        later.lines("node1", 0, ["for rank zero, later"], time.time())
+        t.node("node1").append(later.recs["node1"])
+        await wait_until(pilot, lambda: app.logs.panes[0].view.lines_text()[-1:] == [
+            "for rank zero, later"], what="the later line in pane 1")
         for pane in app.logs.panes:
             assert "only for rank five" not in pane.view.lines_text()
         await pilot.press("g", "5", "enter")
@@ -170,23 +187,28 @@ async def test_second_pane_shows_the_last_nodes_first_rank_once_known(tmp_path):
     hosts = host_names(4)
     app, ctl, t = build(tmp_path, hold={"open"})
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.1)
         logs = app.logs
+        await wait_until(pilot, lambda: logs.is_mounted and len(logs.panes) == 2, what="2 panes")
         assert [p.source for p in logs.panes] == [(RANK, 0), (NODE, "node4")]  # no ranks yet
         t.release()
         await running(pilot, app)
-        await until(pilot, lambda: logs.panes[1].source == (RANK, 6), timeout=5,
-                    what="pane 2 on rank 6")
+        await wait_until(pilot, lambda: logs.panes[1].source == (RANK, 6), timeout=5,
+                         what="pane 2 on rank 6")
         assert logs.panes[1].view.lines_text()[-1].startswith("step 24 ")
     # a pane the user chose before the ranks were known keeps its choice
     app, ctl, t = build(tmp_path / "chosen", standard_script(hosts, t0=time.time()),
                         hold={"open"})
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: app.logs.is_mounted and len(app.logs.panes) == 2,
+                         what="2 panes")
         await pilot.press("2", "g", *"node2", "enter")
+        await wait_until(pilot, lambda: app.logs.panes[1].source == (NODE, "node2"),
+                         what="pane 2 on node2")
         t.release()
         await running(pilot, app)
-        await pilot.pause(0.6)
+        # a state refresh with every rank known: the one that moved pane 2 above
+        assert second_source(ctl.state) == (RANK, 6)
+        await handled(pilot, RunChanged())
         assert app.logs.panes[1].source == (NODE, "node2")
 
 
@@ -231,13 +253,14 @@ async def test_a_line_right_after_a_switch_is_shown_once(tmp_path):
         await running(pilot, app)
         app.logs.show((RANK, 5), pane=1)
         late_line(ctl, "node3", 5, "right after the switch")
-        await until(pilot, lambda: app.logs.panes[1].view.lines_text()[-1] == "right after "
-                    "the switch", timeout=5, what="the line in the switched pane")
+        await wait_until(pilot, lambda: app.logs.panes[1].view.lines_text()[-1] == "right after "
+                         "the switch", timeout=5, what="the line in the switched pane")
         late_line(ctl, "node1", 0, "pending when pane 2 shows rank 0")
         app.logs.show((RANK, 0), pane=1)  # pane 1 follows rank 0 too: that line is pending
-        await until(pilot, lambda: app.logs.panes[0].view.lines_text()[-1].startswith(
+        await wait_until(pilot, lambda: app.logs.panes[0].view.lines_text()[-1].startswith(
             "pending"), timeout=5, what="the feed's flush")
-        await pilot.pause(0.2)
+        # that flush wrote to every pane of rank 0 in the same handler: a second copy
+        # would be there now
         for pane in app.logs.panes:
             assert pane.view.lines_text().count("pending when pane 2 shows rank 0") == 1
 
@@ -254,8 +277,8 @@ async def test_collapse_identical_lines_from_many_ranks(tmp_path):
         merged = app.logs.panes[0].view
         assert app.logs.panes[0].source == (ALL, None)
         # the older kept lines come in after the first paint
-        await until(pilot, lambda: "ranks 0-7: using device cuda:0, world size 8" in
-                    merged.lines_text(), timeout=10, what="the backfill")
+        await wait_until(pilot, lambda: "ranks 0-7: using device cuda:0, world size 8" in
+                         merged.lines_text(), timeout=10, what="the backfill")
         await pilot.press("c")
         lines = node1.lines_text()
         assert "r0: using device cuda:0, world size 8" in lines
@@ -277,7 +300,7 @@ async def test_scrolling_up_past_memory_fetches_older_lines_from_the_node(tmp_pa
         await running(pilot, app)
         pane = app.logs.panes[0]
         assert pane.source == (RANK, 0)
-        await until(pilot, lambda: pane.view.lines_text() == every[-30:], what="rank 0's tail")
+        await wait_until(pilot, lambda: pane.view.lines_text() == every[-30:], what="rank 0's tail")
         await pilot.press("1")
         for _ in range(10):  # up to the top: pauses, and asks for nothing yet
             await pilot.press("up")
@@ -288,14 +311,14 @@ async def test_scrolling_up_past_memory_fetches_older_lines_from_the_node(tmp_pa
         assert not [r for r in t.requests if r.op == "scrollback"]
         await pilot.press("up")  # up at the top: asks the node for what came before
         title = pane.query_one(".logpane--title")
-        await until(pilot, lambda: "start of log" in str(title.render()), what="older lines")
+        await wait_until(pilot, lambda: "start of log" in str(title.render()), what="older lines")
         assert pane.view.lines_text() == every  # every line once, in order
         await pilot.pause()
         # the lines on screen did not jump: the old top line is still the top row
         assert "".join(seg.text for seg in pane.view.render_line(0)).startswith(every[-30])
         await pilot.press("home")
-        await until(pilot, lambda: "".join(seg.text for seg in pane.view.render_line(0))
-                    .startswith(every[0] + " "), what="home shows the first line")
+        await wait_until(pilot, lambda: "".join(seg.text for seg in pane.view.render_line(0))
+                         .startswith(every[0] + " "), what="home shows the first line")
         asked = [r for r in t.requests if r.op == "scrollback"]
         assert asked and all(r.node == "node1" and r.args["files"] == [0] for r in asked)
         assert not pane.view.follow
@@ -324,17 +347,17 @@ async def test_attach_takes_recent_lines_and_scrolls_back_for_the_rest(tmp_path)
     app = RankdeckApp(ctl, ctl.subscribe_all)
     async with app.run_test(size=SIZE) as pilot:
         pane = app.logs.panes[0]
-        await until(pilot, lambda: (ctl.state.ranks.get(0) and ctl.state.ranks[0].step) == 45,
-                    what="caught up")
-        await until(pilot, lambda: pane.view.lines_text()[-1:] == every[-1:],
-                    what="the recent lines on screen")
+        await wait_until(pilot, lambda: (ctl.state.ranks.get(0) and ctl.state.ranks[0].step) == 45,
+                         what="caught up")
+        await wait_until(pilot, lambda: pane.view.lines_text()[-1:] == every[-1:],
+                         what="the recent lines on screen")
         got = pane.view.lines_text()
         assert got == every[-len(got):] and 100 < len(got) < 2000  # the recent ones only
         assert [s for s, _loss in ctl.state.ranks[0].points][:3] == [1, 2, 3]  # every metric
         await pilot.press("1", "home")
         title = pane.query_one(".logpane--title")
         for _ in range(20):
-            await until(pilot, lambda: not pane._fetching, what="a page")
+            await wait_until(pilot, lambda: not pane._fetching, what="a page")
             if "start of log" in str(title.render()):
                 break
             await pilot.press("home")
@@ -361,11 +384,11 @@ async def test_keys_typed_at_once_go_where_the_first_key_sends_them(tmp_path):
         assert app.focused is app.nodes
         burst(app, [("1", "1"), ("home", None)])
         pane = app.logs.panes[0]
-        await until(pilot, lambda: app.focused is pane.view, timeout=5, what="pane 1 focused")
-        await until(pilot, lambda: not pane.view.follow, timeout=5, what="home in pane 1")
+        await wait_until(pilot, lambda: app.focused is pane.view, timeout=5, what="pane 1 focused")
+        await wait_until(pilot, lambda: not pane.view.follow, timeout=5, what="home in pane 1")
         burst(app, [("slash", "/")] + [(c, c) for c in "step"])
-        await until(pilot, lambda: app.prompt.value == "step", timeout=5,
-                    what="the whole pattern in the prompt")
+        await wait_until(pilot, lambda: app.prompt.value == "step", timeout=5,
+                         what="the whole pattern in the prompt")
 
 
 async def test_follow_pause_wrap_and_timestamps(tmp_path):
@@ -381,7 +404,7 @@ async def test_follow_pause_wrap_and_timestamps(tmp_path):
         live = RunScript(host_names(4), 2, t0=t0)
         live.lines("node1", 0, ["more %d" % i for i in range(200)], t0 + 30)
         t.node("node1").append(live.recs["node1"])
-        await until(pilot, lambda: pane.view.lines_text()[-1] == "more 199")
+        await wait_until(pilot, lambda: pane.view.lines_text()[-1] == "more 199")
         assert pane.view.scroll_y == y  # paused: new lines do not move the view
         await pilot.press("t")
         last_step = pane.view.lines_text()[-201]
@@ -404,7 +427,7 @@ async def test_untrusted_log_text_is_plain_and_keeps_the_layout(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
         view = app.logs.panes[0].view
-        await until(pilot, lambda: view.lines_text()[-1].startswith("xxxx"))
+        await wait_until(pilot, lambda: view.lines_text()[-1].startswith("xxxx"))
         shown = view.lines_text()[-len(nasty):]
         assert shown == [clean(line) for line in nasty]
         assert shown[0] == "[rank0]: hello" and shown[1] == "[bold]x[/]"
@@ -412,7 +435,7 @@ async def test_untrusted_log_text_is_plain_and_keeps_the_layout(tmp_path):
         assert all("\x1b" not in s and "\x00" not in s and "\udcff" not in s for s in shown)
         for wrap in (False, True):
             view.configure(wrap=wrap)
-            await pilot.pause(0.05)
+            await pilot.pause()
             width = view.scrollable_content_region.width
             for y in range(view.size.height):
                 strip = view.render_line(y)
@@ -422,7 +445,7 @@ async def test_untrusted_log_text_is_plain_and_keeps_the_layout(tmp_path):
         # nothing was styled by markup in the text: only our own styles apply
         view.configure(wrap=False)
         view.scroll_end(animate=False, immediate=True)
-        await pilot.pause(0.05)
+        await pilot.pause()
         bold = [seg for y in range(view.size.height) for seg in view.render_line(y)
                 if seg.style and seg.style.bold and "x" == seg.text.strip()]
         assert not bold
@@ -431,9 +454,9 @@ async def test_untrusted_log_text_is_plain_and_keeps_the_layout(tmp_path):
 # -- controls ----------------------------------------------------------------------------------
 async def confirm(pilot, app, key: str, answer: str) -> None:
     await pilot.press(key)
-    await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirmation")
+    await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirmation")
     await pilot.press(answer)
-    await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+    await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
 
 
 async def test_kill_node_asks_then_stops_that_node(tmp_path):
@@ -443,13 +466,16 @@ async def test_kill_node_asks_then_stops_that_node(tmp_path):
         app.nodes.focus()
         app.nodes.move_to("r:3")  # a rank of node2
         await confirm(pilot, app, "k", "n")
-        await pilot.pause(0.1)
         assert t.ops("stop") == []
         await confirm(pilot, app, "k", "escape")
         assert t.ops("stop") == []
         await confirm(pilot, app, "k", "y")
-        await until(pilot, lambda: t.ops("stop") == ["node2"], what="stop node2")
-        await until(pilot, lambda: node_row(app, "node2")[1] == "stopped")
+        await wait_until(pilot, lambda: t.ops("stop") == ["node2"], what="stop node2")
+        await wait_until(pilot, lambda: node_row(app, "node2")[1] == "stopped")
+        await wait_until(pilot, lambda: any(n.title == "stop node2" for n in app._notifications),
+                         what="the stop's result")
+        # the stop after "y" is done: one that "n" or Escape had started would be done too
+        assert t.ops("stop") == ["node2"]
         assert node_row(app, "node1")[1] == "running"
 
 
@@ -458,9 +484,9 @@ async def test_kill_run_stops_every_node_and_the_store(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
         await confirm(pilot, app, "K", "y")
-        await until(pilot, lambda: sorted(t.ops("stop")) == host_names(4), what="stop all")
-        await until(pilot, lambda: t.ops("store_stop") == ["node1"])
-        await until(pilot, lambda: ctl.state.run_state() == "stopped")
+        await wait_until(pilot, lambda: sorted(t.ops("stop")) == host_names(4), what="stop all")
+        await wait_until(pilot, lambda: t.ops("store_stop") == ["node1"])
+        await wait_until(pilot, lambda: ctl.state.run_state() == "stopped")
         assert ctl.exit_code() == 1
 
 
@@ -471,13 +497,13 @@ async def test_restart_node_and_run_send_restart(tmp_path):
         app.nodes.focus()
         app.nodes.move_to("n:node3")
         await confirm(pilot, app, "r", "y")
-        await until(pilot, lambda: t.ops("restart") == ["node3"], what="restart node3")
+        await wait_until(pilot, lambda: t.ops("restart") == ["node3"], what="restart node3")
         args = [r.args for r in t.requests if r.op == "restart"][0]
         assert args["node"] == "node3" and args["spec"]["node"] == "node3"
         await confirm(pilot, app, "R", "n")
         assert t.ops("restart") == ["node3"]
         await confirm(pilot, app, "R", "y")
-        await until(pilot, lambda: len(t.ops("restart")) == 5, what="restart all")
+        await wait_until(pilot, lambda: len(t.ops("restart")) == 5, what="restart all")
         assert sorted(t.ops("restart")[1:]) == host_names(4)
         assert t.ops("stop") == []
 
@@ -487,7 +513,7 @@ async def test_gpu_panel_shows_gpus_ranks_and_no_gpu_reason(tmp_path):
     app, ctl, t = build(tmp_path, gpus={"node4": no_gpu_snapshot()})
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
-        await until(pilot, lambda: any("no GPUs" in line for line in app.gpus.lines()))
+        await wait_until(pilot, lambda: any("no GPUs" in line for line in app.gpus.lines()))
         lines = app.gpus.lines()
         assert any(line.startswith("node4  no GPUs (pynvml: NVML Shared Library Not Found")
                    for line in lines)
@@ -522,7 +548,7 @@ async def test_header_loss_chart_and_events(tmp_path):
     app, ctl, t = build(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
-        await until(pilot, lambda: "ETA" in app.header.info().plain)
+        await wait_until(pilot, lambda: "ETA" in app.header.info().plain)
         header = app.header.info().plain
         assert "run %s" % RUN_ID in header
         assert "step 24/40" in header and "2.00 steps/s" in header and "ETA 0:00:08" in header
@@ -530,7 +556,7 @@ async def test_header_loss_chart_and_events(tmp_path):
         await pilot.press("l")
         assert app.chart.all_ranks and len(app.chart.series()) == 8
         assert "all ranks" in app.chart.render().plain
-        await until(pilot, lambda: any("checkpoint" in s for s in app.events.shown))
+        await wait_until(pilot, lambda: any("checkpoint" in s for s in app.events.shown))
         ckpt = next(s for s in app.events.shown if "checkpoint" in s)
         assert "step 20" in ckpt and "step_20.pt" in ckpt and "700.0 MiB" in ckpt
         stamps = [s[:8] for s in app.query_one(EventsLog).shown]
@@ -581,7 +607,7 @@ async def test_help_shows_every_key_of_every_widget(tmp_path):
             if widget is app.prompt:
                 app.prompt.close()
         await pilot.press("question_mark")
-        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
         rows = help_rows(app.screen)
         missing = [(key, description, node.__name__) for (key, description), node
                    in active.items() if key not in rows.get(description, ())]
@@ -592,7 +618,7 @@ async def test_help_shows_every_key_of_every_widget(tmp_path):
         assert "home" in rows["The start of the log (fetched from the hosts)"]
         assert "esc" not in rows and "escape" in rows["Close"] and "y" in rows["Yes"]
         await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, HelpScreen))
+        await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen))
 
 
 async def test_palette_has_rankdeck_commands(tmp_path):
@@ -638,8 +664,8 @@ async def test_run_app_exit_code_when_the_run_ended(tmp_path):
     ctl, launch = controller(str(tmp_path), t, hosts=2)
     ctl_app = RankdeckApp(ctl, launch, exit_on_done=True)
     async with ctl_app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: ctl.state.run_state() == "succeeded")
-        await until(pilot, lambda: not ctl_app.is_running, timeout=5)
+        await wait_until(pilot, lambda: ctl.state.run_state() == "succeeded")
+        await wait_until(pilot, lambda: not ctl_app.is_running, timeout=5)
     assert ctl.exit_code() == 0 and ctl_app.return_value == 0
 
 
@@ -649,7 +675,7 @@ async def test_run_app_reports_a_failed_launch_after_the_screen_is_gone(tmp_path
     ctl, launch = controller(str(tmp_path), t)
 
     async def pilot_script(pilot):
-        await until(pilot, lambda: not pilot.app.launching, what="launch to fail")
+        await wait_until(pilot, lambda: not pilot.app.launching, what="launch to fail")
         await pilot.press("q")
 
     code = await run_app(ctl, launch, headless=True, size=SIZE, auto_pilot=pilot_script)
@@ -696,8 +722,8 @@ async def test_zoom_gives_the_panes_the_width_and_long_lines_scroll_sideways(tmp
         await pilot.press("1", "right", "right")
         assert view.scroll_x == 2
         await pilot.press("z")
-        await pilot.pause(0.2)
-        assert not app.side.display and view.size.width >= narrow + 15
+        await wait_until(pilot, lambda: not app.side.display and view.size.width >= narrow + 15,
+                         what="the panes zoomed")
         await pilot.press("z")
-        await pilot.pause(0.2)
-        assert app.side.display and view.size.width == narrow
+        await wait_until(pilot, lambda: app.side.display and view.size.width == narrow,
+                         what="the side panel back")

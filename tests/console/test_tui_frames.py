@@ -14,7 +14,7 @@ import pytest
 
 from console.tui.app import RankdeckApp
 from console.tui.messages import RunChanged
-from tests.console.pilot import until
+from tests.waits import wait_until as until
 from tests.console.scripted import controller, gpu_snapshot, host_names, standard_script
 
 HOSTS, NPROC = 4, 2

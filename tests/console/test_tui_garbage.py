@@ -19,7 +19,7 @@ from textual.strip import Strip
 
 from console.tui import lru
 from console.tui.app import RankdeckApp
-from tests.console.pilot import until
+from tests.waits import wait_until as until
 from tests.console.scripted import controller, host_names, standard_script
 
 

@@ -14,7 +14,7 @@ from console.tui.header import RunHeader
 from console.tui.losschart import LossChart
 from console.tui.rowsview import RowsView
 
-from tests.console.pilot import until
+from tests.waits import wait_until
 
 
 class Rows(RowsView):
@@ -54,7 +54,7 @@ async def test_a_widget_that_cannot_show_a_value_shows_na_and_the_app_goes_on(mo
         app.query_one(LossChart).refresh()
         app.query_one(RunHeader).update_info()
         chart, header = app.query_one(LossChart), app.query_one(RunHeader)
-        await until(pilot, lambda: chart.size.width > 0, what="the chart laid out")
+        await wait_until(pilot, lambda: chart.size.width > 0, what="the chart laid out")
         await pilot.pause()  # a frame drawn with every guarded widget on screen
         assert str(chart.render()) == "loss vs step: n/a"
         assert [str(t) for line in rows.lines_of("n:bad") for t, _s in line] == ["bad n/a"]

@@ -20,7 +20,7 @@ from console.tui.help import HelpScreen
 from console.tui.lateness import EMPTY, LatenessScreen, strip_pieces
 from console.tui.styles import SUSPECT_STYLE
 
-from tests.console.pilot import until
+from tests.waits import wait_until
 from tests.console.scripted import controller, host_names, standard_script
 from tests.console.test_tui import help_rows
 from tests.unit.test_straggler import tick_records
@@ -60,14 +60,14 @@ def send_samples(t, ticks, slow: dict[int, float], rng: random.Random, **kw) -> 
 
 
 async def running(pilot, app, last_rank: int = HOSTS * NPROC - 1) -> None:
-    await until(pilot, lambda: not app.launching, timeout=60, what="launch")
-    await until(pilot, lambda: last_rank in app.ctl.state.ranks and app.ctl.state.world_size,
-                timeout=60, what="every rank known")
+    await wait_until(pilot, lambda: not app.launching, timeout=60, what="launch")
+    await wait_until(pilot, lambda: last_rank in app.ctl.state.ranks and app.ctl.state.world_size,
+                     timeout=60, what="every rank known")
 
 
 async def open_strip(pilot, app) -> LatenessScreen:
     await pilot.press("L")
-    await until(pilot, lambda: isinstance(app.screen, LatenessScreen), what="the strip")
+    await wait_until(pilot, lambda: isinstance(app.screen, LatenessScreen), what="the strip")
     return app.screen
 
 
@@ -80,14 +80,14 @@ async def test_the_late_rank_is_the_first_row_marked_and_enter_shows_its_log(tmp
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
         screen = await open_strip(pilot, app)
-        await pilot.pause(0.2)
-        shown = screen.view.row_text("empty")
+        shown = await wait_until(pilot, lambda: screen.view.row_text("empty"),
+                                 what="the strip's empty row")
         assert shown == list(EMPTY) and "RANKDECK_SAMPLE_S" in shown[0]
 
         send_samples(t, range(WINDOW), {LATE: 3.0}, random.Random(1))
-        await until(pilot, lambda: ctl.state.stragglers.flagged == {LATE}, what="flagged")
+        await wait_until(pilot, lambda: ctl.state.stragglers.flagged == {LATE}, what="flagged")
         # the screen re-reads the shares on its own (once a second), without a key
-        await until(pilot, lambda: screen.view.ranks_shown[:1] == [LATE], what="rank 5 first")
+        await wait_until(pilot, lambda: screen.view.ranks_shown[:1] == [LATE], what="rank 5 first")
         assert sorted(screen.view.ranks_shown) == list(range(HOSTS * NPROC))
         late = screen.view.row_text("r:%d" % LATE)[0]
         assert late.split()[:3] == [str(LATE), LATE_NODE, "%.2fx" % ctl.state.stragglers
@@ -102,9 +102,9 @@ async def test_the_late_rank_is_the_first_row_marked_and_enter_shows_its_log(tmp
         assert healthy.split()[1:3] == ["node1", "%.2fx" % ctl.state.stragglers.slowdown(0)]
 
         await pilot.press("enter")  # the cursor starts on the worst row
-        await until(pilot, lambda: not isinstance(app.screen, LatenessScreen), what="closed")
-        await until(pilot, lambda: app.logs.active_pane.source == (RANK, LATE),
-                    what="rank 5's log in the active pane")
+        await wait_until(pilot, lambda: not isinstance(app.screen, LatenessScreen), what="closed")
+        await wait_until(pilot, lambda: app.logs.active_pane.source == (RANK, LATE),
+                         what="rank 5's log in the active pane")
 
 
 async def test_hostile_samples_do_not_crash_the_strip(tmp_path):
@@ -131,23 +131,23 @@ async def test_hostile_samples_do_not_crash_the_strip(tmp_path):
         state.apply_records("node1", [[{"k": "sample", "tick": "x", "ranks": "all"}],
                                       [{"k": "sample", "tick": float("nan"), "ranks": [None]}]],
                             state.nodes["node1"].journal_offset)
-        await until(pilot, lambda: state.stragglers.ticks >= MIN_TICKS + 1, what="the ticks")
-        await until(pilot, lambda: len(screen.view.ranks_shown) == HOSTS * NPROC,
-                    what="every rank listed")
+        await wait_until(pilot, lambda: state.stragglers.ticks >= MIN_TICKS + 1, what="the ticks")
+        await wait_until(pilot, lambda: len(screen.view.ranks_shown) == HOSTS * NPROC,
+                         what="every rank listed")
         # and values that are not shares at all, should a bug upstream ever let one by
         # (taken out again after: status(), on quitting, trusts the rule's shares)
         history = state.stragglers.history[3]
         history.extend([float("nan"), "late", 10 ** 400, -1.0, True])
         state.stragglers.ticks += 1
-        await until(pilot, lambda: "?????" in "".join(screen.view.row_text("r:3")),
-                    what="the garbage drawn as ?")
+        await wait_until(pilot, lambda: "?????" in "".join(screen.view.row_text("r:3")),
+                         what="the garbage drawn as ?")
         for _ in range(5):
             history.pop()
         assert all(math.isfinite(s) for r, h in state.stragglers.history.items() if r != 3
                    for s in h)
         assert isinstance(app.screen, LatenessScreen) and app.is_running
         await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, LatenessScreen), what="closed")
+        await wait_until(pilot, lambda: not isinstance(app.screen, LatenessScreen), what="closed")
 
 
 async def test_the_strip_is_in_the_help(tmp_path):
@@ -155,7 +155,7 @@ async def test_the_strip_is_in_the_help(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
         await pilot.press("question_mark")
-        await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
         rows = help_rows(app.screen)
         assert "L" in rows["Lateness of each rank, worst first"]
 
@@ -174,9 +174,9 @@ async def test_at_512_ranks_the_rows_that_fit_are_shown_and_the_rest_counted(tmp
         screen = await open_strip(pilot, app)
         send_samples(t, range(WINDOW), {slow: 3.0}, random.Random(3), hosts=hosts,
                      nproc=nproc)
-        await until(pilot, lambda: ctl.state.stragglers.flagged == {slow}, timeout=60,
-                    what="rank 300 flagged")
-        await until(pilot, lambda: screen.view.ranks_shown[:1] == [slow], what="300 first")
+        await wait_until(pilot, lambda: ctl.state.stragglers.flagged == {slow}, timeout=60,
+                         what="rank 300 flagged")
+        await wait_until(pilot, lambda: screen.view.ranks_shown[:1] == [slow], what="300 first")
         view = screen.view
         shown = len(view.ranks_shown)
         assert 10 <= shown < view.size.height  # the rows that fit, and no more built
@@ -196,8 +196,8 @@ async def test_docs_screenshot(tmp_path):
         rng = random.Random(5)
         send_samples(t, range(8), {2: 1.2}, rng, noise=0.3)
         send_samples(t, range(8, 24), {2: 1.2, LATE: 3.0}, rng, noise=0.3)
-        await until(pilot, lambda: ctl.state.stragglers.ticks == 24, what="24 ticks")
+        await wait_until(pilot, lambda: ctl.state.stragglers.ticks == 24, what="24 ticks")
         screen = await open_strip(pilot, app)
-        await until(pilot, lambda: screen.view.ranks_shown[:1] == [LATE], what="rank 5 first")
-        await pilot.pause(0.5)
+        await wait_until(pilot, lambda: screen.view.ranks_shown[:1] == [LATE], what="rank 5 first")
+        await pilot.pause()  # painted
         app.save_screenshot("screenshot-lateness.svg", os.environ["RANKDECK_SCREENSHOT_DIR"])

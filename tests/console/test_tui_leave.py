@@ -12,7 +12,7 @@ from console.run import LaunchSpec, RunController
 from console.tui.app import run_app
 from inventory.model import EnvValue
 
-from tests.console.pilot import until
+from tests.waits import wait_until
 from tests.console.scripted import (RUN_ID, controller, event, host_names, inventory,
                                     standard_script)
 
@@ -44,7 +44,7 @@ async def test_q_after_a_failed_run_prints_the_summary_and_the_masked_cause(tmp_
     ctl, launch = secret_controller(tmp_path, t)
 
     async def leave_once_failed(pilot):
-        await until(pilot, lambda: ctl.state.run_state() == "failed", what="run to fail")
+        await wait_until(pilot, lambda: ctl.state.run_state() == "failed", what="run to fail")
         await pilot.press("q")
 
     code = await run_app(ctl, launch, headless=True, size=SIZE, auto_pilot=leave_once_failed)
@@ -63,7 +63,7 @@ async def test_quit_while_running_prints_the_detach_hint_not_a_summary(tmp_path,
     ctl, launch = secret_controller(tmp_path, script.transport())
 
     async def leave_running(pilot):
-        await until(pilot, lambda: not pilot.app.launching and ctl.state.ranks, what="launch")
+        await wait_until(pilot, lambda: not pilot.app.launching and ctl.state.ranks, what="launch")
         await pilot.press("q")
 
     code = await run_app(ctl, launch, headless=True, size=SIZE, auto_pilot=leave_running)
@@ -82,9 +82,9 @@ async def test_a_failed_start_shows_the_node_failed_and_exits_with_the_launch_co
 
     async def leave_once_failed(pilot):
         nodes = pilot.app.nodes
-        await until(pilot, lambda: not pilot.app.launching, what="launch to fail")
-        await until(pilot, lambda: (nodes.row_values("n:node2") or ("", ""))[1] == "failed",
-                    what="node2 failed in the nodes table")
+        await wait_until(pilot, lambda: not pilot.app.launching, what="launch to fail")
+        await wait_until(pilot, lambda: (nodes.row_values("n:node2") or ("", ""))[1] == "failed",
+                         what="node2 failed in the nodes table")
         assert "torchrun: not found" in nodes.row_values("n:node2")[-1]
         await pilot.press("q")
 
@@ -101,7 +101,7 @@ async def test_header_shows_sync_progress_while_code_is_sent(tmp_path):
     ctl, launch = secret_controller(tmp_path, script.transport(hold=("open",)))
     app = RankdeckApp(ctl, launch)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.launching and ctl.sync_listeners, what="launch")
+        await wait_until(pilot, lambda: app.launching and ctl.sync_listeners, what="launch")
         for listener in ctl.sync_listeners:  # as RunController reports a --sync
             listener("sync: node1 3/40 files 1.0/8.0 MB \u00b7 node2 checking", False)
         assert "sync: node1 3/40 files 1.0/8.0 MB" in app.header.info().plain
@@ -110,4 +110,4 @@ async def test_header_shows_sync_progress_while_code_is_sent(tmp_path):
         assert "sync:" not in app.header.info().plain
         t = ctl.transport
         t.release()
-        await until(pilot, lambda: not app.launching, what="launch to end")
+        await wait_until(pilot, lambda: not app.launching, what="launch to end")

@@ -14,7 +14,7 @@ from textual import events
 
 from console.tui.app import RankdeckApp
 from console.sources import RANK
-from tests.console.pilot import until
+from tests.waits import wait_until
 from tests.console.scripted import controller, host_names, standard_script
 
 SIZE = (160, 48)
@@ -53,12 +53,12 @@ async def wheel_up(pilot, widget) -> None:
 
 
 async def tail_shown(pilot, app, tail) -> None:
-    await until(pilot, lambda: not app.launching, what="launch")
+    await wait_until(pilot, lambda: not app.launching, what="launch")
     pane = app.logs.panes[0]
     assert pane.source == (RANK, 0)
-    await until(pilot, lambda: pane.view.lines_text() == tail, what="rank 0's tail")
-    await until(pilot, lambda: pane.view.max_scroll_y > 0 and pane.view.scroll_y > 0,
-                what="the tail scrolled to")
+    await wait_until(pilot, lambda: pane.view.lines_text() == tail, what="rank 0's tail")
+    await wait_until(pilot, lambda: pane.view.max_scroll_y > 0 and pane.view.scroll_y > 0,
+                     what="the tail scrolled to")
 
 
 async def test_the_wheel_up_at_the_top_of_a_log_pane_fetches_older_lines(tmp_path):
@@ -74,7 +74,7 @@ async def test_the_wheel_up_at_the_top_of_a_log_pane_fetches_older_lines(tmp_pat
         assert not [r for r in transport.requests if r.op == "scrollback"]
         await wheel_up(pilot, pane.view)  # at the top: the node is asked for what came before
         title = pane.query_one(".logpane--title")
-        await until(pilot, lambda: "start of log" in str(title.render()), what="older lines")
+        await wait_until(pilot, lambda: "start of log" in str(title.render()), what="older lines")
         assert pane.view.lines_text() == every
         asked = [r for r in transport.requests if r.op == "scrollback"]
         assert asked and all(r.node == "node1" for r in asked)
@@ -105,13 +105,13 @@ async def test_the_nodes_tables_cursor_shows_whether_it_has_the_focus(tmp_path):
         return {s.style.bgcolor for s in table.render_line(row) if s.style and s.text.strip()}
 
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: not app.launching, what="launch")
-        await until(pilot, lambda: app.nodes.row_values("n:node1"), what="the nodes rows")
+        await wait_until(pilot, lambda: not app.launching, what="launch")
+        await wait_until(pilot, lambda: app.nodes.row_values("n:node1"), what="the nodes rows")
         assert app.focused is app.nodes
         focused = cursor_background()
         app.logs.panes[0].view.focus()
-        await until(pilot, lambda: cursor_background() != focused, what="the blurred cursor")
+        await wait_until(pilot, lambda: cursor_background() != focused, what="the blurred cursor")
         blurred = cursor_background()
         assert len(focused) == len(blurred) == 1, (focused, blurred)
         app.nodes.focus()
-        await until(pilot, lambda: cursor_background() == focused, what="the focused cursor")
+        await wait_until(pilot, lambda: cursor_background() == focused, what="the focused cursor")

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -23,7 +22,7 @@ from console.sources import RANK
 from agent.journal import JournalReader
 from console.sanitize import clean
 
-from tests.console.pilot import until as wait_until
+from tests.waits import wait_for_sync, wait_until
 from tests.spine.helpers import REPO, TINY, TRAINER, local_inventory, node_dir, processes_of
 
 pytestmark = pytest.mark.e2e
@@ -141,25 +140,25 @@ def test_demo_in_a_real_terminal(tmp_path):
     tmux("set-option", "-t", session, "window-size", "manual")
     tmux("resize-window", "-t", session, "-x", "160", "-y", "48")
     screen = ""
+
+    def drawn() -> bool:
+        nonlocal screen
+        screen = capture(session)
+        side_by_side = any(len(re.findall(r"step=\d+ loss=", row)) >= 2
+                           for row in screen.splitlines())
+        return all(n in screen for n in ("node0", "node1", "node2", "node3")) and \
+            bool(re.search(r"loss\s+\d+\.\d{3}", screen)) and side_by_side
+
     try:
-        deadline = time.time() + TIMEOUT
-        while time.time() < deadline:
-            screen = capture(session)
-            side_by_side = any(len(re.findall(r"step=\d+ loss=", row)) >= 2
-                               for row in screen.splitlines())
-            if all(n in screen for n in ("node0", "node1", "node2", "node3")) and \
-                    re.search(r"loss\s+\d+\.\d{3}", screen) and side_by_side:
-                break
-            time.sleep(1)
-        (tmp_path / "screen.txt").write_text(screen)
-        for n in ("node0", "node1", "node2", "node3"):
-            assert n in screen, screen
-        # two rank panes side by side: step lines twice on one screen row
-        assert any(len(re.findall(r"step=\d+ loss=", row)) >= 2 for row in screen.splitlines()
-                   ), screen
-        assert re.search(r"loss\s+\d+\.\d{3}", screen), screen
+        try:
+            wait_for_sync(drawn, TIMEOUT, lambda: "every node, the loss and two panes of steps "
+                          "on the screen:\n" + screen, every=1.0)
+        finally:
+            (tmp_path / "screen.txt").write_text(screen)
         tmux("send-keys", "-t", session, "q")
-        time.sleep(2)
+        # q detaches: the demo exits, and its tmux session with it
+        wait_for_sync(lambda: tmux("has-session", "-t", session, capture_output=True).returncode,
+                      60, lambda: "the demo to quit on q; the screen:\n" + capture(session))
     finally:
         tmux("kill-server", capture_output=True)
         runs_dir = state / "rankdeck" / "runs"

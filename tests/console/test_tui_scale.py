@@ -11,8 +11,9 @@ import pytest
 
 from console.tui.app import RankdeckApp
 from console.tui.confirm import ConfirmScreen
-from tests.console.pilot import until
+from tests.waits import wait_until
 from tests.console.scripted import RunScript, controller, host_names
+from tests.console.settle import settled
 
 SIZE = (160, 48)
 HOSTS, NPROC = 64, 8
@@ -51,10 +52,10 @@ def build(tmp_path, script: RunScript):
 
 
 async def stepping(pilot, app) -> None:
-    await until(pilot, lambda: not app.launching, timeout=60, what="launch")
-    await until(pilot, lambda: (app.nodes.row_values("n:node64") or ("",) * 3)[2] == "4",
-                timeout=60, what="every node at step 4")
-    await pilot.pause(0.6)  # the state refresh after the last metric
+    await wait_until(pilot, lambda: not app.launching, timeout=60, what="launch")
+    await wait_until(pilot, lambda: (app.nodes.row_values("n:node64") or ("",) * 3)[2] == "4",
+                     timeout=60, what="every node at step 4")
+    await settled(pilot)  # and a state refresh after the last metric
 
 
 def rows(app) -> list[str]:
@@ -90,9 +91,9 @@ async def test_a_folded_node_names_its_odd_rank_and_the_worst_key_finds_it(tmp_p
     app, _t = build(tmp_path, big_run(now - 100, last=now))  # BEHIND: no step for 88 s
     async with app.run_test(size=SIZE) as pilot:
         await stepping(pilot, app)
-        await until(pilot, lambda: app.ctl.state.ranks[BEHIND].state == "stalled",
-                    what="rank BEHIND stalled")
-        await until(pilot, lambda: app.nodes.row_text("n:node13")[0].endswith(
+        await wait_until(pilot, lambda: app.ctl.state.ranks[BEHIND].state == "stalled",
+                         what="rank BEHIND stalled")
+        await wait_until(pilot, lambda: app.nodes.row_text("n:node13")[0].endswith(
             "1 stalled: r%d  " % BEHIND) or "1 stalled: r%d  " % BEHIND in
             app.nodes.row_text("n:node13")[0], what="the stalled rank named on its node's row")
         await pilot.press("exclamation_mark")  # stalled beats the slowest step time
@@ -136,10 +137,10 @@ async def test_worst_key_goes_to_the_failed_rank_else_the_slowest(tmp_path):
         crash.offsets = {("node50", 2): 10_000}
         crash.crash("node50", 2, 1, "CUDA error: an illegal memory access", time.time())
         t.node("node50").append(crash.recs["node50"])
-        await until(pilot, lambda: app.nodes.row_values("n:node50")[1].startswith("failed"),
-                    what="node50 failed")
+        await wait_until(pilot, lambda: app.nodes.row_values("n:node50")[1].startswith("failed"),
+                         what="node50 failed")
         await pilot.press("exclamation_mark")
         assert app.nodes.cursor_key == "r:%d" % CRASHED
         await pilot.press("r")  # restart acts on the worst row's node
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirmation")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirmation")
         assert "node50" in app.screen.title_text

@@ -16,9 +16,12 @@ import console.preflight
 import console.run
 import console.state
 from console.tui.app import RankdeckApp
-from console.tui.messages import RunChanged
+from console.tui.feed import RANK
+from console.tui.help import HelpScreen
 from tests.console.scripted import T0, controller, host_names, no_gpu_snapshot, standard_script
+from tests.console.settle import settled
 from tests.console.test_tui_scale import HOSTS, NPROC, big_run
+from tests.waits import wait_until
 
 SIZE = (160, 48)
 SIZES = [(120, 35), (160, 48), (200, 60)]
@@ -56,21 +59,6 @@ def make_app(tmp_path, script, hosts: int = 4, slots: int = 2) -> RankdeckApp:
     return RankdeckApp(ctl, launch, clock=lambda: CLOCK)
 
 
-async def settled(pilot) -> None:
-    """Launched, every line flushed and the state views refreshed."""
-    app = pilot.app
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if not app.launching and (app.nodes.row_values("r:7") or ("", ""))[1] in (
-                "running", "failed", "exited") and app.logs.panes[0].view.lines_text():
-            break
-        await pilot.pause(0.05)
-    await pilot.pause(1.2)  # the feed's state refresh runs twice a second
-    for _ in range(2):  # and on a loaded machine maybe not yet: two more, each painted
-        app.post_message(RunChanged())
-        await pilot.pause(0.3)
-
-
 @pytest.mark.parametrize("size", SIZES, ids=["%dx%d" % size for size in SIZES])
 def test_main_screen(snap_compare, tmp_path, size):
     app = make_app(tmp_path, standard_script(host_names(4)))
@@ -89,7 +77,8 @@ def test_help_screen(snap_compare, tmp_path):
     async def open_help(pilot):
         await settled(pilot)
         await pilot.press("question_mark")
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: isinstance(pilot.app.screen, HelpScreen), what="help")
+        await pilot.pause()  # painted
 
     assert snap_compare(app, terminal_size=SIZE, run_before=open_help)
 
@@ -102,12 +91,10 @@ def test_crashed_node(snap_compare, tmp_path):
     async def show_crash(pilot):
         await settled(pilot)
         app = pilot.app
-        deadline = time.monotonic() + 30
-        while (app.nodes.row_values("n:node2") or ("", ""))[1] != "failed (1)" and \
-                time.monotonic() < deadline:
-            await pilot.pause(0.05)
+        assert app.nodes.row_values("n:node2")[1] == "failed (1)"
         await pilot.press("2", "g", "3", "enter")  # the failed rank's log in pane 2
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: app.logs.panes[1].source == (RANK, 3), what="rank 3")
+        await settled(pilot)
 
     app = make_app(tmp_path, script)
     assert snap_compare(app, terminal_size=SIZE, run_before=show_crash)

@@ -22,7 +22,7 @@ from console.tui.stacks import StacksScreen
 from console.tui.styles import SUSPECT_STYLE
 from console.tui.verdict import VerdictScreen
 
-from tests.console.pilot import until
+from tests.waits import wait_until
 from tests.console.scripted import controller, host_names, standard_script
 from tests.console.test_tui import help_rows
 from tests.spine.helpers import TINY, TRAINER, local_inventory, processes_of
@@ -78,19 +78,19 @@ def hung_app(tmp_path):
 
 async def stall_report(pilot, app) -> None:
     """Until the controller's own verdict (taken when the ranks stalled) is in the view."""
-    await until(pilot, lambda: app.ctl.state.verdict is not None, timeout=30,
-                what="the verdict after the stall")
-    await until(pilot, lambda: app.nodes.cursor_key == "n:" + SUSPECT_NODE, timeout=10,
-                what="the cursor on the suspect's node")
+    await wait_until(pilot, lambda: app.ctl.state.verdict is not None, timeout=30,
+                     what="the verdict after the stall")
+    await wait_until(pilot, lambda: app.nodes.cursor_key == "n:" + SUSPECT_NODE, timeout=10,
+                     what="the cursor on the suspect's node")
 
 
 async def restart_confirmed(pilot, app, t, keys: list[str]) -> None:
     """``r`` (asks), ``y``: the suspect's node is restarted."""
     assert keys == ["r", "y"]
     await pilot.press(keys[0])
-    await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+    await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
     await pilot.press(keys[1])
-    await until(pilot, lambda: t.ops("restart") == [SUSPECT_NODE], what="node3 restarted")
+    await wait_until(pilot, lambda: t.ops("restart") == [SUSPECT_NODE], what="node3 restarted")
 
 
 def text_of(screen, selector: str) -> str:
@@ -114,7 +114,7 @@ async def test_from_the_stall_report_to_the_suspects_node_restarted_in_four_keys
 
         keys = ["w", "r", "y"]
         await pilot.press(keys[0])
-        await until(pilot, lambda: isinstance(app.screen, VerdictScreen), what="the verdict")
+        await wait_until(pilot, lambda: isinstance(app.screen, VerdictScreen), what="the verdict")
         shown = text_of(app.screen, "#verdict-body")
         assert "stuck-in-python" in shown
         assert "rank 5 on node3  at trainer/faults.py:87 in injected_hang" in shown
@@ -137,29 +137,36 @@ async def test_s_shows_the_selected_nodes_stacks_with_the_odd_rank_marked(tmp_pa
     async with app.run_test(size=SIZE) as pilot:
         await stall_report(pilot, app)
         await pilot.press("s")
-        await until(pilot, lambda: isinstance(app.screen, StacksScreen), what="the stacks")
-        await until(pilot, lambda: "r4" in text_of(app.screen, "#stacks-body"),
-                    what="node3's stacks")
+        await wait_until(pilot, lambda: isinstance(app.screen, StacksScreen), what="the stacks")
+        await wait_until(pilot, lambda: "r4" in text_of(app.screen, "#stacks-body"),
+                         what="node3's stacks")
         lines = text_of(app.screen, "#stacks-body").splitlines()
         marked = [line.split()[0] for line in lines if "differs from the majority" in line]
         assert marked == ["r5"], lines
         assert "    injected_hang (trainer/faults.py:87)" in lines
         assert not any(line.startswith(("r0", "r1", "r6")) for line in lines)  # node3's only
         await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, StacksScreen))
+        await wait_until(pilot, lambda: not isinstance(app.screen, StacksScreen))
         # another node, chosen in the table: its stacks, nothing odd on it
         app.nodes.move_to("n:node1")
         await pilot.press("s")
-        await until(pilot, lambda: "r0" in text_of(app.screen, "#stacks-body"),
-                    what="node1's stacks")
+        await wait_until(pilot, lambda: "r0" in text_of(app.screen, "#stacks-body"),
+                         what="node1's stacks")
         shown = text_of(app.screen, "#stacks-body")
         assert "differs" not in shown.split("odd rank(s) out")[0]
         assert "odd rank(s) out on other nodes: r5 on node3" in shown
         await pilot.press("r")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
         await pilot.press("n")
-        await pilot.pause(0.1)
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="no")
         assert t.ops("restart") == []
+        # a restart after "y" is done: one that "n" had started would be done too
+        await pilot.press("r")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+        await pilot.press("y")
+        await wait_until(pilot, lambda: any(n.title.startswith("restart ")
+                                            for n in app._notifications), what="its result")
+        assert len(t.ops("restart")) == 1, t.ops("restart")
 
 
 async def test_w_asks_for_a_fresh_verdict_and_help_lists_the_keys(tmp_path):
@@ -168,14 +175,14 @@ async def test_w_asks_for_a_fresh_verdict_and_help_lists_the_keys(tmp_path):
         await stall_report(pilot, app)
         asked = len(t.ops("why"))
         await pilot.press("w")
-        await until(pilot, lambda: isinstance(app.screen, VerdictScreen), what="the verdict")
+        await wait_until(pilot, lambda: isinstance(app.screen, VerdictScreen), what="the verdict")
         await pilot.press("w")  # ask again: two more samples of every node
-        await until(pilot, lambda: len(t.ops("why")) >= asked + 8, what="a fresh verdict")
-        await until(pilot, lambda: "time.sleep(3600)" in text_of(app.screen, "#verdict-body"),
-                    what="the fresh verdict shown")
+        await wait_until(pilot, lambda: len(t.ops("why")) >= asked + 8, what="a fresh verdict")
+        await wait_until(pilot, lambda: "time.sleep(3600)" in text_of(app.screen, "#verdict-body"),
+                         what="the fresh verdict shown")
         await pilot.press("escape")
         await pilot.press("question_mark")
-        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
         rows = help_rows(app.screen)
         assert "w" in rows["Who is stuck"] and "s" in rows["Stacks of the node"]
         assert "W" in rows["Wrap"]
@@ -197,22 +204,24 @@ async def test_a_real_hung_rank_is_named_and_its_node_restarted_from_the_view(tm
     app = RankdeckApp(ctl, lambda: ctl.launch(spec, preflight=False))
     try:
         async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: (ctl.state.verdict or {}).get("suspects"), timeout=300,
-                        what="the verdict after the hang", every=0.2)
+            await wait_until(pilot, lambda: (ctl.state.verdict or {}).get("suspects"), timeout=300,
+                             what="the verdict after the hang", every=0.2)
             node = ctl.state.ranks[2].node
             assert [s["rank"] for s in ctl.state.verdict["suspects"]] == [2]
-            await until(pilot, lambda: app.nodes.cursor_key == "n:" + node, timeout=10,
-                        what="the cursor on rank 2's node")
+            await wait_until(pilot, lambda: app.nodes.cursor_key == "n:" + node, timeout=10,
+                             what="the cursor on rank 2's node")
             await pilot.press("w")
-            await until(pilot, lambda: isinstance(app.screen, VerdictScreen), what="the verdict")
+            await wait_until(pilot, lambda: isinstance(app.screen, VerdictScreen),
+                             what="the verdict")
             assert "> time.sleep(3600)" in text_of(app.screen, "#verdict-body")
             await pilot.press("r")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen),
+                             what="the question")
             restarted_at = time.time()
             await pilot.press("y")
-            await until(pilot, lambda: ctl.state.nodes[node].restarts == 1, timeout=120,
-                        what="rank 2's node restarted", every=0.2)
-            await until(pilot, lambda: len(ctl.state.ranks) == 4 and all(
+            await wait_until(pilot, lambda: ctl.state.nodes[node].restarts == 1, timeout=120,
+                             what="rank 2's node restarted", every=0.2)
+            await wait_until(pilot, lambda: len(ctl.state.ranks) == 4 and all(
                 (r.last_progress or 0) > restarted_at for r in ctl.state.ranks.values()),
                 timeout=300, what="every rank stepping again", every=0.2)
             assert ctl.state.verdict is None  # the stall it was about has ended
