@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.gpu import GpuProbe, gpu_pids_memory
+from tests.waits import wait_for_sync
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -383,25 +384,22 @@ def _alive(pid):
 
 def test_nvidia_smi_hang_times_out_and_is_killed(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    pids = tmp_path / "pids"
-    # The sleep is a child holding stdout open: killing only the shell would leave
-    # communicate() waiting for the pipe to close.
+    pids, slept = tmp_path / "pids", tmp_path / "slept"
+    # The subshell is a child holding stdout open: killing only the shell would leave
+    # communicate() waiting for the pipe to close, until the sleep ends and says so.
     smi = write_smi(tmp_path, """\
-        sleep 30 &
+        (sleep 120; echo done > "{slept}") &
         echo "$$ $!" > "{pids}"
         wait
-    """.format(pids=pids))
+    """.format(pids=pids, slept=slept))
     probe = GpuProbe(nvidia_smi=smi, smi_timeout=0.5)
-    started = time.monotonic()
     snap = probe.snapshot()
-    assert time.monotonic() - started < 5
     assert snap["source"] == "none" and snap["gpus"] == []
     assert "nvidia-smi: timed out after 0.5 s" in snap["reason"]
-    deadline = time.monotonic() + 5
-    shell, sleeper = (int(p) for p in pids.read_text().split())
-    while (_alive(shell) or _alive(sleeper)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(shell) and not _alive(sleeper)
+    shell, child = (int(p) for p in pids.read_text().split())
+    wait_for_sync(lambda: not _alive(shell) and not _alive(child), 60,
+                  "nvidia-smi and its child to be killed")
+    assert not slept.exists(), "the probe waited for the hung child instead of killing it"
 
 
 def test_snapshot_survives_a_probe_bug(monkeypatch):

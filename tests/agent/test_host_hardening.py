@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from agent import node, procs, protocol
 from agent.store import start_store, stop_store
 from console.spec import new_run_id
 from tests.spine.helpers import HOST_PYTHON
+from tests.waits import wait_for_sync
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RDZV_ADDR = "127.0.0.2"  # loopback, but not the address a stranger's client would try first
@@ -82,28 +82,39 @@ def wait_line(proc):
     return line
 
 
+ECHO = "import sys\nfor line in sys.stdin:\n    print(line.strip(), flush=True)\n"
+
+
+def answers(proc) -> bool:
+    """Whether ``proc`` (running ECHO) is alive to answer now. A signal sent to it before is
+    acted on before it reads again, so an answer means no deadly one was sent."""
+    try:
+        proc.stdin.write(b"still there?\n")
+        proc.stdin.flush()
+    except BrokenPipeError:
+        return False
+    return proc.stdout.readline() == b"still there?\n"
+
+
 def test_kill_leaves_a_process_group_that_is_not_the_runs():
     # A stranger leads a process group; one process in it carries the run's marker.
     stranger = subprocess.Popen(
         [sys.executable, "-c", "import os, subprocess, sys, time\n"
          "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
          " env=dict(os.environ, RANKDECK_RUN='grp/n0'))\n"
-         "print(c.pid, flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, start_new_session=True)
+         "print(c.pid, flush=True)\n" + ECHO],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     try:
         marked = int(wait_line(stranger))
         assert procs.stat(marked).pgid == stranger.pid
         # The marker is in the child's environment once it has exec'd, not at fork (its
         # parent has none): the pid is printed before that, and on a loaded host the kill
         # came first and found no process of the run (the fresh-clone suite, a CPU hog beside).
-        deadline = time.monotonic() + 30
-        while procs.run_pids(None, "grp/n0") != [marked]:
-            assert time.monotonic() < deadline, "the marked child never carried the marker"
-            time.sleep(0.02)
+        wait_for_sync(lambda: procs.run_pids(None, "grp/n0") == [marked], 30,
+                      "the marked child to carry the marker", every=0.02)
         report = procs.kill_run(None, "grp/n0", grace=5.0)
         assert report["left"] == [] and not procs.alive(marked)
-        time.sleep(0.2)
-        assert stranger.poll() is None, "the kill reached a process that is not the run's"
+        assert answers(stranger), "the kill reached a process that is not the run's"
     finally:
         stranger.kill()
         stranger.wait()
@@ -113,7 +124,8 @@ def test_a_pid_reused_since_the_snapshot_is_not_signalled(monkeypatch):
     """The snapshot listed a child of the run at a pid that now belongs to a bystander (the
     child ended and the pid was reused between the snapshot and the signal)."""
     root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    bystander = subprocess.Popen([sys.executable, "-c", ECHO], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE)
     real_table = procs.table
     calls = []
 
@@ -130,8 +142,7 @@ def test_a_pid_reused_since_the_snapshot_is_not_signalled(monkeypatch):
     try:
         report = procs.kill_run(root.pid, None, grace=2.0)
         assert report["sigterm"] == [bystander.pid]  # what the stale snapshot said
-        time.sleep(0.2)
-        assert bystander.poll() is None, "a reused pid was signalled"
+        assert answers(bystander), "a reused pid was signalled"
     finally:
         for p in (root, bystander):
             p.kill()

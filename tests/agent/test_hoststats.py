@@ -9,12 +9,12 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 from agent import serve
 from agent.hoststats import FIRST_WINDOW_S, HostSampler
 from agent.journal import JournalWriter
 from console.telemetry import node_telemetry
+from tests.waits import wait_for_sync
 
 NET_DEV = """\
 Inter-|   Receive                                                |  Transmit
@@ -183,8 +183,11 @@ def test_garbage_and_counter_reset_give_none(tmp_path):
 def test_real_host_answers_every_field():
     sampler = HostSampler()
     sampler.sample("/")
-    time.sleep(0.2)
-    snap = sampler.sample("/")
+
+    def second() -> dict | None:  # rates need the CPU counters to have moved since the first
+        snap = sampler.sample("/")
+        return snap if snap["cpu_pct"] is not None else None
+    snap = wait_for_sync(second, 30, "a sample after the CPU counters moved")
     assert snap["cpus"] >= 1 and 0.0 <= snap["cpu_pct"] <= 100.0
     assert 0 < snap["mem_used"] < snap["mem_total"]
     assert len(snap["load"]) == 3

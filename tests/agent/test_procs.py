@@ -3,9 +3,9 @@
 import os
 import subprocess
 import sys
-import time
 
 from agent import procs
+from tests.waits import wait_for_sync
 
 # A parent that starts a child in a new session (as torchrun starts workers), which starts a
 # grandchild and stops itself (SIGSTOP), then the parent sleeps.
@@ -27,9 +27,9 @@ def test_kill_run_reaches_new_sessions_and_stopped_processes():
                             env=dict(os.environ, RANKDECK_RUN="test/nodeX"))
     try:
         child = int(root.stdout.readline())
-        deadline = time.time() + 10
-        while len(procs.descendants(root.pid)) < 2 and time.time() < deadline:
-            time.sleep(0.05)
+        # the child has started its grandchild and stopped itself: the tree the kill must reach
+        wait_for_sync(lambda: len(procs.descendants(root.pid)) == 2 and
+                      procs.stat(child).state == "T", 30, "the child stopped, its child started")
         below = procs.descendants(root.pid)
         assert child in below and len(below) == 2
         assert procs.stat(child).sid != procs.stat(root.pid).sid  # its own session
@@ -52,9 +52,12 @@ def test_stat_parses_names_with_spaces_and_parentheses(tmp_path):
     os.symlink(sys.executable, exe)
     p = subprocess.Popen([str(exe), "-c", "import time; time.sleep(30)"])
     try:
-        time.sleep(0.2)
+        def execed() -> bool:  # the kernel's own name for it, once it runs the odd name
+            with open("/proc/%d/comm" % p.pid) as f:
+                return f.read() == "odd) name (\n"
+        wait_for_sync(execed, 30, "the exec of the oddly named interpreter")
         info = procs.stat(p.pid)
-        assert info.ppid == os.getpid() and info.state in "SR"
+        assert info.comm == "odd) name (" and info.ppid == os.getpid() and info.state in "SR"
     finally:
         p.kill()
         p.wait()

@@ -13,6 +13,7 @@ import pytest
 
 from agent import frhook, ranksample
 from agent.journal import JournalWriter, parse
+from tests.waits import wait_for_sync
 
 WORKER = "import time\nwhile True:\n    sum(range(10000))\n    time.sleep(0.001)\n"
 
@@ -66,10 +67,8 @@ def node(tmp_path):
     journal = JournalWriter(str(tmp_path / "journal"))
     proc = subprocess.Popen([sys.executable, "-c", WORKER], env=env)
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(os.path.join(fr_dir, "%d.req" % proc.pid)):
-            assert time.monotonic() < deadline, "the worker's hook never listened"
-            time.sleep(0.05)
+        wait_for_sync(lambda: os.path.exists(os.path.join(fr_dir, "%d.req" % proc.pid)), 30,
+                      "the worker's hook to listen")
         yield tmp_path, journal, proc
     finally:
         proc.kill()
@@ -83,13 +82,24 @@ def records(folder) -> list[dict]:
 
 
 def sample_once(sampler, clock_now: list[float], at: float) -> None:
+    """One tick at ``at``, then ticks until the sample it began is written."""
     clock_now[0] = at
-    deadline = time.monotonic() + ranksample.ANSWER_WAIT + 10
     sampler.tick()
-    while sampler._pending is not None:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-        sampler.tick()
+
+    def written() -> bool:
+        if sampler._pending is not None:
+            sampler.tick()
+        return sampler._pending is None
+    wait_for_sync(written, ranksample.ANSWER_WAIT + 10, "the sample written", every=0.02)
+
+
+def sampled_until(sampler, clock_now: list[float], folder, done, what: str) -> None:
+    """A sample every 10 s of the sampler's clock until ``done(records)``."""
+    def again():
+        clock_now[0] += 10
+        sample_once(sampler, clock_now, clock_now[0])
+        return done(records(folder))
+    wait_for_sync(again, 30, what, every=0)
 
 
 def test_a_worker_is_sampled_once_a_tick_with_its_cpu_state_and_the_hooks_answer(node):
@@ -99,10 +109,8 @@ def test_a_worker_is_sampled_once_a_tick_with_its_cpu_state_and_the_hooks_answer
     sample_once(sampler, now, 1_720_000_001.0)
     sample_once(sampler, now, 1_720_000_009.0)  # the same tick: no second sample
     (first,) = records(folder)
-    deadline = time.monotonic() + 30
-    while ranksample.cpu_seconds(proc.pid) <= first["ranks"][0]["cpu_after_s"]:
-        assert time.monotonic() < deadline, "the worker never got the CPU"
-        time.sleep(0.1)
+    wait_for_sync(lambda: ranksample.cpu_seconds(proc.pid) > first["ranks"][0]["cpu_after_s"],
+                  30, "the worker to get the CPU")
     sample_once(sampler, now, 1_720_000_010.0)
     first, second = records(folder)
     assert (first["k"], first["tick"], first["period"]) == ("sample", 172_000_000, 10.0)
@@ -122,11 +130,7 @@ def test_a_worker_without_the_hook_is_sampled_with_the_reason(tmp_path):
     try:
         now = [1_720_000_000.0]
         sampler = ranksample.RankSampler(journal, str(tmp_path), 10.0, clock=lambda: now[0])
-        deadline = time.monotonic() + 30
-        while not records(tmp_path):  # until the child's environ is readable as a worker
-            assert time.monotonic() < deadline
-            now[0] += 10
-            sample_once(sampler, now, now[0])
+        sampled_until(sampler, now, tmp_path, bool, "the child's environ readable as a worker's")
         rank = records(tmp_path)[0]["ranks"][0]
         assert rank["rank"] == 1 and "no flight-recorder hook" in rank["fr_error"]
         assert "cpu_after_s" not in rank and "fr" not in rank
@@ -189,40 +193,32 @@ def test_the_workers_found_are_sampled_again_until_one_goes(tmp_path, monkeypatc
         started.append(proc)
         return proc
 
-    def sampled(at):
-        sample_once(sampler, now, 1_720_000_000.0 + at)
+    def sampled():
+        sample_once(sampler, now, now[0] + 10)
         return sorted(r["pid"] for r in records(tmp_path)[-1]["ranks"])
 
-    def until_sampled(at, procs):
-        """Samples from ``at`` on until one holds exactly ``procs``; the last one's time."""
-        deadline = time.monotonic() + 30
-        while sampled(at) != sorted(p.pid for p in procs):
-            assert time.monotonic() < deadline, "a new worker was never found"
-            at += 10
-        return at
+    def pids(procs) -> list[int]:
+        return sorted(p.pid for p in procs)
 
     try:
         first = worker(0)
         now = [1_720_000_000.0]
         sampler = ranksample.RankSampler(journal, str(tmp_path), 10.0, clock=lambda: now[0])
-        deadline = time.monotonic() + 30
-        at = 0
-        while not records(tmp_path):  # until the child's environ is readable as a worker
-            assert time.monotonic() < deadline
-            at += 10
-            sample_once(sampler, now, 1_720_000_000.0 + at)
+        sampled_until(sampler, now, tmp_path, bool, "the child's environ readable as a worker's")
         searches.clear()
-        assert sampled(at + 10) == [first.pid] and len(searches) == 1  # one of two: look again
+        assert sampled() == [first.pid] and len(searches) == 1  # one of two: look again
         second = worker(1)
-        at = until_sampled(at + 20, [first, second])
+        wait_for_sync(lambda: sampled() == pids([first, second]), 30, "the new worker found",
+                      every=0)
         searches.clear()
         for _ in range(3):  # both found: no more searches while they live
-            at += 10
-            assert sampled(at) == sorted([first.pid, second.pid])
+            assert sampled() == pids([first, second])
         assert searches == []
         first.kill()
         first.wait()  # reaped: gone from /proc (a zombie would count as gone too)
-        at = until_sampled(at + 10, [second, worker(0)])
+        third = worker(0)
+        wait_for_sync(lambda: sampled() == pids([second, third]), 30, "the new worker found",
+                      every=0)
         assert searches, "a worker went: the workers were searched for again"
     finally:
         for proc in started:

@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -254,18 +253,16 @@ def test_torchrun_restart_resumes_and_does_not_crash_again(tmp_path):
 def test_torchrun_hang_surfaces_within_pg_timeout(tmp_path):
     # Rank 1 hangs before step 3: rank 0's allreduce must fail after --pg-timeout (not gloo's
     # 30 minutes), and when torchrun then SIGTERMs the hung rank, the watchdog ends it after
-    # --term-grace with a stack dump instead of torchrun's 30 s wait for SIGKILL.
-    started = time.monotonic()
+    # --term-grace with a stack dump instead of torchrun's 30 s wait for SIGKILL. gloo's own
+    # timeout would not end within torchrun()'s deadline: the run ending at all is the check.
     proc = torchrun(tmp_path, "--steps", "6", "--ckpt-dir", str(tmp_path / "ckpt"),
                     "--hang-at-step", "3", "--hang-rank", "1", "--pg-timeout", "5", "--term-grace", "2")
-    elapsed = time.monotonic() - started
     assert proc.returncode != 0
     assert "Timed out" in worker_logs(tmp_path, 0, 0, "error.json").read_text()
     hung = worker_logs(tmp_path, 0, 1, "stderr.log").read_text()
     assert "fault injected kind=hang step=3 rank=1" in hung
     assert "SIGTERM: no step boundary reached within 2s" in hung
     assert "in injected_hang" in hung  # the stack dump shows where it was stuck
-    assert elapsed < 90
 
 
 def free_port() -> int:

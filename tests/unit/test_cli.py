@@ -130,11 +130,19 @@ def test_nnodes_must_fit_the_inventory(nnodes, message):
     assert runs_recorded() == []
 
 
-def test_nnodes_that_fits_is_taken():
-    from console.commands import check_nnodes
+@pytest.mark.parametrize("nnodes", ["4", "1:4", "4:4", "2:8"])
+def test_nnodes_that_fits_is_taken(nnodes, monkeypatch):
+    """A --nnodes that fits the 4 hosts passes the check and is what the run is started
+    with (the start itself is not made here)."""
+    started = []
 
-    for ok in ("4", "1:4", "4:4", "2:8"):
-        check_nnodes(ok, 4, "inv.yaml")  # no UsageError
+    async def start_run(inv, spec, args, inventory_path):
+        started.append(spec)
+        return 0
+    monkeypatch.setattr(commands, "start_run", start_run)
+    inv = os.path.join(REPO, "inventory", "local.yaml")  # 4 hosts
+    assert cli.main(["launch", "--no-tui", "-i", inv, "--nnodes", nnodes, "t.py"]) == 0
+    assert [spec.nnodes for spec in started] == [nnodes]
 
 
 def test_sync_folder_that_is_not_there_is_exit_2(tmp_path):

@@ -17,6 +17,7 @@ from console.transport import ssh_stream
 from console.transport.base import HostUnreachable, Transport
 from console.transport.local import STREAM_LIMIT, ProcessStream
 from inventory.model import Host
+from tests.waits import wait_for
 
 BAD_AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bad_agent.py")
 WAIT = 30.0  # generous: only a broken link waits this long
@@ -37,13 +38,6 @@ class BadAgentTransport(Transport):
         return self.opened[-1]
 
 
-async def until(condition, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + WAIT
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "never: " + what
-        await asyncio.sleep(0.02)
-
-
 async def broken_link(mode: str, then: str | None = None):
     """A subscribed link whose agent then sends one bad line; (link, state, transport)
     once the node shows the protocol error and the link has opened a new agent (`then`)."""
@@ -55,9 +49,9 @@ async def broken_link(mode: str, then: str | None = None):
         await link.subscribe()
     except AgentError:
         pass  # an agent whose answer to subscribe is the bad line
-    await until(lambda: "protocol error" in (state.nodes["node0"].cause or ""),
-                "a protocol error on the node")
-    await until(lambda: len(transport.opened) >= 2, "a reconnect")
+    await wait_for(lambda: "protocol error" in (state.nodes["node0"].cause or ""), WAIT,
+                   "a protocol error on the node")
+    await wait_for(lambda: len(transport.opened) >= 2, WAIT, "a reconnect")
     return link, state, transport
 
 
@@ -213,7 +207,8 @@ def test_a_stream_close_that_is_cancelled_still_ends_the_agent():
         proc = await asyncio.create_subprocess_exec(  # ignores the EOF close() sends
             sys.executable, "-c", "import time; time.sleep(60)", stdin=asyncio.subprocess.PIPE)
         closing = asyncio.ensure_future(ProcessStream(proc).close())
-        await asyncio.sleep(0.3)  # in close(), waiting for the process to exit
+        # stdin closed: close() is past its EOF and waiting for the process to exit
+        await wait_for(proc.stdin.is_closing, WAIT, "close() to send its EOF")
         closing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await closing
