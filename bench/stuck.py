@@ -48,7 +48,8 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 from console.history import History  # noqa: E402
 from console.run import LaunchSpec, RunController  # noqa: E402
 from console.transport.local import LocalTransport  # noqa: E402
-from spine.helpers import TINY, TRAINER, local_inventory, wait_for, wind_down  # noqa: E402
+from spine.helpers import TINY, TRAINER, local_inventory, wind_down  # noqa: E402
+from tests.waits import wait_for  # noqa: E402
 
 FAULTS = {"stuck-in-python": ["--hang-at-step", "6", "--hang-rank", "2"],
           "mismatch": ["--mismatch-at-step", "6", "--mismatch-rank", "1"]}
@@ -90,15 +91,15 @@ async def to_verdict(kind: str, stall: float, pg_timeout: float) -> tuple[float,
         try:
             ranks = ctl.state.ranks
             await wait_for(lambda: len(ranks) == 4 and all((r.step or 0) >= 5 for r in ranks.values()),
-                           300, "steps before the fault", poll=0.05)
+                           300, "steps before the fault", every=0.05)
             fault = time.monotonic()  # the last step before the fault: within a step of it
             await wait_for(lambda: all(r.state == "stalled" for r in ranks.values()), 300,
-                           "stall", poll=0.05)
+                           "stall", every=0.05)
             stalled = time.monotonic()
             # the first look may name nobody (ranks still entering collectives on a loaded
             # machine); the console looks again while the stall lasts (console/liveness.py)
             await wait_for(lambda: (ctl.state.verdict or {}).get("kind") == kind, 300, "verdict",
-                           poll=0.05)
+                           every=0.05)
             done = time.monotonic()
             looks = sum(1 for e in ctl.state.events if e.kind == "verdict")
             if looks > 1:
@@ -127,13 +128,13 @@ async def straggler(sample_s: float, slow_s: float, at_step: int, pg_timeout: fl
             ranks = st.ranks
             await wait_for(lambda: len(ranks) == 4 and all((r.step or 0) >= at_step - 1
                                                            for r in ranks.values()),
-                           600, "the clean steps", poll=0.05)
+                           600, "the clean steps", every=0.05)
             fault = time.monotonic()  # rank 1's last clean step: within a step of the fault
             clean = others_step(ranks, SLOW_RANK)
             ticks = st.stragglers.ticks  # every rank sampled: the clean history behind it
             steps = {r.rank: r.step for r in ranks.values()}
             await wait_for(lambda: any(e.kind == "straggler" for e in st.events),
-                           30 * sample_s + 120, "a straggler event", poll=0.05)
+                           30 * sample_s + 120, "a straggler event", every=0.05)
             done = time.monotonic()
             named = [(e.rank, e.node) for e in st.events if e.kind.startswith("straggler")]
             flagged = [r["rank"] for n in ctl.status()["nodes"] for r in n["ranks"]
@@ -205,7 +206,7 @@ async def net_cut(hosts, stall: float, pg_timeout: float) -> float:
             cut = time.monotonic()
             try:
                 await wait_for(lambda: (st.verdict or {}).get("kind") == "unreachable", 300,
-                               "a verdict naming the cut host", poll=0.05)
+                               "a verdict naming the cut host", every=0.05)
                 done = time.monotonic()
                 verdict = st.verdict
             finally:

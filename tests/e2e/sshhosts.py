@@ -46,7 +46,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 SSHD = "/usr/sbin/sshd"
@@ -62,6 +61,9 @@ HOST_PY_PACKAGES = ("torch==2.13.0", "numpy", "py-spy")
 HOST_PY_LOCK = "/opt/rankdeck-hostpy.lock"
 AGENT_CACHE = "~/.cache/rankdeck"  # the transport's default: each host has its own home
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:  # run as a script (see the end): the tests' poller is imported
+    sys.path.insert(0, REPO)
+from tests.waits import wait_for_sync  # noqa: E402
 # A real Python 3.6, shown to the hosts (at <session>/py36) when this machine has one
 OLD_PYTHON_PREFIX = "/root/.pyenv/versions/3.6.15"
 
@@ -310,20 +312,18 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _wait_ports(addrs, procs, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    pending = list(addrs)
-    while pending:
+    def listening(addr) -> bool:
         for p in procs:
             if p.poll() is not None:
                 raise RuntimeError("sshd exited with %s (see its log)" % p.returncode)
-        addr = pending[0]
         try:
             socket.create_connection(addr, timeout=0.5).close()
-            pending.pop(0)
         except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError("sshd not listening on %s:%d after %g s" % (*addr, timeout))
-            time.sleep(0.02)
+            return False
+        return True
+    for addr in addrs:
+        wait_for_sync(lambda: listening(addr), timeout, "sshd listening on %s:%d" % addr,
+                      every=0.02)
 
 
 def _free_subnet() -> int:

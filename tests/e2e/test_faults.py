@@ -15,7 +15,6 @@ each namespace.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import sys
@@ -31,7 +30,8 @@ from inventory.model import Host, Inventory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from spine.helpers import TINY, wait_for, wind_down  # noqa: E402
+from spine.helpers import TINY, wind_down  # noqa: E402
+from tests.waits import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
@@ -58,12 +58,11 @@ def stepping_since(ctl: RunController, since: float) -> bool:
 
 async def wait_stepping(ctl: RunController, since: float, what: str) -> None:
     """Wait until every rank steps again; on a timeout say where each node and rank is."""
-    try:
-        await wait_for(lambda: stepping_since(ctl, since), TIMEOUT, what)
-    except AssertionError as exc:
+    def where() -> str:
         events = ["%s %s %s" % (e.node, e.kind, e.text) for e in list(ctl.state.events)[-25:]]
-        raise AssertionError("%s\nstatus: %s\nlast events:\n%s" % (
-            exc, ctl.state.status(), "\n".join(events))) from None
+        return "%s\nstatus: %s\nlast events:\n%s" % (what, ctl.state.status(),
+                                                     "\n".join(events))
+    await wait_for(lambda: stepping_since(ctl, since), TIMEOUT, where)
 
 
 def marked(run_id: str, node: str) -> dict[int, int]:
@@ -237,14 +236,14 @@ async def test_restart_cycles_over_ssh_then_stop_leaves_nothing(ssh_hosts, host_
     # no process of the run, on any host
     assert left == [], "processes left behind: %s" % left
     # no listening port the run opened (the serves exit with their SSH channels: wait a bit)
-    deadline = time.monotonic() + 60
-    while listening(ssh_hosts) != ports_before and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-    ports_after = listening(ssh_hosts)
-    for name in names:
-        assert ports_after[name] == ports_before[name], (
-            name, "new:", ports_after[name] - ports_before[name],
-            "gone:", ports_before[name] - ports_after[name])
+    ports_after: dict = {}
+
+    def ports_as_before() -> bool:
+        ports_after.update(listening(ssh_hosts))
+        return ports_after == ports_before
+    await wait_for(ports_as_before, 60, lambda: "the ports as before the run; %s" % {
+        name: ("new:", ports_after[name] - ports_before[name],
+               "gone:", ports_before[name] - ports_after[name]) for name in names}, every=0.5)
     # no temporary folder or file of the run
     left_tmp = left_in_tmp(ssh_hosts, tmp_before)
     assert left_tmp == [], "temporary files of the run left behind: %s" % left_tmp

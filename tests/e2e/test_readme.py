@@ -21,7 +21,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -30,6 +29,7 @@ from agent import procs
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from spine.helpers import TINY, processes_of  # noqa: E402
+from tests.waits import wait_for_sync  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 README = os.path.join(REPO, "README.md")
@@ -154,14 +154,18 @@ def test_readme_use_it_on_four_realistic_hosts(ssh_hosts, readme_project, monkey
         assert run_id in run(command(lines, "ls"), "ls").stdout
         text = run(command(lines, "status", run_id), "status").stdout
         assert all(name in text for name in ssh_hosts.names), text
-        deadline = time.time() + TIMEOUT
-        while True:
-            status = json.loads(run(command(lines, "status", run_id, choose=("--json",)),
-                                    "status --json").stdout)
-            if len(steps(status)) == 4 and min(steps(status).values()) > 10:
-                break  # past the first checkpoint (step 10): a restart resumes from it
-            assert time.time() < deadline, status
-            time.sleep(1)
+        status: dict = {}
+
+        def stepping_past(step: int) -> bool:
+            """`status --json` (kept in ``status``) says every rank is past ``step``."""
+            status.clear()
+            status.update(json.loads(run(command(lines, "status", run_id, choose=("--json",)),
+                                         "status --json").stdout))
+            return len(steps(status)) == 4 and min(steps(status).values()) > step
+
+        # past the first checkpoint (step 10): a restart resumes from it
+        wait_for_sync(lambda: stepping_past(10), TIMEOUT,
+                      lambda: "every rank past step 10: %s" % status, every=1.0)
         assert status["state"] == "running", status
         # the secret reached every rank, from this shell's environment
         workers = [p for p in procs.all_pids()
@@ -182,12 +186,12 @@ def test_readme_use_it_on_four_realistic_hosts(ssh_hosts, readme_project, monkey
         with open(out_path, "w") as out, open(err_path, "w") as err:
             attach = subprocess.Popen([rankdeck] + argv[1:], cwd=str(project), stdout=out,
                                       stderr=err)
+
+        def followed() -> bool:
+            assert attach.poll() is None, err_path.read_text()
+            return len(STEP_LINE.findall(out_path.read_text())) >= 8
         try:
-            deadline = time.time() + TIMEOUT
-            while len(STEP_LINE.findall(out_path.read_text())) < 8:  # it follows the run
-                assert attach.poll() is None, err_path.read_text()
-                assert time.time() < deadline, "attach printed no steps"
-                time.sleep(0.5)
+            wait_for_sync(followed, TIMEOUT, "attach to print the run's steps", every=0.5)
             attach.send_signal(signal.SIGINT)
             attach.wait(60)
         finally:
@@ -205,17 +209,16 @@ def test_readme_use_it_on_four_realistic_hosts(ssh_hosts, readme_project, monkey
         # newest one seen now are the run carrying on
         before = max(steps(json.loads(run(command(lines, "status", run_id, choose=("--json",)),
                                           "status --json").stdout)).values())
-        deadline = time.time() + TIMEOUT
-        while True:
-            status = json.loads(run(command(lines, "status", run_id, choose=("--json",)),
-                                    "status --json").stdout)
-            now = steps(status)
-            node2 = [n for n in status["nodes"] if n["name"] == "node2"][0]
-            if len(now) == 4 and min(now.values()) > before + 2 and node2["restarts_used"]:
-                break
+
+        def carried_on() -> bool:
+            past = stepping_past(before + 2)
             assert status["state"] == "running", status
-            assert time.time() < deadline, (before, status)
-            time.sleep(2)
+            node2 = [n for n in status["nodes"] if n["name"] == "node2"][0]
+            return past and node2["restarts_used"]
+        wait_for_sync(carried_on, TIMEOUT,
+                      lambda: "every rank past step %d, node2 restarted: %s" % (before + 2,
+                                                                                status),
+                      every=2.0)
         logs = run(command(lines, "logs", run_id), "logs").stdout
         assert re.search(r"^\[node2 r\d\] resumed step=\d+ from=", logs, re.M), \
             "node2 did not resume from a checkpoint:\n" + logs[-3000:]

@@ -42,8 +42,8 @@ from console.tui.app import RankdeckApp
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from tests.console.pilot import until  # noqa: E402
-from spine.helpers import node_dir, processes_of, wait_for  # noqa: E402
+from spine.helpers import node_dir, processes_of  # noqa: E402
+from tests.waits import wait_for, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -139,14 +139,17 @@ async def view_the_run(laptop: Laptop, run_id: str, workdir: str) -> None:
     app = RankdeckApp(ctl, ctl.subscribe_all)
     try:
         async with app.run_test(size=(160, 48)) as pilot:
-            await until(pilot, lambda: ctl.state.total_lines >= 2, TIMEOUT, "the lines")
+            await wait_until(pilot, lambda: ctl.state.total_lines >= 2, TIMEOUT, "the lines")
             shown_running = app.export_screenshot()
             with open(os.path.join(workdir, "go"), "w"):
                 pass
-            await until(pilot, lambda: ctl.state.nodes["node0"].state == "failed", TIMEOUT,
-                        "the failure in the view")
-            await until(pilot, lambda: ctl.state.nodes["node0"].cause, TIMEOUT, "the cause")
-            await pilot.pause(0.5)
+            await wait_until(pilot, lambda: ctl.state.nodes["node0"].state == "failed", TIMEOUT,
+                             "the failure in the run's state")
+            await wait_until(pilot, lambda: ctl.state.nodes["node0"].cause, TIMEOUT, "the cause")
+            # the screen kept shows the failure: the nodes table redrawn with it, and painted
+            await wait_until(pilot, lambda: (app.nodes.row_values("n:node0") or ("", ""))[1]
+                             .startswith("failed"), TIMEOUT, "the failure in the nodes table")
+            await pilot.pause()
             svg = app.export_screenshot()
             events = "\n".join(e.text for e in ctl.state.events)
             causes = "\n".join(n.cause or "" for n in ctl.state.nodes.values())
@@ -181,7 +184,7 @@ async def test_a_secret_appears_nowhere_rankdeck_writes(tmp_path, monkeypatch):
 
         def printed() -> bool:
             return "stderr has" in laptop.run("logs", run_id).stdout
-        await wait_for(printed, TIMEOUT, "the script's lines in `logs`", poll=1.0)
+        await wait_for(printed, TIMEOUT, "the script's lines in `logs`", every=1.0)
         laptop.run("status", run_id)
         laptop.run("status", run_id, "--json")
         stacks = laptop.run("stacks", run_id, "--json")

@@ -13,7 +13,6 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -26,6 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.root]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from spine.helpers import TINY  # noqa: E402
+from tests.waits import wait_for_sync  # noqa: E402
 
 NOBODY = 65534
 PWNED = "~/pwned"  # what the planted agent leaves behind when it runs
@@ -168,11 +168,10 @@ def test_detached_run_private_files_and_a_store_that_ends_with_it(ssh_hosts, tmp
     rdzv_addr = ssh_hosts["node0"].addr
     assert listeners(ssh_hosts, "node0", store["port"]) == [rdzv_addr]
 
-    deadline = time.monotonic() + 240
-    while any(s not in ("exited", "failed", "stopped", "lost")
-              for s in node_states(ssh_hosts, root, names).values()):
-        assert time.monotonic() < deadline, node_states(ssh_hosts, root, names)
-        time.sleep(0.5)
+    wait_for_sync(lambda: all(s in ("exited", "failed", "stopped", "lost")
+                              for s in node_states(ssh_hosts, root, names).values()), 240,
+                  lambda: "every node ended: %s" % node_states(ssh_hosts, root, names),
+                  every=0.5)
     assert node_states(ssh_hosts, root, names) == {n: "exited" for n in names}
 
     for name in names:  # the run folder and everything rankdeck wrote there: the user's only
@@ -190,10 +189,8 @@ def test_detached_run_private_files_and_a_store_that_ends_with_it(ssh_hosts, tmp
             denied = read_as_nobody(ssh_hosts, name, path)
             assert denied.returncode != 0 and b"Permission denied" in denied.stderr, path
 
-    deadline = time.monotonic() + 120  # the store waits a little (a restart) and then goes
-    while procs.alive(store["pid"], store["starttime"]) or listeners(ssh_hosts, "node0",
-                                                                      store["port"]):
-        assert time.monotonic() < deadline, "the store outlived the run"
-        time.sleep(0.5)
+    # the store waits a little (a restart) and then goes
+    wait_for_sync(lambda: not procs.alive(store["pid"], store["starttime"]) and not listeners(
+        ssh_hosts, "node0", store["port"]), 120, "the store to end with the run", every=0.5)
     log = open(ssh_hosts.local_path("node0", root + "/store.log")).read()
     assert "the run has ended on every node: store stopped" in log

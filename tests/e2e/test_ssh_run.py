@@ -31,7 +31,8 @@ from inventory.loader import load_inventory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from spine.helpers import TINY, processes_of, rank_log_files, wait_for, wind_down  # noqa: E402
+from spine.helpers import TINY, processes_of, rank_log_files, wind_down  # noqa: E402
+from tests.waits import wait_for, wait_for_sync  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
@@ -203,12 +204,12 @@ def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp
                            "--sync", str(project), SCRIPT, "--",
                            *TINY, "--steps", "60", "--ckpt-every", "20",
                            stdout=out, stderr=subprocess.STDOUT)
+    def stepping() -> bool:
+        assert console.poll() is None, first.read_text()
+        return len(re.findall(rb"\] step=5 ", first.read_bytes())) >= 4
     try:
-        deadline = time.time() + TIMEOUT
-        while len(re.findall(rb"\] step=5 ", first.read_bytes())) < 4:
-            assert console.poll() is None, first.read_text()
-            assert time.time() < deadline, first.read_text()
-            time.sleep(0.5)
+        wait_for_sync(stepping, TIMEOUT, lambda: "every rank at step 5:\n" + first.read_text(),
+                      every=0.5)
         os.kill(console.pid, signal.SIGKILL)  # the laptop side dies; the training must not
         console.wait()
     finally:
@@ -216,10 +217,8 @@ def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp
             console.kill()
     run_id = re.search(rb"run (\S+) started", first.read_bytes()).group(1).decode()
     steps_then = node0_steps(user_ssh, work, run_id)
-    deadline = time.time() + 60
-    while node0_steps(user_ssh, work, run_id) <= steps_then:
-        assert time.time() < deadline, "training stopped when the console died"
-        time.sleep(0.5)
+    wait_for_sync(lambda: node0_steps(user_ssh, work, run_id) > steps_then, 60,
+                  "training to go on after the console died", every=0.5)
 
     attach = subprocess.run([sys.executable, "-m", "console", "attach", "--no-tui", run_id],
                             cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
@@ -288,8 +287,9 @@ async def test_cut_link_is_reported_then_streams_resume_exactly_once(user_ssh, t
         user_ssh.link_down("node2")
         cut = time.monotonic()
         try:
-            # keepalives every 2 s, 4 missed: unreachable within 10 s (plus slack for load)
-            await wait_for(lambda: st.nodes["node2"].state == "unreachable", 30,
+            # keepalives every 2 s, 4 missed: unreachable within about 10 s (without them a
+            # dead link goes unnoticed for many minutes)
+            await wait_for(lambda: st.nodes["node2"].state == "unreachable", 60,
                            "node2 reported unreachable")
             noticed = time.monotonic() - cut
         finally:
@@ -300,7 +300,12 @@ async def test_cut_link_is_reported_then_streams_resume_exactly_once(user_ssh, t
         assert any(e.kind == "reconnected" and e.node == "node2" for e in st.events)
         await asyncio.wait_for(ctl.wait_done(), TIMEOUT)
         await ctl.stop_store()
-        await asyncio.sleep(1)
+
+        def delivered() -> bool:  # every byte of every rank log (a chunk twice: more)
+            return all(sum(len(d) for _o, d in got[(node, path)]) >= os.path.getsize(here)
+                       for node in st.nodes
+                       for path, here in rank_logs(user_ssh, work, ctl.run_id, node).items())
+        await wait_for(delivered, 60, "every rank log's bytes received")
     finally:
         left = await wind_down(ctl)
     for node in st.nodes:

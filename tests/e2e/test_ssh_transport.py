@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import asyncssh
 import pytest
@@ -22,9 +21,7 @@ from console.transport.base import HostUnreachable
 from console.transport.ssh import SshTransport, open_all
 from inventory.model import Host
 from sshhosts import REPO
-
-sys.path.insert(0, os.path.join(REPO, "tests"))
-from spine.helpers import wait_for  # noqa: E402
+from tests.waits import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
@@ -91,13 +88,28 @@ def established_ssh(ssh_hosts, name: str) -> int:
     return len(out.splitlines())
 
 
+def opens_seen(t) -> list[tuple[str, str]]:
+    """``t.open`` made to note ("start" | "end", host) in the order they happen."""
+    seen: list[tuple[str, str]] = []
+    real = t.open
+
+    async def open_(host):
+        seen.append(("start", host.name))
+        try:
+            return await real(host)
+        finally:
+            seen.append(("end", host.name))
+    t.open = open_
+    return seen
+
+
 async def test_open_four_hosts_in_parallel_copy_once(ssh_hosts, transports):
     clear_caches(ssh_hosts)
     version = agent_version()
     t = transports()
-    started = time.monotonic()
+    seen = opens_seen(t)
     streams = await open_all(t, ssh_hosts.inventory())
-    elapsed = time.monotonic() - started
+    assert [kind for kind, _host in seen] == ["start"] * 4 + ["end"] * 4, seen  # at once
     assert all(not isinstance(s, HostUnreachable) for s in streams.values()), streams
     marks = {}
     for h in ssh_hosts.hosts:
@@ -112,7 +124,6 @@ async def test_open_four_hosts_in_parallel_copy_once(ssh_hosts, transports):
             os.path.dirname(protocol.__file__))
         assert os.listdir(h.cache_dir) == ["agent-" + version]  # no temp folders left
         marks[h.name] = os.stat(os.path.join(folder, ".complete")).st_mtime_ns
-    assert elapsed < 10
 
     # A second stream and a command on node0 share its one SSH connection.
     extra = await t.open(ssh_hosts.inventory()[0])
@@ -136,8 +147,8 @@ async def test_close_ends_serve(ssh_hosts, transports):
     pid = json.loads(await s.readline())["pid"]
     assert os.path.exists("/proc/%d" % pid)
     await s.close()
-    await wait_for(lambda: not os.path.exists("/proc/%d" % pid), 5,
-                   "serve to end with its closed channel", poll=0.05)
+    await wait_for(lambda: not os.path.exists("/proc/%d" % pid), 30,
+                   "serve to end with its closed channel", every=0.05)
 
 
 async def test_an_open_cancelled_before_the_hello_leaves_nothing_running(ssh_hosts, transports):
@@ -153,13 +164,13 @@ async def test_an_open_cancelled_before_the_hello_leaves_nothing_running(ssh_hos
     t = transports()  # kept open past the cancel: its connection to the host stays up
     opening = asyncio.ensure_future(t.open(ssh_hosts.inventory(python=mute)[2]))
     await wait_for(lambda: os.path.exists(pid_file) and open(pid_file).read().strip(), 30,
-                   "the mute interpreter to run on the host", poll=0.05)
+                   "the mute interpreter to run on the host", every=0.05)
     pid = int(open(pid_file).read())
     opening.cancel()
     with pytest.raises(asyncio.CancelledError):
         await opening
-    await wait_for(lambda: not os.path.exists("/proc/%d" % pid), 5,
-                   "the cancelled start to end with its open()", poll=0.05)
+    await wait_for(lambda: not os.path.exists("/proc/%d" % pid), 30,
+                   "the cancelled start to end with its open()", every=0.05)
 
 
 async def test_half_copied_folder_is_redone(ssh_hosts, transports):
@@ -249,15 +260,27 @@ async def test_stopped_sshd_is_refused_others_open(ssh_hosts, transports):
 
 
 async def test_silent_address_times_out_without_blocking_others(ssh_hosts, transports):
-    ghost = Host(name="ghost", addr=ssh_hosts.unused_addr(), ssh=ssh_hosts.unused_addr(),
+    """A host that never answers (it takes the connection and says nothing, as a hung sshd)
+    is given up at the connect timeout, and holds no other host back: node0, asked for after
+    it, is open before it is given up. The timeout is far longer than node0 takes, even on a
+    loaded machine, so the order is the transport's and not the machine's speed."""
+    held = []  # the silent host's connections, kept open and unanswered
+    silent = await asyncio.start_server(lambda _r, w: held.append(w), "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    ghost = Host(name="ghost", addr="127.0.0.1", ssh="127.0.0.1:%d" % port,
                  python=ssh_hosts.python)
-    t = transports(connect_timeout=2)
-    started = time.monotonic()
-    results = await open_all(t, [ghost] + ssh_hosts.inventory()[:1])
-    elapsed = time.monotonic() - started
-    assert results["ghost"].cause in ("timeout", "unreachable"), results["ghost"]
-    assert not isinstance(results["node0"], HostUnreachable)
-    assert elapsed < 3.5
+    t = transports(connect_timeout=30)
+    seen = opens_seen(t)
+    try:
+        results = await open_all(t, [ghost] + ssh_hosts.inventory()[:1])
+    finally:
+        silent.close()
+        for w in held:
+            w.close()
+    assert results["ghost"].cause == "timeout", results["ghost"]
+    assert not isinstance(results["node0"], HostUnreachable), results["node0"]
+    assert seen == [("start", "ghost"), ("start", "node0"), ("end", "node0"),
+                    ("end", "ghost")], seen
 
 
 async def test_cut_link_times_out_and_comes_back(ssh_hosts, transports):

@@ -10,7 +10,8 @@ from console.run import LaunchSpec
 
 # test_ssh_run puts tests/ on the path (spine.helpers); user_ssh and secret are its fixtures
 from test_ssh_run import SCRIPT, TIMEOUT, secret, ssh_controller, user_ssh  # noqa: F401
-from spine.helpers import TINY, wait_for, wind_down  # noqa: E402
+from spine.helpers import TINY, wind_down  # noqa: E402
+from tests.waits import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 CUT = "node2"

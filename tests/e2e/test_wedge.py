@@ -29,7 +29,8 @@ from console.transport.local import LocalTransport
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from spine.helpers import TINY, TRAINER, local_inventory, node_dir, wait_for, wind_down  # noqa
+from spine.helpers import TINY, TRAINER, local_inventory, node_dir, wind_down  # noqa
+from tests.waits import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 240

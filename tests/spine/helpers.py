@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
-import time
 
 from agent import procs
 from inventory.model import Host, Inventory
@@ -64,15 +62,6 @@ def processes_of(run_id: str) -> list[tuple[int, str]]:
         if run_id in cmd or env.get(procs.MARKER, "").startswith(run_id + "/"):
             found.append((pid, cmd))
     return found
-
-
-async def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(poll)
-    raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
 
 
 async def wind_down(ctl) -> list[tuple[int, str]]:

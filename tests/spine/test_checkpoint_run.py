@@ -20,6 +20,7 @@ from console.commands import cmd_report
 from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
+from tests.waits import wait_for
 
 from .helpers import local_inventory, wind_down
 
@@ -51,7 +52,8 @@ slowly(folder + "/model.safetensors", save_safetensors({"w": torch.randn(256, 25
 slowly(folder + "/config.json", json.dumps({"hidden_size": 256}).encode(), chunks=2)
 slowly(folder + "/optimizer.pt", torch_bytes({"state": {0: torch.zeros(256, 256)}}))
 slowly(folder + "/trainer_state.json", json.dumps({"global_step": 20}).encode(), chunks=2)
-time.sleep(2.5)  # the watch looks every second: let it see the last file stay as it is
+while not os.path.exists("seen"):  # the test saw checkpoint-20 found complete: go on
+    time.sleep(0.1)
 print("resumed step=10 from=" + os.path.abspath("ckpts/step_00000010.pt"), flush=True)
 """
 
@@ -72,6 +74,13 @@ async def test_saves_in_the_watched_folder_are_found_complete_and_the_resume_nam
     script.write_text(textwrap.dedent(SLOW_SAVER))
     await ctl.launch(LaunchSpec(script=str(script), nproc_per_node=1, max_restarts=0,
                                 checkpoint_dir="ckpts"), preflight=False)
+    # the watch looks every second: the trainer lives on until it has seen the last save stay
+    # as it is (a trainer that exits at once may leave its last save unconfirmed)
+    await wait_for(lambda: any(e.kind == "checkpoint complete" and "step 20 complete" in e.text
+                               for e in ctl.state.events), RUN_TIMEOUT,
+                   lambda: "checkpoint-20 found complete; events: %s" % [
+                       (e.kind, e.text) for e in ctl.state.events])
+    (work / "seen").touch()
     final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
     await ctl.stop_store()
     status = ctl.state.status()

@@ -22,7 +22,9 @@ from console.run import RunController
 from console.sync import build_manifest
 from console.transport.local import LocalTransport
 
-from .helpers import REPO, processes_of, wait_for, wind_down
+from tests.waits import wait_for
+
+from .helpers import REPO, processes_of, wind_down
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT = 300

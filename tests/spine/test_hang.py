@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import pytest
@@ -12,7 +11,9 @@ from console.run import LaunchSpec, RunController
 from console.stacks import group
 from console.transport.local import LocalTransport
 
-from .helpers import TINY, TRAINER, local_inventory, wait_for, wind_down
+from tests.waits import wait_for
+
+from .helpers import TINY, TRAINER, local_inventory, wind_down
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300

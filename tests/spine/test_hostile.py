@@ -9,7 +9,6 @@ files, and its sanitizer must make every line safe to show.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import re
@@ -25,6 +24,7 @@ from console.history import History
 from console.run import LaunchSpec, RunController
 from console.lines import MAX_PARTIAL
 from console.transport.local import LocalTransport
+from tests.waits import wait_for
 
 from .helpers import ENDED, local_inventory, rank_log_files, wind_down
 
@@ -155,15 +155,17 @@ def sha256_file(path: str) -> tuple[str, int]:
             size += len(chunk)
 
 
+def links_whole(broken: list) -> None:
+    """Fails at once when a link broke (an ``unreachable`` event, kept in ``broken``)."""
+    if broken:
+        raise AssertionError("the console's link to a node broke during the hostile "
+                             "output: %s" % [(e.node, e.text) for e in broken])
+
+
 async def wait_end(ctl: RunController, broken: list) -> str:
-    while True:
-        if broken:
-            raise AssertionError("the console's link to a node broke during the hostile "
-                                 "output: %s" % [(e.node, e.text) for e in broken])
-        st = ctl.state.run_state()
-        if st in ENDED:
-            return st
-        await asyncio.sleep(0.2)
+    await wait_for(lambda: links_whole(broken) or ctl.state.run_state() in ENDED, TIMEOUT,
+                   lambda: "the run to end (it is %s)" % ctl.state.run_state())
+    return ctl.state.run_state()
 
 
 async def caught_up(ctl: RunController, broken: list) -> dict:
@@ -172,13 +174,10 @@ async def caught_up(ctl: RunController, broken: list) -> dict:
     for name, link in ctl.links.items():
         st = await link.request("state", run_root=link.run_root, node=name)
         sizes[name] = st.get("journal_size") or 0
-    while True:
-        if broken:
-            raise AssertionError("the console's link to a node broke during the hostile "
-                                 "output: %s" % [(e.node, e.text) for e in broken])
-        if all(ctl.state.nodes[n].journal_offset >= size for n, size in sizes.items()):
-            return sizes
-        await asyncio.sleep(0.2)
+    await wait_for(lambda: links_whole(broken) or all(
+        ctl.state.nodes[n].journal_offset >= size for n, size in sizes.items()), TIMEOUT,
+        "every node's journal read to its end")
+    return sizes
 
 
 async def test_hostile_rank_output_console_stays_up_bounded_and_exact(tmp_path):
@@ -198,11 +197,11 @@ async def test_hostile_rank_output_console_stays_up_bounded_and_exact(tmp_path):
         await ctl.launch(LaunchSpec(script=WRITER, max_restarts=0, grace=5,
                                     args=["--flag-dir", str(flags), "--big-mb", str(BIG_MB),
                                           "--burst", str(BURST)]), preflight=False)
-        final = await asyncio.wait_for(wait_end(ctl, broken), TIMEOUT)
+        final = await wait_end(ctl, broken)
         # what the console had of each file when it declared the run over ...
         at_end = dict(got.size)
         # ... and all of it (the nodes' journals read to their end)
-        await asyncio.wait_for(caught_up(ctl, broken), TIMEOUT)
+        await caught_up(ctl, broken)
         await ctl.stop_store()
     finally:
         left = await wind_down(ctl)

@@ -21,9 +21,10 @@ from agent.protocol import text_to_bytes
 from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
+from tests.waits import wait_for
 
-from .helpers import (REPO, TINY, TRAINER, local_inventory, node_dir, processes_of,
-                      rank_log_files, wait_for, wind_down)
+from .helpers import (REPO, TINY, TRAINER, local_inventory, processes_of, rank_log_files,
+                      wind_down)
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT = 300

@@ -23,7 +23,9 @@ from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from inventory.model import EnvValue
 
-from .helpers import local_inventory, node_dir, wait_for, wind_down
+from tests.waits import wait_for
+
+from .helpers import local_inventory, node_dir, wind_down
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT = 300

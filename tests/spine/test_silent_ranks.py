@@ -12,7 +12,9 @@ from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
-from .helpers import local_inventory, wait_for, wind_down
+from tests.waits import wait_for
+
+from .helpers import local_inventory, wind_down
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300

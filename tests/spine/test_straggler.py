@@ -13,7 +13,9 @@ from console.run import LaunchSpec, RunController
 from agent.straggler import MIN_TICKS, WINDOW
 from console.transport.local import LocalTransport
 
-from .helpers import TINY, TRAINER, local_inventory, wait_for, wind_down
+from tests.waits import wait_for
+
+from .helpers import TINY, TRAINER, local_inventory, wind_down
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300

@@ -10,9 +10,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
+
+from tests.waits import wait_for_sync
 
 from .helpers import REPO, TINY, TRAINER, processes_of
 from .test_stuck import line_of
@@ -38,14 +39,18 @@ def read_lines(stream, into: queue.Queue) -> None:
 
 
 def lines_until(lines: queue.Queue, seen: list[str], done, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not done(seen):
-        try:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            raise AssertionError("timed out; rankdeck printed:\n" + "\n".join(seen[-40:]))
-        assert line is not None, "rankdeck ended first:\n" + "\n".join(seen[-40:])
-        seen.append(line)
+    """Takes what rankdeck printed into ``seen`` until ``done(seen)``; fails if it ended."""
+    def printed() -> bool:
+        while not done(seen):
+            try:
+                line = lines.get_nowait()
+            except queue.Empty:
+                return False
+            assert line is not None, "rankdeck ended first:\n" + "\n".join(seen[-40:])
+            seen.append(line)
+        return True
+    wait_for_sync(printed, timeout, lambda: "the line awaited; rankdeck printed:\n"
+                  + "\n".join(seen[-40:]))
 
 
 def test_no_tui_prints_the_verdict_naming_the_hung_rank_and_its_line(tmp_path):
