@@ -170,8 +170,8 @@ async def test_hidden_sources_get_no_writes_and_refill_when_shown(tmp_path):
         live.lines("node3", 1, ["only for rank five"], time.time())
         t.node("node3").append(live.recs["node3"])
         await wait_until(pilot, lambda: ctl.state.ranks[5].lines[-1] == "only for rank five")
-        # a line of a shown rank after it: once a pane shows that one, the feed has flushed
-        # everything that came before, rank 5's line included had it kept it
+        # a later line of a shown rank: once pane 1 shows it, the feed has flushed all it
+        # held before it (rank 5's line too, had it kept that)
         later = RunScript(host_names(4), 2, t0=time.time())
         later.lines("node1", 0, ["for rank zero, later"], time.time())
         t.node("node1").append(later.recs["node1"])
@@ -192,7 +192,7 @@ async def test_second_pane_shows_the_last_nodes_first_rank_once_known(tmp_path):
         assert [p.source for p in logs.panes] == [(RANK, 0), (NODE, "node4")]  # no ranks yet
         t.release()
         await running(pilot, app)
-        await wait_until(pilot, lambda: logs.panes[1].source == (RANK, 6), timeout=5,
+        await wait_until(pilot, lambda: logs.panes[1].source == (RANK, 6),
                          what="pane 2 on rank 6")
         assert logs.panes[1].view.lines_text()[-1].startswith("step 24 ")
     # a pane the user chose before the ranks were known keeps its choice
@@ -254,11 +254,11 @@ async def test_a_line_right_after_a_switch_is_shown_once(tmp_path):
         app.logs.show((RANK, 5), pane=1)
         late_line(ctl, "node3", 5, "right after the switch")
         await wait_until(pilot, lambda: app.logs.panes[1].view.lines_text()[-1] == "right after "
-                         "the switch", timeout=5, what="the line in the switched pane")
+                         "the switch", what="the line in the switched pane")
         late_line(ctl, "node1", 0, "pending when pane 2 shows rank 0")
         app.logs.show((RANK, 0), pane=1)  # pane 1 follows rank 0 too: that line is pending
         await wait_until(pilot, lambda: app.logs.panes[0].view.lines_text()[-1].startswith(
-            "pending"), timeout=5, what="the feed's flush")
+            "pending"), what="the feed's flush")
         # that flush wrote to every pane of rank 0 in the same handler: a second copy
         # would be there now
         for pane in app.logs.panes:
@@ -278,7 +278,7 @@ async def test_collapse_identical_lines_from_many_ranks(tmp_path):
         assert app.logs.panes[0].source == (ALL, None)
         # the older kept lines come in after the first paint
         await wait_until(pilot, lambda: "ranks 0-7: using device cuda:0, world size 8" in
-                         merged.lines_text(), timeout=10, what="the backfill")
+                         merged.lines_text(), what="the backfill")
         await pilot.press("c")
         lines = node1.lines_text()
         assert "r0: using device cuda:0, world size 8" in lines
@@ -384,10 +384,10 @@ async def test_keys_typed_at_once_go_where_the_first_key_sends_them(tmp_path):
         assert app.focused is app.nodes
         burst(app, [("1", "1"), ("home", None)])
         pane = app.logs.panes[0]
-        await wait_until(pilot, lambda: app.focused is pane.view, timeout=5, what="pane 1 focused")
-        await wait_until(pilot, lambda: not pane.view.follow, timeout=5, what="home in pane 1")
+        await wait_until(pilot, lambda: app.focused is pane.view, what="pane 1 focused")
+        await wait_until(pilot, lambda: not pane.view.follow, what="home in pane 1")
         burst(app, [("slash", "/")] + [(c, c) for c in "step"])
-        await wait_until(pilot, lambda: app.prompt.value == "step", timeout=5,
+        await wait_until(pilot, lambda: app.prompt.value == "step",
                          what="the whole pattern in the prompt")
 
 
@@ -665,7 +665,7 @@ async def test_run_app_exit_code_when_the_run_ended(tmp_path):
     ctl_app = RankdeckApp(ctl, launch, exit_on_done=True)
     async with ctl_app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: ctl.state.run_state() == "succeeded")
-        await wait_until(pilot, lambda: not ctl_app.is_running, timeout=5)
+        await wait_until(pilot, lambda: not ctl_app.is_running)
     assert ctl.exit_code() == 0 and ctl_app.return_value == 0
 
 

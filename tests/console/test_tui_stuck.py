@@ -80,7 +80,7 @@ async def stall_report(pilot, app) -> None:
     """Until the controller's own verdict (taken when the ranks stalled) is in the view."""
     await wait_until(pilot, lambda: app.ctl.state.verdict is not None, timeout=30,
                      what="the verdict after the stall")
-    await wait_until(pilot, lambda: app.nodes.cursor_key == "n:" + SUSPECT_NODE, timeout=10,
+    await wait_until(pilot, lambda: app.nodes.cursor_key == "n:" + SUSPECT_NODE,
                      what="the cursor on the suspect's node")
 
 
@@ -208,7 +208,7 @@ async def test_a_real_hung_rank_is_named_and_its_node_restarted_from_the_view(tm
                              what="the verdict after the hang", every=0.2)
             node = ctl.state.ranks[2].node
             assert [s["rank"] for s in ctl.state.verdict["suspects"]] == [2]
-            await wait_until(pilot, lambda: app.nodes.cursor_key == "n:" + node, timeout=10,
+            await wait_until(pilot, lambda: app.nodes.cursor_key == "n:" + node,
                              what="the cursor on rank 2's node")
             await pilot.press("w")
             await wait_until(pilot, lambda: isinstance(app.screen, VerdictScreen),
