@@ -4,9 +4,11 @@ the screen then shows as text."""
 from __future__ import annotations
 
 import io
+import time
 
 from rich.console import Console
 
+from console.tui.losschart import REDRAW_S
 from console.tui.messages import RunChanged
 from tests.waits import wait_until
 
@@ -27,12 +29,18 @@ def _quiet(app) -> bool:
 
 async def settled(pilot, timeout: float = 60.0) -> None:
     """The run as the scripted agents sent it, all of it on screen: the app is quiet (see
-    :func:`_quiet`), then a state refresh posted after that has redrawn each widget a refresh
-    redraws (the nodes table, GPU panel and loss chart come a few frames apart), and the
-    frame is painted. Fails at its deadline."""
+    :func:`_quiet`), then a state refresh posted after that (and outside the loss chart's
+    redraw throttle) has redrawn each widget a refresh redraws (the nodes table, GPU panel
+    and loss chart come a few frames apart), and the frame is painted. Fails at its
+    deadline."""
     app = pilot.app
     await wait_until(pilot, lambda: _quiet(app), timeout,
                      "the run launched, every scripted record applied and shown")
+    # the loss chart redraws at most once a REDRAW_S: a refresh inside the window of a
+    # redraw made before the last record came would leave that one on screen
+    chart = app.chart
+    await wait_until(pilot, lambda: time.monotonic() - chart._drawn >= REDRAW_S, timeout,
+                     "the loss chart's redraw window")
     redrawn: set[str] = set()
     widgets = (("nodes", app.nodes, "refresh_rows"), ("gpus", app.gpus, "refresh_rows"),
                ("chart", app.chart, "update_chart"))

@@ -15,8 +15,8 @@ import console.liveness
 import console.preflight
 import console.run
 import console.state
+from console.sources import RANK
 from console.tui.app import RankdeckApp
-from console.tui.feed import RANK
 from console.tui.help import HelpScreen
 from tests.console.scripted import T0, controller, host_names, no_gpu_snapshot, standard_script
 from tests.console.settle import settled
