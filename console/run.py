@@ -35,13 +35,13 @@ from .judged import judged, settle
 from .link import NodeLink
 from .liveness import check_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
-from .sanitize import Masker, clean_tree, secret_warnings
+from .sanitize import Masker, clean_tree, mask_tree, secret_warnings
 from .scrollback import PAGE_BYTES
 from .spec import LaunchSpec, new_run_id, run_root, torchrun_argv  # LaunchSpec: callers' too
 from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
 from .state import RUN_ENDED, RunState
 from .transport.base import HostUnreachable, Transport
-from .why import masked, take_verdict
+from .why import take_verdict
 
 ATTACH_BACKLOG = 4 << 20  # journal bytes per node a TUI attach reads log lines from
 # SSH handshakes under way at once: ~20 ms of laptop CPU each (docs/SCALE.md), so 64 finish
@@ -603,7 +603,7 @@ class RunController:
                 self.state.add_event(link.name, "judge", "the judge did not answer (%s): this "
                                      "console takes the verdict" % exc)
             else:
-                verdict = masked(clean_tree(verdict), self.state.masker)
+                verdict = mask_tree(clean_tree(verdict), self.state.masker)
                 self.state.set_verdict(verdict)
                 return verdict
         return await take_verdict(self)

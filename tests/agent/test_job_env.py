@@ -14,7 +14,7 @@ import sys
 
 from agent import node
 
-from tests.spine.helpers import wait_for
+from tests.waits import wait_for
 
 SCRIPT = """\
 import json, os, sys, threading

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -17,19 +16,10 @@ from agent import judge_wire
 from agent.journal import JournalReader
 from agent.judge_control import ask_judge, running_judge, start_judge, stop_judge
 from agent.judge_rules import RunView, check_stalls, ends_due, run_over
+from tests.waits import wait_for_sync
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKEN = "t0ken-" + "x" * 20
-
-
-def wait_for(cond, what, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError("never: " + what)
 
 
 def events(run_root):
@@ -81,7 +71,7 @@ def judged(tmp_path):
     info = start_judge(run_root, spec)
     yield run_root, info, tmp_path
     stop_judge(run_root)
-    wait_for(lambda: running_judge(run_root) is None, "the judge ended")
+    wait_for_sync(lambda: running_judge(run_root) is None, 30, "the judge ended")
 
 
 def test_a_stall_gets_one_verdict_journaled_and_notified(judged):
@@ -95,7 +85,7 @@ def test_a_stall_gets_one_verdict_journaled_and_notified(judged):
     for step in range(3):
         n0.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
         n1.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
-    verdicts = wait_for(lambda: [e for e in events(run_root) if e["what"] == "verdict"],
+    verdicts = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "verdict"], 30,
                         "a verdict in the judge's journal")
     v = verdicts[0]["verdict"]
     assert v["kind"] == "stuck-in-python" and [s["rank"] for s in v["suspects"]] == [1], v
@@ -104,13 +94,13 @@ def test_a_stall_gets_one_verdict_journaled_and_notified(judged):
     stalls = [e for e in events(run_root) if e["what"] == "stalled"]
     assert sorted(e["rank"] for e in stalls) == [0, 1]
     notified = tmp / "notified.jsonl"
-    wait_for(lambda: notified.exists() and len(notified.read_text().splitlines()) >= 2,
+    wait_for_sync(lambda: notified.exists() and len(notified.read_text().splitlines()) >= 2, 30,
              "the stall and the verdict notified")
     kinds = [json.loads(line)["kind"] for line in notified.read_text().splitlines()]
     assert kinds == ["stall", "verdict"], kinds  # the stall once, not once per rank
     assert "hunter2-very-secret" not in notified.read_text()
     n0.send({"k": "metric", "f": 1, "step": 3})
-    wait_for(lambda: any(e["what"] == "stepping" for e in events(run_root)), "stepping again")
+    wait_for_sync(lambda: any(e["what"] == "stepping" for e in events(run_root)), 30, "stepping again")
 
 
 def test_a_console_gets_a_fresh_verdict_and_a_stranger_nothing(judged):
@@ -181,7 +171,7 @@ def test_closing_a_line_while_another_thread_reads_it_ends_both():
     got = []
     reader = threading.Thread(target=lambda: got.append(line.read()), daemon=True)
     reader.start()
-    wait_for(lambda: reader.is_alive(), "the reader waits")
+    wait_for_sync(lambda: reader.is_alive(), 30, "the reader waits")
     closer = threading.Thread(target=line.close, daemon=True)
     closer.start()
     closer.join(30)

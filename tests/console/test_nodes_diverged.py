@@ -8,7 +8,7 @@ import time
 from console.state import RunState
 from console.tui.app import RankdeckApp
 from console.tui.nodes import DIVERGED_STYLE, NodesTable
-from tests.console.pilot import until
+from tests.waits import wait_until
 from tests.console.scripted import controller, host_names, standard_script
 
 T0 = 1_700_000_000.0
@@ -54,13 +54,13 @@ async def test_the_app_shows_the_mark(tmp_path):
     ctl, launch = controller(str(tmp_path), t, hosts=2)
     app = RankdeckApp(ctl, launch)
     async with app.run_test(size=(160, 40)) as pilot:
-        await until(pilot, lambda: not app.launching, what="launch")
-        await until(pilot, lambda: 1 in ctl.state.ranks and ctl.state.ranks[1].step,
-                    what="rank 1 steps")
+        await wait_until(pilot, lambda: not app.launching, what="launch")
+        await wait_until(pilot, lambda: 1 in ctl.state.ranks and ctl.state.ranks[1].step,
+                         what="rank 1 steps")
         node = ctl.state.ranks[1].node
         fid = next(f for f, fi in ctl.state.nodes[node].files.items() if fi.rank == 1)
         ctl.state.apply_records(node, [[{"k": "metric", "f": fid, "step": 7,
                                          "loss": float("inf")}]], 0)
-        await until(pilot, lambda: "NaN@7" in app.nodes.row_text("r:1")[0],
-                    what="the mark on rank 1's row")
+        await wait_until(pilot, lambda: "NaN@7" in app.nodes.row_text("r:1")[0],
+                         what="the mark on rank 1's row")
         assert "NaN" not in app.nodes.row_text("r:0")[0]

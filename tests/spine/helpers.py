@@ -8,6 +8,7 @@ import sys
 
 from agent import procs
 from inventory.model import Host, Inventory
+from tests.waits import wait_for_sync
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINER = os.path.join(REPO, "trainer", "train.py")
@@ -62,6 +63,13 @@ def processes_of(run_id: str) -> list[tuple[int, str]]:
         if run_id in cmd or env.get(procs.MARKER, "").startswith(run_id + "/"):
             found.append((pid, cmd))
     return found
+
+
+def all_ended(run_id: str, timeout: float = 60) -> None:
+    """After a stop: every process of the run ends (the supervisors may take a moment)."""
+    wait_for_sync(lambda: not processes_of(run_id), timeout,
+                  lambda: "every process of the run to end: %s" % processes_of(run_id),
+                  every=0.5)
 
 
 async def wind_down(ctl) -> list[tuple[int, str]]:

@@ -10,13 +10,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from agent.journal import JournalReader
 
-from .helpers import REPO, TINY, TRAINER, processes_of
+from tests.waits import wait_for_sync
+
+from .helpers import REPO, TINY, TRAINER, all_ended
 from .test_stuck import line_of
 
 pytestmark = pytest.mark.e2e
@@ -53,23 +54,17 @@ def judge_events(workdir: str, run_id: str) -> list[dict]:
 
 
 def wait_for_event(workdir, run_id, pick, what, timeout=TIMEOUT) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [e for e in judge_events(workdir, run_id) if pick(e)]
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError("no %s in the judge's journal; it holds:\n%s" % (
-        what, "\n".join(str(e.get("text")) for e in judge_events(workdir, run_id))))
+    """The judge's events that ``pick`` takes, once there is one."""
+    return wait_for_sync(lambda: [e for e in judge_events(workdir, run_id) if pick(e)], timeout,
+                         lambda: "%s in the judge's journal; it holds:\n%s" % (what, "\n".join(
+                             str(e.get("text")) for e in judge_events(workdir, run_id))),
+                         every=0.5)
 
 
 def stop(run_id: str) -> None:
     out = rankdeck("stop", run_id, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    deadline = time.monotonic() + 60
-    while processes_of(run_id) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert processes_of(run_id) == [], processes_of(run_id)
+    all_ended(run_id)
 
 
 def test_a_detached_run_gets_its_verdict_with_no_console_and_status_shows_it(tmp_path):
@@ -130,15 +125,14 @@ def test_on_hang_restart_restarts_the_named_node_and_every_rank_steps_again(tmp_
         policy = [e for e in judge_events(workdir, run_id) if e["what"] == "policy"]
         assert any("restarting %s" % node in e["text"] for e in policy), policy
         # every rank steps again past the hang
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
+        steps: list = []
+
+        def stepping_again() -> bool:
             status = json.loads(rankdeck("status", run_id, "--json").stdout)
-            steps = [r["step"] for n in status["nodes"] for r in n["ranks"]]
-            if len(steps) == 4 and all(s is not None and s > 9 for s in steps):
-                break
-            time.sleep(2)
-        else:
-            raise AssertionError("not every rank stepped again: %s" % steps)
+            steps[:] = [r["step"] for n in status["nodes"] for r in n["ranks"]]
+            return len(steps) == 4 and all(s is not None and s > 9 for s in steps)
+        wait_for_sync(stepping_again, TIMEOUT, lambda: "every rank past step 9: %s" % steps,
+                      every=2.0)
     finally:
         stop(run_id)
 
@@ -155,10 +149,8 @@ def test_a_detached_run_whose_rank_aborts_after_the_last_step_ends_failed_and_no
         assert "after its last step" in ended[0]["text"], ended
         status = json.loads(rankdeck("status", run_id, "--json").stdout)
         assert status["state"] == "failed", status["state"]
-        deadline = time.monotonic() + 60
-        while not (notified.exists() and notified.read_text().strip()) \
-                and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_for_sync(lambda: notified.exists() and notified.read_text().strip(), 60,
+                      "the end notified", every=0.5)
         kinds = [json.loads(line)["kind"] for line in notified.read_text().splitlines()]
         assert kinds == ["failed"], kinds  # once, and only the kinds asked for
     finally:

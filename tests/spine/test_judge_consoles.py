@@ -16,13 +16,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from agent.serve import OPS_LOG
 
-from .helpers import REPO, TINY, TRAINER, processes_of
+from tests.waits import wait_for_sync
+
+from .helpers import REPO, TINY, TRAINER, all_ended
 from .test_judge import judge_events, wait_for_event, write_inventory
 
 pytestmark = pytest.mark.e2e
@@ -35,14 +36,6 @@ def rankdeck(env: dict, *args: str, timeout: float = 300) -> subprocess.Complete
                          capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout + out.stderr
     return out
-
-
-def wait_until(predicate, what: str, show, timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("no %s; %s" % (what, show()))
-        time.sleep(0.5)
 
 
 def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_path):
@@ -72,7 +65,8 @@ def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_pa
             return "\n".join("console %d:\n%s" % (i + 1, text(i)[-3000:]) for i in (0, 1))
 
         # both follow the run live, before rank 2 stalls
-        wait_until(lambda: all(" r2] " in text(i) for i in (0, 1)), "rank 2 line in both", show)
+        wait_for_sync(lambda: all(" r2] " in text(i) for i in (0, 1)), TIMEOUT,
+                      lambda: "a rank 2 line in both consoles;\n" + show(), every=0.5)
         assert not [e for e in judge_events(workdir, run_id) if e["what"] == "stalled"], \
             "rank 2 stalled before both consoles were attached: the test shows nothing"
 
@@ -80,8 +74,9 @@ def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_pa
                                and e["verdict"]["kind"] == "stuck-in-python", "a verdict")[0]
         assert [s["rank"] for s in first["verdict"]["suspects"]] == [2], first
         line = VERDICT + first["verdict"]["summary"]
-        wait_until(lambda: all(line in text(i).splitlines() for i in (0, 1)),
-                   "verdict line %r in both consoles" % line, show)
+        wait_for_sync(lambda: all(line in text(i).splitlines() for i in (0, 1)), TIMEOUT,
+                      lambda: "verdict line %r in both consoles;\n%s" % (line, show()),
+                      every=0.5)
         # a third console, `status` from a new shell, shows the same. Meanwhile a console
         # judging for itself would have asked: its stall rule (the run's 6 s) fires on the
         # console's own clock, within a second of the judge's stall (the judge hears of steps
@@ -111,7 +106,4 @@ def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_pa
                 proc.kill()
                 proc.wait()
         rankdeck(env, "stop", run_id)
-        deadline = time.monotonic() + 60
-        while processes_of(run_id) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert processes_of(run_id) == [], processes_of(run_id)
+        all_ended(run_id)

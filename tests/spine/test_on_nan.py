@@ -6,13 +6,12 @@ before the stop is in their node's journal (nothing lost)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from agent.journal import JournalReader
 
-from .helpers import processes_of
+from .helpers import all_ended, processes_of
 from .test_judge import rankdeck, wait_for_event
 
 pytestmark = pytest.mark.e2e
@@ -62,10 +61,7 @@ def test_on_nan_stop_stops_the_run_at_the_first_nan_and_loses_no_line(tmp_path):
         assert status["state"] == "stopped", status["state"]
         ranks = {r["rank"]: r for n in status["nodes"] for r in n["ranks"]}
         assert ranks[1]["diverged"] == 8, ranks[1]
-        deadline = time.monotonic() + 60  # the stop's end: the supervisors are gone
-        while processes_of(run_id) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert processes_of(run_id) == [], processes_of(run_id)
+        all_ended(run_id)  # the stop's end: the supervisors are gone
         root = workdir / ".rankdeck" / "runs" / run_id
         journaled = set()
         for name in ("node0", "node1"):

@@ -19,8 +19,9 @@ from agent.hoststats import HostSampler
 from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
+from tests.waits import wait_for
 
-from .helpers import REPO, TINY, TRAINER, local_inventory, wait_for, wind_down
+from .helpers import REPO, TINY, TRAINER, local_inventory, wind_down
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT = 300

@@ -17,7 +17,8 @@ from console.ownership import RANKS_PER_SLOT
 from console.state import RunState
 from inventory.model import Host
 
-from test_protocol_errors import BadAgentTransport, until  # tests/unit is on sys.path
+from test_protocol_errors import WAIT, BadAgentTransport  # tests/unit is on sys.path
+from tests.waits import wait_for
 
 NODES = [("node0", "10.0.0.1"), ("node1", "10.0.0.2")]
 T0 = 1_700_000_000.0
@@ -134,8 +135,8 @@ def test_a_node_claiming_too_many_ranks_shows_a_protocol_error_and_resumes_at_th
         link = NodeLink(Host("node0", "127.0.0.2"), transport, state, "/nowhere")
         await link.connect()
         await link.subscribe()
-        await until(lambda: "protocol error" in (state.nodes["node0"].cause or ""),
-                    "a protocol error on the node")
+        await wait_for(lambda: "protocol error" in (state.nodes["node0"].cause or ""), WAIT,
+                       "a protocol error on the node")
         cause = state.nodes["node0"].cause
         assert "claims more than 4 ranks" in cause, cause
         assert len(state.ranks) == 4
