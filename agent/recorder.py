@@ -25,7 +25,7 @@ from .resumed import resumed_records
 STDERR_TAIL = 16 * 1024  # bytes of each worker's stderr kept for the cause of a failure
 
 
-class Recorder(object):
+class Recorder:
     """One node's recording: ``journal`` (agent/journal.py JournalWriter), ``follower``
     (agent/tail.py LogFollower) and ``masker`` (agent/mask.py, the run's secrets; the
     follower cuts data where it splits no secret) are the supervisor's; ``metrics_regex``

@@ -93,7 +93,7 @@ NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 NOFOLLOW_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: a FIFO never hangs
 
 
-class Workdir(object):
+class Workdir:
     """A host workdir, and the folders in it already checked not to lead out of it.
 
     Each folder is resolved once (a tree of thousands of files has tens of folders). The last
@@ -244,7 +244,7 @@ def stat_record(st, sha, own):
 
 
 # -- a commit: one at a time; what it may remove --------------------------------------------
-class WorkdirLock(object):
+class WorkdirLock:
     """Serialises commits into one workdir (two consoles, or hosts sharing a home over NFS)."""
 
     def __init__(self, root):

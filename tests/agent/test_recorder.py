@@ -95,7 +95,7 @@ def test_a_parser_that_fails_is_logged_and_the_lines_still_journaled(tmp_path):
     logged = []
     recorder, log_dir, _console = make_recorder(tmp_path, logged)
 
-    class BrokenParser(object):
+    class BrokenParser:
         def parse(self, text, file=None, worker=None):
             raise ValueError("parser bug")
 
