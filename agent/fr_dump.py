@@ -33,6 +33,9 @@ SOURCE_BYTES_MAX = 4 << 20  # a source file is read this far at most
 _FRAME = re.compile(r'^\s+\S+ \((.+?):(\d+)\)\s*$|^\s+File "(.+?)", line (\d+) in ')
 
 
+LISTEN_WAIT = 3.0  # seconds a busy hook (answering another asker) is waited for
+
+
 def request(fr_dir, pid, wait=ANSWER_WAIT):
     """Ask the hook in ``pid`` for its trace; the parsed JSON, or {"error": why}."""
     asked = ask(fr_dir, pid)
@@ -62,15 +65,23 @@ def ask(fr_dir, pid):
     each waits for a file newer than the one it saw (one rename makes each answer)."""
     req = os.path.join(fr_dir, "%d.req" % pid)
     before = _answer_id(os.path.join(fr_dir, "%d.json" % pid))
-    try:
-        fd = os.open(req, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            return {"error": "no flight-recorder hook in this rank (RANKDECK_FLIGHT_RECORDER=0, "
-                             "or a run started before rankdeck had it)"}
-        if exc.errno == errno.ENXIO:
-            return {"error": "the rank's flight-recorder hook is not listening"}
-        raise
+    # ENXIO: no reader has the FIFO open. The hook reopens it once it has answered the
+    # previous asker (the judge's two samples, the periodic sampler and a console's `why` may
+    # come close together), so keep trying for a moment before saying it does not listen.
+    deadline = time.monotonic() + LISTEN_WAIT
+    while True:
+        try:
+            fd = os.open(req, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return {"error": "no flight-recorder hook in this rank (RANKDECK_FLIGHT_RECORDER"
+                                 "=0, or a run started before rankdeck had it)"}
+            if exc.errno != errno.ENXIO:
+                raise
+            if time.monotonic() >= deadline:
+                return {"error": "the rank's flight-recorder hook is not listening"}
+            time.sleep(0.02)
     try:
         os.write(fd, b"1")
     finally:

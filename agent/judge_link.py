@@ -27,7 +27,7 @@ from .journal import JournalReader
 from .node import STOP_END
 from .runfiles import read_json, write_json_atomic
 
-FORWARD = ("file", "metric", "event")
+FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples: stragglers
 POLL = 0.5
 BACKOFF = (1.0, 2.0, 5.0)
 RESTART_WAIT = 180.0

@@ -13,7 +13,8 @@ attached is judged as an attached console judges it:
   failed after the run's last step while the other nodes had finished; an exit barrier
   waiting for nodes that ended otherwise) and how each should end;
 * :func:`run_over`: how the run ended, once every node has;
-* :func:`verdict_again_due`: when to ask again who is stuck while a stall lasts.
+* :func:`verdict_again_due`: when to ask again who is stuck while a stall lasts;
+* stragglers, continuously, from the nodes' periodic samples (agent/straggler.py).
 
 Times are the judge's own clock (when a record arrived), never a host's: nodes' clocks differ.
 Standard library only; Python >= 3.9.
@@ -22,6 +23,8 @@ Standard library only; Python >= 3.9.
 import signal
 import statistics
 from collections import deque
+
+from .straggler import Stragglers
 
 STALL_FACTOR = 5.0
 VERDICT_AGAIN_S = 10.0
@@ -66,14 +69,21 @@ class RunView:
         self.verdict = None
         self.verdict_at = float("-inf")
         self.verdict_tries = 0
+        self.world = None  # the world size the nodes' files say
+        self.stragglers = Stragglers()  # from the supervisors' samples (agent/straggler.py)
 
     # -- what a node forwards --------------------------------------------------------------
     def apply(self, node, meta, now):
         """One forwarded journal meta; the events it causes (``stepping`` after a stall,
         ``diverged`` at a rank's first non-finite loss) as dicts."""
         kind = meta.get("k")
+        if kind == "sample":
+            return [event(what, self.ranks[r].node if r in self.ranks else node, r, text=text)
+                    for r, what, text in self.stragglers.add(meta, self.world)]
         if kind == "file" and _whole(meta.get("rank")) and _whole(meta.get("f")):
             rank = meta["rank"]
+            if _whole(meta.get("world_size")) and 0 < meta["world_size"] <= 1 << 20:
+                self.world = meta["world_size"]
             self.files[(node, meta["f"])] = rank
             rs = self.ranks.get(rank)
             if rs is None or rs.node != node or rs.state in ENDED:

@@ -17,7 +17,8 @@ from .sanitize import clean, clean_tree
 from .state import RunState
 
 JUDGE_EVENTS = ("judge", "stalled", "stepping", "verdict", "policy", "restarted", "ending",
-                "notify_failed", "judge_error", "run_ended", "diverged")
+                "notify_failed", "judge_error", "run_ended", "diverged", "straggler",
+                "straggler cleared")
 
 
 def judged(state: RunState) -> bool:

@@ -431,6 +431,8 @@ class RunState:
         """A supervisor's periodic sample of its ranks: who enters collectives last
         (agent/straggler.py), and whose CPU advances (console/rankcpu.py)."""
         for rank, kind, text in self.stragglers.add(meta, self.world_size):
+            if self.judge is not None:
+                continue  # the judge says it (console/judged.py); the view still marks it
             node = self.ranks[rank].node if rank in self.ranks else ns.name
             self.add_event(node, kind, text, rank, meta.get("ts"))
         moved = self.rank_cpu.add(meta)

@@ -179,3 +179,22 @@ def test_closing_a_line_while_another_thread_reads_it_ends_both():
     assert not closer.is_alive() and not reader.is_alive()
     assert got in ([None], []) or isinstance(got[0], type(None))
     b.close()
+
+
+def test_the_judge_names_a_straggler_from_the_nodes_samples():
+    """The continuous straggler rule (agent/straggler.py) on the judge: the samples the links
+    forward name the slow rank, once, with no console."""
+    import random
+
+    from tests.unit.test_straggler import MIN_TICKS, WORLD, tick_records
+    view = RunView(["node%d" % r for r in range(WORLD)], 60)
+    for r in range(WORLD):
+        view.apply("node%d" % r, {"k": "file", "f": 1, "rank": r, "world_size": WORLD}, 0)
+    rng = random.Random(7)
+    found = []
+    for tick in range(MIN_TICKS + 3):
+        for rec in tick_records(tick, {2: 3.0}, rng):
+            node = "node%d" % rec["ranks"][0]["rank"]
+            found += view.apply(node, rec, tick)
+    named = [e for e in found if e["what"] == "straggler"]
+    assert [(e["rank"], e["node"]) for e in named] == [(2, "node2")], found
