@@ -7,7 +7,11 @@ and does not cost the others. The pattern is nvitop's ``nvmlQuery`` and ``NA``
 (XuehaiPan/nvitop ``nvitop/api/libnvml.py``).
 
 pynvml (package ``nvidia-ml-py``) is optional and imported only inside the probe, so this
-module imports the standard library alone. Runs on Python >= 3.8.
+module imports the standard library alone. Runs on Python >= 3.9 (docs/COMPAT.md).
+
+Over 450 lines: two sources (NVML with its event set for Xid errors, and nvidia-smi's CSV
+with a killed-on-timeout child) that must give one snapshot shape field for field; split,
+each half would repeat that shape.
 
 Snapshot::
 
