@@ -23,7 +23,7 @@ from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
 from .history import History, state_dir
 from .judged import judged, settle
-from .liveness import check_stalls
+from .liveness import check_stalls, check_waiting
 from .preflight import check_table
 from .report import RunReport
 from .run import LaunchSpec, RunController
@@ -83,8 +83,9 @@ def recorded_run(run_id: str, stall_after: float | None = None,
     if node is not None and node not in names:
         raise UsageError("run %s has no node %r; nodes: %s" % (ctl.run_id, node,
                                                                ", ".join(names)))
-    if stall_after is not None:  # else the run's own (RunController.from_record)
+    if stall_after is not None:  # else the run's own (RunController.from_record, the judge)
         ctl.state.stall_min_s = stall_after
+        ctl.state.stall_min_given = True
     return ctl
 
 
@@ -262,6 +263,7 @@ async def cmd_status(args) -> int:
         await ctl.caught_up()
         if judged(ctl.state):  # the judge's journal said who is stalled
             settle(ctl.state)
+            check_waiting(ctl.state)  # not on the judge yet (docs/JUDGE.md)
         else:
             check_stalls(ctl.state)
         status = ctl.status()

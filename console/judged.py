@@ -56,8 +56,8 @@ def _event(state: RunState, meta: dict) -> None:
     elif what == "judge":
         state.judge = {"stall_after": meta.get("stall_after"), "on_hang": meta.get("on_hang"),
                        "max_wall": meta.get("max_wall"), "notify": meta.get("notify")}
-        if isinstance(meta.get("stall_after"), (int, float)):
-            state.stall_min_s = float(meta["stall_after"])
+        if isinstance(meta.get("stall_after"), (int, float)) and not state.stall_min_given:
+            state.stall_min_s = float(meta["stall_after"])  # the run's own, unless asked
     elif what == "verdict" and isinstance(meta.get("verdict"), dict):
         state.set_verdict(clean_tree(meta["verdict"]))
         return  # set_verdict says it, once when it is news

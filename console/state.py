@@ -202,6 +202,7 @@ class RunState:
         self.verdict_tries = 0  # looks again at an unknown verdict (console/liveness.py)
         self.judge: dict | None = None  # the judge on the hosts, its settings (console/judged.py)
         self.judge_offset = 0  # in the judge's journal
+        self.stall_min_given = False  # `--stall-after` given to this console: it wins
         self.judge_stalled: set[int] = set()  # ranks the judge says are stalled
         self.stragglers = Stragglers()  # from the supervisors' samples (agent/ranksample.py)
         self.rank_cpu = RankCpu()  # silent ranks' CPU, from the same samples

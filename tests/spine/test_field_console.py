@@ -1,7 +1,8 @@
 """A first launch as on a real cluster, from the console's side, with real torchrun on 2 local
 nodes that each have a workdir of their own: the code goes there with `--sync`, a script
 that is not on the hosts is refused before anything starts, and `rankdeck restart` from a new
-shell (a RunController built from the run record) keeps the launch's `--env` values.
+shell (a RunController built from the run record) keeps the launch's `--env` values (the
+record keeps their names; the restarting shell exports them, as it does secrets).
 
 The script is a plain Python file outside the repository (no torch import): the run's time is
 torchrun's start-up and one node's rejoin.
@@ -73,7 +74,7 @@ def test_a_script_missing_on_the_hosts_is_refused_before_anything_starts(tmp_pat
     assert runs_recorded() == []
 
 
-async def test_synced_code_runs_and_a_restart_from_a_new_shell_keeps_env(tmp_path):
+async def test_synced_code_runs_and_a_restart_from_a_new_shell_keeps_env(tmp_path, monkeypatch):
     inv, workdirs = write_inventory(tmp_path)
     tree = tmp_path / "code"  # not in the repository, not under any workdir
     tree.mkdir()
@@ -88,7 +89,10 @@ async def test_synced_code_runs_and_a_restart_from_a_new_shell_keeps_env(tmp_pat
     for w in workdirs:  # each host's own copy, .gitignore obeyed
         assert sorted(os.listdir(w)) == [".gitignore", ".rankdeck", "field_probe.py"], w
 
-    # a new shell: nothing of the launch's process, only the run record
+    # a new shell: nothing of the launch's process, only the run record, and FOO exported
+    # (the record keeps --env names only, docs/SECURITY.md: the restarting shell gives the
+    # value again, as it does a secret's; refused without it: tests/unit/test_restart_env.py)
+    monkeypatch.setenv("FOO", "bar-from-cli")
     ctl = RunController.from_record(History().load(run_id), LocalTransport(), History())
     try:
         lines: list[tuple[str, str]] = []
