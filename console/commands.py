@@ -23,7 +23,7 @@ from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
 from .history import History, state_dir
 from .judged import judged, settle
-from .liveness import check_stalls, check_waiting
+from .liveness import check_stalls, check_waiting, cpu_stalls
 from .preflight import check_table
 from .report import RunReport
 from .run import LaunchSpec, RunController
@@ -264,6 +264,7 @@ async def cmd_status(args) -> int:
         if judged(ctl.state):  # the judge's journal said who is stalled
             settle(ctl.state)
             check_waiting(ctl.state)  # not on the judge yet (docs/JUDGE.md)
+            cpu_stalls(ctl.state, time.time())
         else:
             check_stalls(ctl.state)
         status = ctl.status()

@@ -50,10 +50,10 @@ def check_stalls(state: RunState, now: float | None = None) -> list[RankState]:
             newly.append(rs)
             state.add_event(rs.node, "stalled", "rank %d stalled: no step for %.0f s (last "
                             "step %s)" % (rs.rank, now - rs.last_progress, rs.step), rs.rank)
-    return newly + _silent_stalls(state, now) + _cpu_stalls(state, now)
+    return newly + _silent_stalls(state, now) + cpu_stalls(state, now)
 
 
-def _cpu_stalls(state: RunState, now: float) -> list[RankState]:
+def cpu_stalls(state: RunState, now: float) -> list[RankState]:
     """A run where no rank prints steps stalls when no rank's CPU has advanced for
     longer than the stall threshold (console/rankcpu.py says why not one rank alone)."""
     if any(r.reports for r in state.ranks.values()):
