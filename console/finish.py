@@ -20,7 +20,9 @@ so that the node's own journal says how it ended and any later console replays t
 
 from __future__ import annotations
 
-from .state import NodeState, RunState, how_it_ended
+from agent.judge_rules import how_it_ended
+
+from .state import NodeState, RunState
 
 
 def workers_finished(ns: NodeState) -> bool:

@@ -13,7 +13,6 @@ reads them all.
 from __future__ import annotations
 
 import math
-import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from .lines import split_lines
 from . import ownership
 from .rankcpu import RankCpu
 from .sanitize import NO_SECRETS, Masker, clean
+from agent.judge_rules import how_it_ended
 from agent.straggler import Stragglers
 from .telemetry import hardware_events, hardware_of, node_row
 from .text import human_bytes, kill_summary
@@ -151,17 +151,6 @@ class Event:
     kind: str  # launched, checkpoint, restarting, restarted, exited, failed, stopped, stalled...
     text: str
     rank: int | None = None
-
-
-def how_it_ended(exit_code: int | None) -> str:
-    """``killed by SIGABRT (exit -6)`` or ``exited with code 1`` (torchrun's exit codes)."""
-    if exit_code is not None and exit_code < 0:
-        try:
-            name = signal.Signals(-exit_code).name
-        except ValueError:
-            name = "signal %d" % -exit_code
-        return "killed by %s (exit %d)" % (name, exit_code)
-    return "exited with code %s" % exit_code
 
 
 class RunState:

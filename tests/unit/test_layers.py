@@ -24,7 +24,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The agent modules the console may import: the wire, the rules both sides apply, the
 # judge's notification kinds and the agent's version.
 CONSOLE_TAKES = {"agent.protocol", "agent.sync_wire", "agent.judge_wire", "agent.mask",
-                 "agent.verdict", "agent.straggler", "agent.judge_notify", "agent.version"}
+                 "agent.verdict", "agent.straggler", "agent.judge_notify", "agent.judge_rules",
+                 "agent.version"}
 
 
 def lint_imports() -> str:
