@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make .venv with rankdeck (editable), the reference trainer's torch (pinned: an unpinned
 # torch pulls GBs of CUDA packages) and, with --test, what the test suite needs: Debian's
-# openssh-server, pdsh, tmux, iproute2, rsync and python3-venv (as root), and the Python test tools.
+# openssh-server, pdsh, tmux, iproute2, rsync, python3-venv and Slurm with munge (as root), and
+# the Python test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
@@ -21,6 +22,18 @@ if [ "$want_test" = 1 ] && [ "$(id -u)" = 0 ]; then
     echo "installing ${missing[*]} ..."
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  # a real Slurm for tests/slurm (tests/slurm/slurmcluster.py starts its own daemons; the
+  # packages' init scripts do nothing without /etc/slurm/slurm.conf)
+  slurm=()
+  [ -x /usr/sbin/slurmctld ] || slurm+=(slurmctld)
+  [ -x /usr/sbin/slurmd ] || slurm+=(slurmd)
+  command -v srun >/dev/null 2>&1 || slurm+=(slurm-client)
+  [ -x /usr/sbin/munged ] || slurm+=(munge)
+  if [ "${#slurm[@]}" -gt 0 ]; then
+    echo "installing ${slurm[*]} ..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${slurm[@]}" >/dev/null
   fi
 fi
 
