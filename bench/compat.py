@@ -1,7 +1,7 @@
 """The torch version matrix: one venv per torch version, the tests that touch torch in each.
 
 For every version asked (default 2.4, 2.8, 2.11, 2.13, 2.15) this makes (or reuses) a venv
-``VENVS/torch-<version>`` with ``torch==<version>.*``, numpy and py-spy, prints what that torch
+``VENVS/torch-<version>`` with ``torch==<version>.*`` and what the tests' host scripts import besides (``HOST_PACKAGES``), prints what that torch
 has of the APIs rankdeck uses where they differ (flight-recorder dump, the store's listen-fd
 handover, DDP's buffer-sync keyword), then runs the reference trainer's tests and the spine
 subset that touches torch with ``RANKDECK_TEST_HOST_PYTHON`` set to the venv's python
@@ -31,6 +31,12 @@ import xml.etree.ElementTree as ET
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERSIONS = ("2.4", "2.8", "2.11", "2.13", "2.15")
 BASE_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+# What the hosts' side of the tests needs besides torch: numpy (torch warns without it), py-spy
+# (the agent's stack dumps), safetensors (tests/spine/test_checkpoint_run.py's saver script; a
+# venv without it fails that test with the rank's ModuleNotFoundError, not rankdeck's fault).
+HOST_PACKAGES = ("numpy", "py-spy", "safetensors")
+# A venv is complete when these import and py-spy is on its bin/.
+HOST_IMPORTS = "import torch, numpy, safetensors"
 # (row label, pytest node ids): the trainer and every spine test whose hosts run torch.
 GROUPS = (
     ("trainer", ["tests/trainer/test_trainer.py"]),
@@ -72,20 +78,24 @@ def venv_python(venvs: str, version: str) -> str:
 def make_venv(venvs: str, version: str) -> str:
     """The venv's python, made and installed first if missing (pip's output to a log)."""
     python = venv_python(venvs, version)
-    if os.path.exists(python) and subprocess.run(
-            [python, "-c", "import torch"], capture_output=True).returncode == 0:
-        return python
     home = os.path.dirname(os.path.dirname(python))
-    subprocess.run([BASE_PYTHON, "-m", "venv", home], check=True)
+    if os.path.exists(python) and subprocess.run(
+            [python, "-c", HOST_IMPORTS], capture_output=True).returncode == 0 \
+            and os.path.exists(os.path.join(home, "bin", "py-spy")):
+        return python
+    if not os.path.exists(python):
+        subprocess.run([BASE_PYTHON, "-m", "venv", home], check=True)
     log = home + ".install.log"
-    print("installing torch %s into %s (log: %s)" % (version, home, log), flush=True)
+    # A venv made before a package joined HOST_PACKAGES: pip installs only what is missing.
+    print("installing torch %s and %s into %s (log: %s)"
+          % (version, ", ".join(HOST_PACKAGES), home, log), flush=True)
     started = time.monotonic()
     # A site-wide pip constraints file may cap torch below the version asked (this machine's
     # caps it at 2.14.1): the pin here is the one that counts.
     env = dict(os.environ, PIP_CONSTRAINT=os.devnull)
     with open(log, "ab") as out:
         rc = subprocess.run([python, "-m", "pip", "install", "--no-cache-dir",
-                             "torch==%s.*" % version, "numpy", "py-spy"],
+                             "torch==%s.*" % version, *HOST_PACKAGES],
                             stdout=out, stderr=out, env=env).returncode
     if rc:
         raise SystemExit("torch %s: pip exited %d; see %s" % (version, rc, log))
