@@ -19,6 +19,7 @@ import stat
 import time
 
 from . import procs
+from .frhook import NO_RECORDER
 from .runfiles import read_json
 from .stacks import dump_stacks
 
@@ -28,6 +29,7 @@ SOURCES_MAX = 64
 SOURCE_LINE_MAX = 100000
 SOURCE_TEXT_MAX = 240
 SOURCE_BYTES_MAX = 4 << 20  # a source file is read this far at most
+VERSION_MAX = 40  # characters of a torch version a rank reports
 # a frame in py-spy's dump ("    train_step (trainer/train.py:238)") or faulthandler's
 # ('  File "trainer/train.py", line 238 in train_step')
 _FRAME = re.compile(r'^\s+\S+ \((.+?):(\d+)\)\s*$|^\s+File "(.+?)", line (\d+) in ')
@@ -100,7 +102,10 @@ def answer(fr_dir, pid, asked):
 def summary(trace):
     """The verdict's view of one rank's trace: its newest entries, compact."""
     if "error" in trace:
-        return {"error": str(trace["error"])}
+        out = {"error": str(trace["error"])}
+        if trace.get(NO_RECORDER):  # which torch lacks it: the verdict says so
+            out[NO_RECORDER] = str(trace[NO_RECORDER])[:VERSION_MAX]
+        return out
     entries = []
     for e in (trace.get("entries") or [])[-KEEP:]:
         entries.append({

@@ -28,6 +28,8 @@ import threading
 SWITCH = "RANKDECK_FLIGHT_RECORDER"
 DIR_VAR = "RANKDECK_FR_DIR"
 BUFFER_VAR = "TORCH_FR_BUFFER_SIZE"
+# The answer's key for "this torch has no flight recorder": its value is torch's version.
+NO_RECORDER = "no_recorder"
 # Entries torch keeps per process (a ring). A 4-layer model's step is a few all-reduces;
 # 2000 covers hundreds of steps, and an entry is a few hundred bytes.
 BUFFER_ENTRIES = "2000"
@@ -63,7 +65,10 @@ def _trace_json():
     try:
         dump = torch._C._distributed_c10d._dump_fr_trace_json
     except AttributeError:
-        return json.dumps({"error": "this torch has no flight recorder (%s)" % torch.__version__})
+        # torch 2.4 has none (only NCCL's pickled _dump_nccl_trace, not read here); the verdict
+        # is then taken from the stacks alone and says so (agent/verdict.py from_stacks)
+        return json.dumps({"error": "this torch has no flight recorder (%s)" % torch.__version__,
+                           NO_RECORDER: str(torch.__version__)})
     try:
         data = dump(True, False)  # (includeCollectives, onlyActive) in torch 2.13
     except TypeError:

@@ -16,6 +16,11 @@ console never imports, and all ranks' dumps on one host; docs/STUCK.md says why 
 
 No suspect named is better than a wrong one: a rank is named only when every rank the run
 knows reported a trace (or sits on a node that did not answer) and the rule is unambiguous.
+
+A torch without a flight recorder (2.4: the hook says so, agent/frhook.py) leaves the stacks:
+:func:`from_stacks` names the ranks whose main thread is outside torch's collectives while
+the others wait in one, and every such verdict says "flight recorder unavailable on torch X:
+verdict from stacks alone" (its summary, ``evidence.flight_recorder``).
 """
 
 import re
@@ -30,6 +35,11 @@ KINDS = ("stuck-in-python", "mismatch", "unreachable", "straggler", "unknown")
 _LIBRARY_PREFIXES = ("torch/", "<frozen ", "threading.py")
 _LIBRARY_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/threading.py")
 SOURCE_MAX = 240  # characters of a suspect's source line
+# A main thread with a frame in these waits for the other ranks (without a flight recorder, the
+# stack is all there is): c10d's collectives, DDP's forward (buffer sync) and backward (its
+# reducer all-reduces gradient buckets and waits for them at the end of backward).
+_COLLECTIVE_PARTS = ("torch/distributed/", "torch/nn/parallel/", "torch/autograd/")
+NO_RECORDER = "no_recorder"  # agent/frhook.py's key: this torch has no flight recorder
 
 
 _PYSPY_FRAME = re.compile(r"^\s+(\S+) \((.+?):(\d+)\)\s*$")
@@ -295,6 +305,9 @@ def decide(reports, unreachable = None,
     silent = sorted(set(expected) - set(by_rank))
     if silent:
         return _unknown("rank(s) %s did not report" % rank_ranges(silent))
+    versions = _without_recorder(reports)
+    if versions:
+        return from_stacks(reports, earlier, versions)
     no_trace = sorted(r["rank"] for r in reports if not _entries(r))
     if no_trace:
         errors = {str(r["rank"]): clean(str((r.get("fr") or {}).get("error", "empty trace")), limit=200)
@@ -313,3 +326,58 @@ def decide(reports, unreachable = None,
             return found
     return straggler(reports) or _unknown("every rank is in step with the others in every "
                                           "collective (no hang found in the traces)")
+
+
+# -- without a flight recorder ------------------------------------------------------------------
+def _without_recorder(reports):
+    """The torch versions whose ranks said they have no flight recorder (agent/frhook.py)."""
+    return sorted({clean(r["fr"][NO_RECORDER], limit=40) for r in reports
+                   if isinstance(r.get("fr"), dict) and isinstance(r["fr"].get(NO_RECORDER), str)})
+
+
+def _in_collective(frames):
+    return any(f[1].startswith(_COLLECTIVE_PARTS) or any("/" + p in f[1] for p in _COLLECTIVE_PARTS)
+               for f in frames)
+
+
+def from_stacks(reports, earlier, versions):
+    """The verdict from the main threads' stacks alone, for a torch with no flight recorder.
+
+    Named, as ``stuck-in-python``: the ranks outside any collective (:data:`_COLLECTIVE_PARTS`)
+    while the others wait in one, only when every rank's main thread stood still between the
+    two samples (``earlier``) and the ranks outside are fewer than those waiting. Without the
+    recorder a mismatch (every rank waits, in different collectives) or a straggler cannot be
+    seen: those are ``unknown``, saying why.
+    """
+    note = "flight recorder unavailable on torch %s: verdict from stacks alone" % ", ".join(versions)
+    evidence = {"flight_recorder": note}
+
+    def unknown(why):
+        return _verdict("unknown", [], dict(evidence, why=why), "%s; no suspect: %s" % (note, why))
+
+    frames = {r["rank"]: main_thread_locations(r.get("stack") or "") for r in reports}
+    blank = sorted(rank for rank, f in frames.items() if not f)
+    if blank:
+        return unknown("no stack from rank(s) %s" % rank_ranges(blank))
+    if earlier is None:
+        return unknown("one sample only: a rank standing still cannot be told from one passing by")
+    before = {r["rank"]: main_thread_locations(r.get("stack") or "") for r in earlier}
+    moved = sorted(rank for rank, f in frames.items() if before.get(rank) != f)
+    if moved:
+        return unknown("rank(s) %s moved between two samples (no hang seen)" % rank_ranges(moved))
+    waiting = sorted(rank for rank, f in frames.items() if _in_collective(f))
+    outside = sorted(rank for rank in frames if rank not in waiting)
+    if not waiting or not outside:
+        return unknown("every rank is %s a collective: without the recorder a mismatch or a "
+                       "missing peer cannot be told" % ("in" if waiting else "outside"))
+    if len(outside) >= len(waiting):
+        return unknown("rank(s) %s wait in a collective, as many or more (%s) are outside one: "
+                       "no majority to go by" % (rank_ranges(waiting), rank_ranges(outside)))
+    by_rank = {r["rank"]: r for r in reports}
+    suspects = [_suspect(by_rank[rank]) for rank in outside]
+    at = frames[waiting[0]][0]
+    evidence.update(waiting_ranks=waiting,
+                    waiting_at=clean("%s:%d in %s" % (at[1], at[2], at[0]), limit=300))
+    return _verdict("stuck-in-python", suspects, evidence,
+                    "%s; rank(s) %s wait in a collective (at %s); outside any: %s"
+                    % (note, rank_ranges(waiting), evidence["waiting_at"], _where(suspects)))

@@ -27,8 +27,14 @@ def _in(c: dict) -> str:
 
 def evidence_lines(verdict: dict) -> list[str]:
     """Plain text: what the verdict rests on (which collective the others wait in, each
-    rank's collective in a mismatch, the nodes that did not answer, lateness, or why not)."""
+    rank's collective in a mismatch, the nodes that did not answer, lateness, or why not; a
+    verdict from the stacks alone says so first)."""
     ev, lines = verdict.get("evidence") or {}, []
+    if ev.get("flight_recorder"):  # first: everything below rests on the stacks alone
+        lines.append(ev["flight_recorder"])
+    if ev.get("waiting_at"):
+        lines.append("rank(s) %s wait in a collective, at %s"
+                     % (rank_ranges(ev.get("waiting_ranks") or []), ev["waiting_at"]))
     if ev.get("waiting_in"):
         lines.append("rank(s) %s wait in %s" % (rank_ranges(ev.get("waiting_ranks") or []),
                                                 _in(ev["waiting_in"])))
