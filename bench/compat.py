@@ -7,7 +7,9 @@ handover, DDP's buffer-sync keyword), then runs the reference trainer's tests an
 subset that touches torch with ``RANKDECK_TEST_HOST_PYTHON`` set to the venv's python
 (tests/spine/helpers.py): the agent, torchrun, the store and the trainer run under that venv,
 pytest and the console stay on the interpreter that runs this script. It prints a table
-version x test group (passed/collected, the failed tests named below it).
+version x test group (passed/collected, the failed tests named below it with the first line
+of their failure; "n/a: why" for a group this torch cannot run, e.g. the straggler flag without
+a flight recorder).
 
     .venv/bin/python bench/compat.py [--versions 2.4,2.15] [--venvs /work/compat-venvs]
     .venv/bin/python bench/compat.py --probe-only
@@ -49,7 +51,13 @@ GROUPS = (
                            "test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing"]),
     ("store on rdzv addr", ["tests/agent/test_host_hardening.py::"
                             "test_store_listens_on_the_rendezvous_address_only"]),
+    ("stuck, no recorder", ["tests/spine/test_stuck_without_recorder.py"]),
 )
+# Groups that read the flight recorder's collective entry times and nothing else: on a torch
+# without one (the probe's fr_dump empty) they are not run; the cell names why.
+NEEDS_RECORDER = {"straggler": "n/a: no flight recorder (the flag reads collective entry times)"}
+# ... and the one that runs only on a torch without it (it skips where there is one).
+WITHOUT_RECORDER = {"stuck, no recorder": "n/a: this torch has a flight recorder"}
 # What each torch has of the APIs rankdeck uses where versions differ; printed per version.
 PROBE = r"""
 import inspect, json, socket, torch
@@ -125,9 +133,11 @@ def run_group(python: str, tests: list[str], timeout: int) -> tuple[int, int, li
         passed, failed, total = 0, [], 0
         for case in cases:
             total += 1
-            bad = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
+            bad = [c for c in case if c.tag in ("failure", "error", "skipped")]
             if bad:
-                failed.append("%s (%s)" % (case.get("name"), bad[0]))
+                why = (bad[0].get("message") or "").strip().splitlines()
+                failed.append("%s (%s: %s)" % (case.get("name"), bad[0].tag,
+                                               why[0][:200] if why else "?"))
             else:
                 passed += 1
         return passed, total, failed
@@ -141,7 +151,8 @@ def table(versions, probes, results) -> str:
         cells = []
         for v in versions:
             got = results.get((v, label))
-            cells.append("not run" if got is None else "%d/%d" % (got[0], got[1]))
+            cells.append("not run" if got is None else got if isinstance(got, str)
+                         else "%d/%d" % (got[0], got[1]))
         lines.append("| %s | %s |" % (label, " | ".join(cells)))
     for key, label in (("fr_dump", "flight-recorder dump"), ("listen_fd", "store listen-fd"),
                        ("ddp_keyword", "DDP no-buffer-sync")):
@@ -151,7 +162,7 @@ def table(versions, probes, results) -> str:
             cells.append((", ".join(val) or "none") if isinstance(val, list) else str(val))
         lines.append("| *%s* | %s |" % (label, " | ".join(cells)))
     failures = ["- torch %s, %s: %s" % (v, label, "; ".join(got[2]))
-                for (v, label), got in results.items() if got[2]]
+                for (v, label), got in results.items() if not isinstance(got, str) and got[2]]
     return "\n".join(lines + ([""] + failures if failures else []))
 
 
@@ -176,6 +187,12 @@ def main(argv=None) -> int:
         for label, tests in GROUPS:
             if wanted and label not in wanted:
                 continue
+            has_recorder = bool(probes[version].get("fr_dump"))
+            skip = (NEEDS_RECORDER if not has_recorder else WITHOUT_RECORDER).get(label)
+            if skip:
+                results[(version, label)] = skip
+                print("torch %s, %s: %s" % (version, label, skip), flush=True)
+                continue
             started = time.monotonic()
             results[(version, label)] = run_group(python, tests, args.timeout)
             print("torch %s, %s: %d/%d in %.0f s" % (version, label, results[(version, label)][0],
@@ -183,7 +200,7 @@ def main(argv=None) -> int:
                                                      time.monotonic() - started), flush=True)
     print()
     print(table(versions, probes, results))
-    return 0 if all(not got[2] for got in results.values()) else 1
+    return 0 if all(isinstance(got, str) or not got[2] for got in results.values()) else 1
 
 
 if __name__ == "__main__":
