@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--sync-include", metavar="PATTERN", action="append", default=[],
                     help="also send the secret-looking files (.env, id_*, *.pem) this "
                     ".gitignore-style pattern matches, which --sync leaves out (repeatable)")
+    la.add_argument("--slurm", metavar="JOBID", help="run on the nodes of this running Slurm "
+                    "job (alone: the job of SLURM_JOB_ID); the inventory names only the login "
+                    "host (docs/SLURM.md)")
     la.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
     la.add_argument("script", help="training script, as a path on the hosts (relative to "
                     "each host's workdir)")
@@ -201,6 +204,20 @@ def own_option_after_script(parser: argparse.ArgumentParser, argv: list[str],
     return None
 
 
+def slurm_alone(argv: list[str]) -> list[str]:
+    """``launch --slurm train.py`` (no job id: the allocation's own) as ``--slurm=env``, so
+    that argparse does not take the script for the job id."""
+    if "--slurm" not in argv or "launch" not in argv:
+        return argv
+    at = argv.index("--slurm")
+    if "--" in argv[:at]:
+        return argv
+    following = argv[at + 1] if at + 1 < len(argv) else ""
+    if following and following[0].isdigit():
+        return argv
+    return argv[:at] + ["--slurm=env"] + argv[at + 1:]
+
+
 def raise_fd_limit(want: int = FDS_WANTED) -> int:
     """Raise this process's soft limit on open files towards ``want`` (never above the hard
     limit): one SSH connection per host is one socket, and the soft default (256 on macOS,
@@ -220,7 +237,7 @@ def raise_fd_limit(want: int = FDS_WANTED) -> int:
 def main(argv: list[str] | None = None) -> int:
     raise_fd_limit()
     parser = build_parser()
-    argv = sys.argv[1:] if argv is None else argv
+    argv = slurm_alone(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if not args.cmd:
         parser.print_help()

@@ -18,7 +18,8 @@ import trainer
 from agent.judge_notify import KINDS as NOTIFY_KINDS
 from inventory.loader import load_inventory
 from inventory.model import Inventory
-from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
+from . import slurm
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, LaunchError, UsageError
 from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
 from .history import History, state_dir
@@ -32,6 +33,7 @@ from .sanitize import secret_warnings
 from .stacks import group, render
 from .summary import control_lines, shown, status_table
 from .transport import make_transport
+from .transport.base import HostUnreachable
 from .verdict import evidence_lines, verdict_lines
 
 DEMO_INVENTORY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -131,6 +133,8 @@ async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str)
 async def cmd_launch(args) -> int:
     path = os.path.abspath(args.inventory)
     inv = load_inventory(path).resolve_local(os.getcwd())
+    if getattr(args, "slurm", None):
+        inv = await slurm_inventory(inv, args)
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         raise UsageError("--nproc-per-node must be >= 1")
     if args.nnodes is not None:
@@ -143,6 +147,19 @@ async def cmd_launch(args) -> int:
                       sync_include=list(args.sync_include),
                       checkpoint_dir=args.checkpoint_dir, **judge_settings(args, inv))
     return await start_run(inv, spec, args, path)
+
+
+async def slurm_inventory(inv: Inventory, args) -> Inventory:
+    """``launch --slurm``: the job's nodes as the run's hosts (console/slurm.py)."""
+    job = slurm.job_from_env(args.slurm)
+    transport = make_transport(slurm.TRANSPORT_PREFIX + job,
+                               getattr(args, "accept_new_host_keys", False))
+    try:
+        return await slurm.job_inventory(inv, job, transport)
+    except HostUnreachable as exc:
+        raise LaunchError("cannot reach the login host: %s" % exc, EXIT_UNREACHABLE) from None
+    finally:
+        await transport.close()
 
 
 def judge_settings(args, inv: Inventory) -> dict:

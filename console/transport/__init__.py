@@ -12,15 +12,19 @@ from .local import LocalTransport
 
 
 def make_transport(kind: str, accept_new_host_keys: bool = False) -> Transport:
-    """The transport for an inventory's ``transport:`` ("local" or "ssh")."""
+    """The transport for an inventory's ``transport:`` ("local" or "ssh"), or a Slurm run's
+    ("slurm:JOB": srun through the login host, console/transport/slurm.py)."""
     if kind == "local":
         return LocalTransport()
     # Lazy for start-up time: asyncssh (and the cryptography it loads) takes a noticeable
     # part of a second to import, and the local transport and `--help` never need it.
     from .ssh import SshTransport
+    from .slurm import SlurmTransport
 
     # RANKDECK_REMOTE_CACHE: where the agent is copied on the hosts (default
     # ~/.cache/rankdeck), for hosts whose home is read-only or shared.
-    return SshTransport(accept_new_host_keys=accept_new_host_keys,
-                        remote_cache=os.environ.get("RANKDECK_REMOTE_CACHE",
-                                                    "~/.cache/rankdeck"))
+    options = dict(accept_new_host_keys=accept_new_host_keys,
+                   remote_cache=os.environ.get("RANKDECK_REMOTE_CACHE", "~/.cache/rankdeck"))
+    if kind.startswith("slurm:"):
+        return SlurmTransport(kind[len("slurm:"):], **options)
+    return SshTransport(**options)

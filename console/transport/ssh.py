@@ -226,8 +226,7 @@ class SshTransport(Transport):
         step failed (see ssh_errors.py).
         """
         link = await self._link(host)
-        command = self.bundle.remote_command(host.python or "python3", self.remote_cache)
-        process = await self._channel(link, command, encoding=None)
+        process = await self._channel(link, self.serve_command(host), encoding=None)
         stderr = StderrTail(process.stderr)
         try:
             hello, copied = await asyncio.wait_for(
@@ -249,6 +248,11 @@ class SshTransport(Transport):
             process.close()
             raise
         return SshAgentStream(process, link.label, hello, stderr, copied)
+
+    def serve_command(self, host) -> str:
+        """The shell command line that starts ``serve`` for ``host`` on the far side
+        (console/transport/slurm.py wraps it in ``srun``)."""
+        return self.bundle.remote_command(host.python or "python3", self.remote_cache)
 
     async def _await_hello(self, process, label: str, host, stderr: StderrTail):
         """Read up to the hello, sending the agent's files if the host asks for them."""

@@ -1,0 +1,159 @@
+"""A Slurm job as rankdeck's hosts: its nodes, their addresses, the rendezvous node's check.
+
+``rankdeck launch --slurm JOB`` runs on nodes the job holds, not on an inventory's host list:
+the inventory names only the login host (how to reach it, the nodes' python, workdir, env).
+:func:`job_inventory` asks the login host (``scontrol show job -o``, ``scontrol show
+hostnames``, ``scontrol show node -o``, ``getent ahostsv4``) and builds the run's Inventory:
+one Host per node, named as Slurm names it, its address the one the other nodes reach it at,
+its ``ssh`` the login host (console/transport/slurm.py goes through it). A rendezvous on
+localhost or 127.0.1.1 (a node whose name resolves to loopback) would leave every node alone
+in its own rendezvous: refused with what to fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, replace
+
+from inventory.model import Host, Inventory
+from .errors import EXIT_UNREACHABLE, LaunchError, UsageError
+
+JOB_ID = re.compile(r"\d+(?:_\d+)?")  # 123, or an array task 123_4
+FIELD = re.compile(r"(\w[\w/:]*)=(\S*)")
+TRANSPORT_PREFIX = "slurm:"
+
+
+@dataclass
+class SlurmJob:
+    """What ``scontrol show job -o`` says of a job (the fields rankdeck reads)."""
+
+    job_id: str
+    state: str
+    reason: str
+    node_list: str
+    fields: dict
+
+
+def job_from_env(given: str) -> str:
+    """The job id of ``--slurm JOB``, or of ``--slurm`` alone (``SLURM_JOB_ID``); UsageError
+    when there is none or it is not a job id."""
+    job = given if given != "env" else os.environ.get("SLURM_JOB_ID", "")
+    if not job:
+        raise UsageError("--slurm without a job id reads SLURM_JOB_ID, which is not set: run "
+                         "it inside the allocation's shell (salloc, sbatch), or give the job: "
+                         "--slurm JOBID")
+    if not JOB_ID.fullmatch(job):
+        raise UsageError("--slurm %r is not a Slurm job id (e.g. 1234, or 1234_5 for an "
+                         "array task)" % job[:40])
+    return job
+
+
+def parse_fields(line: str) -> dict:
+    """``Key=Value`` pairs of one ``scontrol -o`` record (values without spaces)."""
+    return {k: v for k, v in FIELD.findall(line)}
+
+
+def parse_job(job_id: str, text: str) -> SlurmJob:
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise UsageError("scontrol knows no job %s" % job_id)
+    fields = parse_fields(lines[0])
+    return SlurmJob(job_id=fields.get("JobId", job_id), state=fields.get("JobState", "?"),
+                    reason=fields.get("Reason", ""), node_list=fields.get("NodeList", ""),
+                    fields=fields)
+
+
+def node_addrs(text: str) -> dict:
+    """``{NodeName: NodeAddr}`` from ``scontrol show node -o``."""
+    out = {}
+    for line in text.splitlines():
+        fields = parse_fields(line)
+        if "NodeName" in fields:
+            out[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+    return out
+
+
+def is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost" or addr.startswith("localhost.")
+
+
+def rendezvous_refusal(node: str, name: str, resolved: str) -> str | None:
+    """Why the first node cannot be the rendezvous at ``resolved``, or None."""
+    if is_loopback(resolved) or is_loopback(name):
+        return ("the rendezvous would be on %s's address %s (NodeAddr %s), a loopback "
+                "address: every node would wait alone in its own rendezvous. Give the node a "
+                "NodeAddr the other nodes reach (slurm.conf), or fix the login host's and "
+                "nodes' /etc/hosts so that %s resolves to its network address, not "
+                "127.0.1.1" % (node, resolved, name, name))
+    return None
+
+
+async def _login(transport, login: Host, argv: list, what: str) -> str:
+    status, out, err = await transport.on_login(login, argv)
+    if status != 0:
+        detail = (err or out).strip().splitlines()[-1:] or ["exit %s" % status]
+        raise LaunchError("on the login host %s, %s failed: %s"
+                          % (login.ssh or login.name, what, detail[0][:300]), EXIT_UNREACHABLE)
+    return out
+
+
+async def read_job(transport, login: Host, job: str) -> SlurmJob:
+    status, out, err = await transport.on_login(login, ["scontrol", "show", "job", "-o", job])
+    if status != 0:
+        text = (err or out).strip()
+        if "Invalid job id" in text:
+            raise UsageError("Slurm has no job %s (scontrol: Invalid job id specified); "
+                             "`squeue --me` lists yours" % job)
+        raise LaunchError("on the login host %s, `scontrol show job %s` failed: %s"
+                          % (login.ssh or login.name, job, text[:300] or "exit %s" % status),
+                          EXIT_UNREACHABLE)
+    return parse_job(job, out)
+
+
+async def job_inventory(inv: Inventory, job_id: str, transport) -> Inventory:
+    """The run's Inventory on job ``job_id``'s nodes (see the module docstring). ``inv`` names
+    the login host (its one host); UsageError/LaunchError say what to fix."""
+    if len(inv.hosts) != 1 or inv.transport != "ssh":
+        raise UsageError("%s: with --slurm the inventory names one host, the login host where "
+                         "srun and scontrol run (its ssh:, and the nodes' python, workdir and "
+                         "env); it has %d host%s%s" % (
+                             inv.path, len(inv.hosts), "" if len(inv.hosts) == 1 else "s",
+                             "" if inv.transport == "ssh" else " and transport: %s"
+                             % inv.transport))
+    login = inv.hosts[0]
+    job = await read_job(transport, login, job_id)
+    if job.state != "RUNNING":
+        raise UsageError("Slurm job %s is %s%s: launch --slurm runs inside a running "
+                         "allocation; wait until squeue shows it RUNNING"
+                         % (job_id, job.state, " (%s)" % job.reason
+                            if job.reason not in ("", "None") else ""))
+    names = (await _login(transport, login, ["scontrol", "show", "hostnames", job.node_list],
+                          "`scontrol show hostnames %s`" % job.node_list)).split()
+    if not names:
+        raise LaunchError("Slurm job %s has no nodes (NodeList=%r)" % (job_id, job.node_list),
+                          EXIT_UNREACHABLE)
+    addrs = node_addrs(await _login(transport, login, ["scontrol", "show", "node", "-o",
+                                                       ",".join(names)],
+                                    "`scontrol show node`"))
+    first = addrs.get(names[0], names[0])
+    resolved = (await _login(transport, login, ["getent", "ahostsv4", first],
+                             "resolving %s (getent ahostsv4)" % first)).split()
+    refusal = rendezvous_refusal(names[0], first, resolved[0] if resolved else first)
+    if refusal:
+        raise UsageError(refusal)
+    hosts = [replace(login, name=n, addr=resolved[0] if n == names[0] and resolved
+                     else addrs.get(n, n), env=dict(login.env)) for n in names]
+    return Inventory(path=inv.path, hosts=hosts, transport=TRANSPORT_PREFIX + job.job_id,
+                     name=inv.name, sync=inv.sync, notify=inv.notify)
+
+
+def job_of(transport_kind: str) -> str | None:
+    """The job id of a Slurm run's recorded transport (``slurm:1234``), else None."""
+    if transport_kind.startswith(TRANSPORT_PREFIX):
+        return transport_kind[len(TRANSPORT_PREFIX):]
+    return None

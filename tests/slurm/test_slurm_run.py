@@ -1,0 +1,109 @@
+"""`rankdeck launch --slurm JOB` on a real Slurm: 4 nodes of a held allocation, the reference
+trainer under real torchrun, the agent sent to the nodes through srun (they have none), the
+console a CLI on the laptop reaching the login host over SSH as a user's does."""
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.slurm.slurmcluster import SlurmCluster
+from tests.spine.helpers import TINY, rank_log_files
+from tests.waits import wait_for_sync
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIMEOUT = 240
+PREFIX = re.compile(r"^\[(node\d) r(\d+)\] (.*)$")
+
+
+@pytest.fixture
+def login(slurm, clean_home, tmp_path, host_workdir):
+    """The user's side: ~/.ssh/config reaching the hosts, an inventory naming the login host
+    only (its python and the workdir the nodes use)."""
+    ssh_dir = clean_home / ".ssh"
+    ssh_dir.mkdir(exist_ok=True)
+    (ssh_dir / "config").write_text(open(slurm.hosts.ssh_config).read())
+    inv = tmp_path / "login.yaml"
+    inv.write_text("transport: ssh\nhosts:\n  - name: login\n    ssh: %s\n    addr: %s\n"
+                   "    python: %s\n    workdir: %s\n"
+                   % (slurm.login, slurm.hosts[slurm.login].addr, slurm.hosts.python,
+                      host_workdir))
+    return str(inv)
+
+
+def rankdeck(*args, check=True, timeout=TIMEOUT) -> subprocess.CompletedProcess:
+    res = subprocess.run([sys.executable, "-m", "console"] + list(args), cwd=REPO,
+                         env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
+                         text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError("rankdeck %s: exit %d\n%s\n%s" % (
+            " ".join(args), res.returncode, res.stdout[-3000:], res.stderr[-3000:]))
+    return res
+
+
+def status(run_id: str) -> dict:
+    return json.loads(rankdeck("status", run_id, "--json", check=False).stdout or "{}")
+
+
+def run_left_on_nodes(slurm: SlurmCluster) -> dict:
+    """The login user's processes in each compute node's namespaces (the run's agent,
+    supervisors, torchrun and workers would be among them)."""
+    uid = slurm.hosts.run_on(slurm.nodes[0], ["id", "-u"], text=True).stdout.strip()
+    left = {}
+    for node in slurm.nodes:
+        pids = subprocess.run(["ip", "netns", "pids", slurm.hosts[node].ns],
+                              capture_output=True, text=True).stdout.split()
+        mine = []
+        for pid in pids:
+            try:
+                if str(os.stat("/proc/%s" % pid).st_uid) == uid:
+                    with open("/proc/%s/cmdline" % pid, "rb") as f:
+                        mine.append(f.read().replace(b"\0", b" ").decode()[:120])
+            except OSError:
+                pass
+        if mine:
+            left[node] = mine
+    return left
+
+
+def test_launch_in_a_held_allocation_trains_every_line_once_and_stop_leaves_nothing(
+        slurm, login, project, host_workdir):
+    job = slurm.hold()
+    try:
+        res = rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync",
+                       str(project), "--max-restarts", "0", "trainer/train.py", *TINY,
+                       "--steps", "20")
+        run_id = res.stdout.split()[-1]
+        final = wait_for_sync(lambda: status(run_id).get("state") in ("succeeded", "failed",
+                                                                      "stopped")
+                              and status(run_id), TIMEOUT, lambda: "the run's end: %s"
+                              % status(run_id))
+        assert final["state"] == "succeeded", final
+        assert sorted(n["name"] for n in final["nodes"]) == slurm.nodes
+        # every line each rank wrote on its node, shown once by `logs`
+        shown = collections.Counter()
+        for line in rankdeck("logs", run_id).stdout.splitlines():
+            m = PREFIX.match(line)
+            if m:
+                shown[(m.group(1), m.group(3))] += 1
+        written = collections.Counter()
+        for node in slurm.nodes:
+            for path in rank_log_files(slurm.hosts.local_path(node, host_workdir), run_id,
+                                       node):
+                with open(path, errors="replace") as f:
+                    written.update((node, line) for line in f.read().splitlines())
+        assert written and sum(written.values()) >= 4 * 20
+        assert {k: shown[k] for k in written} == dict(written)
+        stop = rankdeck("stop", run_id, check=False)
+        assert stop.returncode in (0, 1), stop.stderr
+        wait_for_sync(lambda: not run_left_on_nodes(slurm) and not slurm.steps(job), 60,
+                      lambda: "nothing of the run left: %s, steps %s"
+                      % (run_left_on_nodes(slurm), slurm.steps(job)))
+        assert slurm.job_state(job) == "RUNNING"  # the allocation is the user's, not ours
+    finally:
+        slurm.cmd(["scancel", job], check=False)

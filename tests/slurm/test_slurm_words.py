@@ -1,0 +1,67 @@
+"""What launch --slurm reads from Slurm's words and refuses before it reaches a node (no
+Slurm needed)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from console.cli import slurm_alone
+from console.errors import UsageError
+from console.slurm import job_from_env, node_addrs, parse_job, rendezvous_refusal
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+JOB = ("JobId=12 JobName=hold UserId=u(1001) JobState=RUNNING Reason=None Dependency=(null) "
+       "TimeLimit=00:05:00 NodeList=node[0-3] BatchHost=node0 NumNodes=4 Command=(null)")
+
+
+def test_a_job_record_gives_its_state_and_node_list():
+    job = parse_job("12", JOB + "\n")
+    assert (job.job_id, job.state, job.node_list) == ("12", "RUNNING", "node[0-3]")
+    assert job.fields["TimeLimit"] == "00:05:00"
+
+
+def test_node_records_give_the_address_slurm_reaches_each_node_at():
+    text = ("NodeName=node0 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.1.0.11 NodeHostName=node0\n"
+            "NodeName=node1 Arch=x86_64 NodeHostName=node1\n")
+    assert node_addrs(text) == {"node0": "10.1.0.11", "node1": "node1"}
+
+
+@pytest.mark.parametrize("name,resolved", [("node0", "127.0.1.1"), ("localhost", "127.0.0.1"),
+                                           ("node0", "::1")])
+def test_a_rendezvous_on_loopback_is_refused_with_the_fix(name, resolved):
+    why = rendezvous_refusal("node0", name, resolved)
+    assert why and "loopback" in why and "NodeAddr" in why
+
+
+def test_a_network_address_is_a_fine_rendezvous():
+    assert rendezvous_refusal("node0", "node0", "10.1.0.11") is None
+
+
+def test_slurm_alone_reads_the_allocation_and_a_script_is_not_taken_for_a_job():
+    assert slurm_alone(["launch", "-i", "x", "--slurm", "train.py"]) == \
+        ["launch", "-i", "x", "--slurm=env", "train.py"]
+    assert slurm_alone(["launch", "--slurm", "42", "t.py"]) == ["launch", "--slurm", "42", "t.py"]
+    assert slurm_alone(["launch", "t.py", "--", "--slurm", "x"]) == \
+        ["launch", "t.py", "--", "--slurm", "x"]
+
+
+def test_job_ids(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert job_from_env("env") == "77" and job_from_env("5_3") == "5_3"
+    with pytest.raises(UsageError, match="not a Slurm job id"):
+        job_from_env("12;rm")
+    monkeypatch.delenv("SLURM_JOB_ID")
+    with pytest.raises(UsageError, match="SLURM_JOB_ID"):
+        job_from_env("env")
+
+
+def test_launch_slurm_outside_an_allocation_is_a_usage_error(tmp_path):
+    inv = tmp_path / "login.yaml"
+    inv.write_text("hosts:\n  - name: login\n    ssh: login.example\n")
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
+    res = subprocess.run([sys.executable, "-m", "console", "launch", "-i", str(inv), "--slurm",
+                          "train.py"], cwd=REPO, env=dict(env, PYTHONPATH=REPO),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "SLURM_JOB_ID" in res.stderr and "Traceback" not in res.stderr
