@@ -14,6 +14,8 @@ Message kinds (field ``t``); docs/PROTOCOL.md is the reference:
               past the last one (``end``), to resume from after a reconnect.
 - ``state``   agent -> console: one node's supervisor state (state.json) when it changes.
 - ``gpu``     agent -> console: one GPU snapshot of the host.
+- ``actions`` agent -> console: new lines of one node's action log (who changed the run).
+- ``consoles`` agent -> console: the consoles attached to one node, when that changes.
 
 This module is imported by the console; it must stay standard-library only and run on 3.8.
 """
@@ -29,6 +31,8 @@ BATCH_BYTES = 64 * 1024
 # Requests (``op``) a serve process understands.
 OPS = (
     "ping",
+    "hello",  # who the console is; role "watch" makes the connection read-only
+    "actions",  # a node's action log
     "preflight",
     "store_start",
     "store_stop",

@@ -7,6 +7,12 @@ what is new in subscribed journals. Requests are handled on threads so a slow on
 waiting out a grace period) never holds up the log stream; every pushed message goes through
 one writer lock.
 
+A console says who it is in its first request (``hello``: docs/PROTOCOL.md); one that says
+``watch`` makes its connection read-only for good: this serve then refuses every request not
+in ``READ_ONLY_OPS`` (kind ``read-only``), whatever the client is. Each request that changes a
+run (agent/actions.py ``CHANGES``), done or refused, is appended to the node's action log.
+What that does and does not promise: docs/SECURITY.md, "Read-only consoles".
+
 The stream loop sleeps until a subscribed node's folder changes (the supervisor appended to the
 journal, or replaced state.json: agent/watch.py), a new subscription, or the next telemetry
 sample; where inotify cannot be had it polls at agent/pace.py's rate.
@@ -19,7 +25,7 @@ import sys
 import threading
 import time
 
-from . import node, protocol
+from . import actions, node, protocol
 from .gpu import GpuProbe
 from .hoststats import HostSampler
 from .hostpaths import host_path, host_python
@@ -35,13 +41,20 @@ STATE_POLL = 0.25
 OPS_LOG = "RANKDECK_SERVE_OPS"  # a file each request's op is appended to: tests prove with it
 # which requests consoles made (tests/spine/test_judge_consoles.py); unset, nothing is written
 IDLE = 1.0  # with a watch: the longest sleep of the stream loop (a dead supervisor is seen)
+# what a read-only connection may ask: requests that read. Any other (a new op too) is refused.
+# `stacks` and `why` are answered without signalling the ranks (agent/stacks.py).
+READ_ONLY_OPS = frozenset(("ping", "hello", "subscribe", "unsubscribe", "state", "runs",
+                           "scrollback", "stacks", "why", "judge", "actions"))
+ROLES = ("drive", "watch")
 
 
 class Subscription:
     """One console's reading position in one node's journal."""
 
-    def __init__(self, sub_id, ndir, offset, quiet_until=0):
+    def __init__(self, sub_id, ndir, offset, quiet_until=0, actions_from=0):
         self.sub_id = sub_id
+        self.actions_from = actions_from  # the node's action log, read up to here
+        self.consoles = None  # the attached consoles last sent
         self.quiet_until = quiet_until  # data records starting before this are not sent
         self.ndir = ndir
         self.reader = JournalReader(os.path.join(ndir, "journal"), offset)
@@ -66,6 +79,9 @@ class Server:
         self.state_due = False  # a turn skipped a state check (read it within STATE_POLL)
         self.listeners = {}
         self._syncs = None  # --sync transfers of this connection (agent/sync.py), once used
+        self.console = {}  # who the console said it is (op_hello)
+        self.read_only = False  # set by a `watch` hello, never cleared
+        self.joined = {}  # node folder -> this connection's file among its consoles
 
     # -- output ----------------------------------------------------------------------------
     def send(self, msg):
@@ -86,23 +102,75 @@ class Server:
             return
         req_id = msg.get("id")
         op = msg.get("op")
-        fn = getattr(self, "op_" + str(op), None)
+        op = op if isinstance(op, str) else repr(op)  # a crafted one: a name still
+        fn = getattr(self, "op_" + op, None)
         if os.environ.get(OPS_LOG):
             log_op(os.environ[OPS_LOG], op)
-        if fn is None:
-            self.send({"t": "res", "id": req_id, "ok": False, "kind": "usage",
-                       "error": "unknown request %r (agent %s)" % (op, agent_version())})
-            return
-        try:
-            data = fn(msg.get("args") or {})
-        except RequestError as exc:
-            self.send({"t": "res", "id": req_id, "ok": False, "kind": exc.kind,
-                       "error": str(exc)})
-        except Exception as exc:  # report, never die: other runs' streams go on
-            self.send({"t": "res", "id": req_id, "ok": False, "kind": "error",
-                       "error": "%s: %s" % (type(exc).__name__, exc)})
+        args = msg.get("args") or {}
+        started = time.time()
+        if self.read_only and op not in READ_ONLY_OPS:  # first: an op unknown here too
+            reply = {"ok": False, "kind": "read-only", "error": "this console attached "
+                     "read-only (rankdeck watch / attach --read-only): %s is refused; attach "
+                     "without --read-only to change the run" % str(op)[:64]}
+        elif fn is None:
+            reply = {"ok": False, "kind": "usage",
+                     "error": "unknown request %r (agent %s)" % (op, agent_version())}
         else:
-            self.send({"t": "res", "id": req_id, "ok": True, "data": data})
+            reply = self.answer(fn, args)
+        if op in actions.CHANGES:  # before the answer: a console that has it finds the line
+            self.log_action(op, args, started, reply)
+        reply.update(t="res", id=req_id)
+        self.send(reply)
+
+    @staticmethod
+    def answer(fn, args):
+        """The answer to one request, without its id."""
+        try:
+            data = fn(args)
+        except RequestError as exc:
+            return {"ok": False, "kind": exc.kind, "error": str(exc)}
+        except Exception as exc:  # report, never die: other runs' streams go on
+            return {"ok": False, "kind": "error", "error": "%s: %s" % (type(exc).__name__, exc)}
+        return {"ok": True, "data": data}
+
+    def log_action(self, op, args, started, reply):
+        """The request in the node's action log (agent/actions.py); one without a run folder
+        named (a sync before any run) is not logged."""
+        if not isinstance(args, dict) or not args.get("run_root") or not args.get("node"):
+            return
+        result = "ok" if reply["ok"] else "%s: %s" % (reply.get("kind"), reply.get("error"))
+        end = args.get("end")
+        detail = args.get("detail") or (
+            "the run is over: %s" % end.get("state") if isinstance(end, dict) else None)
+        try:
+            ndir = node.node_dir(args)
+        except (TypeError, ValueError, RequestError):
+            return
+        # a sync comes before the run: it makes the node's folder; the others need one
+        if op == "sync_commit" or os.path.isdir(ndir):
+            actions.record(ndir, actions.entry(actions.CHANGES[op], args["node"], self.console,
+                                               started, result, detail))
+
+    def op_hello(self, args):
+        """The console says who it is (``who``: user@laptop, ``console``: its id), its
+        ``role`` (``drive``, or ``watch``: this connection is read-only from now on) and
+        whether it ``attach``-es (is listed among the node's consoles when it subscribes)."""
+        role = args.get("role", "drive")
+        if role not in ROLES:
+            raise RequestError("role is drive or watch, not %r" % (role,), "usage")
+        if self.read_only and role != "watch":
+            raise RequestError("this connection is read-only and stays so; a new connection "
+                               "is needed to drive the run", "read-only")
+        self.read_only = role == "watch"
+        self.console = {"who": actions.short(args.get("who") or "?"),
+                        "console": actions.short(args.get("console") or ""),
+                        "role": role, "since": time.time(), "attach": bool(args.get("attach"))}
+        return {"login": actions.login(), "role": role}
+
+    def op_actions(self, args):
+        """The node's action log from byte ``offset``: ``{"actions": [...], "end": N}``."""
+        entries, end = actions.read(node.node_dir(args), int(args.get("offset", 0)))
+        return {"actions": entries, "end": end}
 
     def op_ping(self, args):
         return {"time": time.time()}
@@ -218,7 +286,11 @@ class Server:
         ndir = node.node_dir(args)
         sub_id = args.get("sub") or args["node"]
         sub = Subscription(sub_id, ndir, int(args.get("offset", 0)),
-                           int(args.get("quiet_until", 0)))
+                           int(args.get("quiet_until", 0)), int(args.get("actions_from", 0)))
+        if (self.console.get("attach") and args["node"] != "judge" and ndir not in self.joined
+                and os.path.isdir(ndir)):
+            self.joined[ndir] = actions.join(ndir, {k: v for k, v in self.console.items()
+                                                    if k != "attach"})
         with self.subs_lock:
             old = self.subs.pop(sub_id, None)
             if old:
@@ -251,11 +323,15 @@ class Server:
 
     def op_stacks(self, args):
         from .stacks import dump_stacks  # as for sync: not needed to start
-        return dump_stacks(node.node_dir(args), args)
+        return dump_stacks(node.node_dir(args), self.no_signals(args))
 
     def op_why(self, args):
         from . import fr_dump  # as for sync: not needed to start
-        return fr_dump.node_report(node.node_dir(args), args)
+        return fr_dump.node_report(node.node_dir(args), self.no_signals(args))
+
+    def no_signals(self, args):
+        """A read-only connection's request sends no signal to the ranks, whatever it asks."""
+        return dict(args, signals=False) if self.read_only else args
 
     # -- pushed streams --------------------------------------------------------------------
     @staticmethod
@@ -317,6 +393,25 @@ class Server:
                     sub.last_state = state
                     self.send({"t": "state", "sub": sub.sub_id, "state": state})
                     sent += 1
+                sent += self.send_operators(sub)
+        return sent
+
+    def send_operators(self, sub):
+        """New lines of the node's action log and the consoles attached, when they changed
+        (``actions`` and ``consoles`` messages); how many messages were sent."""
+        if os.path.basename(sub.ndir) == "judge":  # the judge's folder: neither
+            return 0
+        sent = 0
+        entries, end = actions.read(sub.ndir, sub.actions_from)
+        if end != sub.actions_from:
+            sub.actions_from = end
+            self.send({"t": "actions", "sub": sub.sub_id, "recs": entries, "end": end})
+            sent += 1
+        consoles = actions.attached(sub.ndir)
+        if consoles != sub.consoles:
+            sub.consoles = consoles
+            self.send({"t": "consoles", "sub": sub.sub_id, "consoles": consoles})
+            sent += 1
         return sent
 
     def send_telemetry(self, subs):
@@ -391,6 +486,8 @@ class Server:
             threading.Thread(target=self.handle, args=(msg,), daemon=True).start()
         self.closed.set()
         self.turn_now()
+        for path in self.joined.values():
+            actions.leave(path)
 
 
 def log_op(path, op):

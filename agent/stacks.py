@@ -85,7 +85,9 @@ def _stderr_path(pid):
     return path if path.startswith("/") and os.path.isfile(path) else None
 
 
-def dump_one(worker, py_spy):
+def dump_one(worker, py_spy, signals=True):
+    """One worker's stack; ``signals`` False (a read-only console's request: agent/serve.py)
+    sends it no SIGUSR1 or SIGCONT, so py-spy alone may answer."""
     pid = worker["pid"]
     if py_spy:
         try:
@@ -100,6 +102,9 @@ def dump_one(worker, py_spy):
             py_spy_error = ["py-spy timed out after %d s" % PYSPY_TIMEOUT]
     else:
         py_spy_error = ["py-spy not installed (pip install py-spy on the host)"]
+    if not signals:
+        return {"method": None, "error": "; ".join(py_spy_error) + "; a read-only console "
+                "sends no signal to the ranks (SIGUSR1 would make them write their stacks)"}
     if catches(pid, signal.SIGUSR1):
         path = _stderr_path(pid)
         if path is None:
@@ -130,6 +135,6 @@ def dump_stacks(ndir, args):
     py_spy = find_py_spy(host_python(args.get("python")))
     out = []
     for w in workers(pid):
-        w.update(dump_one(w, py_spy))
+        w.update(dump_one(w, py_spy, signals=args.get("signals", True) is not False))
         out.append(w)
     return {"ranks": out, "py_spy": py_spy}

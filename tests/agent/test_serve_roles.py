@@ -1,0 +1,147 @@
+"""serve's read-only connections and action log (agent/serve.py, agent/actions.py).
+
+A connection whose console said ``watch`` is refused every request that changes a run, however
+it is crafted; the refusal is logged with who tried. A driving connection's requests are
+logged with who, what, which node and the result.
+"""
+
+import json
+import os
+
+import pytest
+
+from agent import actions, protocol, serve
+
+# every request that would change a run, with arguments a real console sends
+MUTATING = [("start", {"spec": {"run_id": "r1"}}), ("stop", {}), ("restart", {}),
+            ("sync_commit", {"session": "x"}), ("store_start", {"addr": "127.0.0.1"}),
+            ("store_stop", {}), ("judge_start", {"spec": {}}), ("judge_stop", {}),
+            ("sync_put", {"session": "x", "pieces": []}), ("listen", {"addr": "127.0.0.1"}),
+            ("cordon", {}), ("signal", {"signal": "SIGKILL"})]
+
+
+class Out:
+    """serve's output, as messages."""
+
+    def __init__(self):
+        self.msgs = []
+
+    def write(self, data):
+        self.msgs += [json.loads(line) for line in data.splitlines()]
+
+    def flush(self):
+        pass
+
+    def answer(self, req_id):
+        return next(m for m in self.msgs if m.get("t") == "res" and m.get("id") == req_id)
+
+
+@pytest.fixture
+def run_root(tmp_path):
+    (tmp_path / "node1").mkdir()
+    return str(tmp_path)
+
+
+def ask(server, out, op, **args):
+    req_id = len(out.msgs) + 1000
+    server.handle({"t": "req", "id": req_id, "op": op, "args": args})
+    return out.answer(req_id)
+
+
+def test_a_watching_connection_is_refused_every_change_and_each_try_is_logged(run_root):
+    out = Out()
+    server = serve.Server(out=out)
+    hello = ask(server, out, "hello", role="watch", who="bob@laptop", console="c-bob")
+    assert hello["ok"] and hello["data"]["role"] == "watch"
+    for op, args in MUTATING:
+        res = ask(server, out, op, run_root=run_root, node="node1", **args)
+        assert not res["ok"] and res["kind"] == "read-only", (op, res)
+        assert "read-only" in res["error"] and op in res["error"]
+    # nothing was started, stopped or synced: no state, no store, no workdir
+    assert sorted(os.listdir(os.path.join(run_root, "node1"))) == [actions.LOG]
+    logged, _end = actions.read(os.path.join(run_root, "node1"))
+    assert [e["action"] for e in logged] == ["launch", "stop", "restart", "sync", "cordon",
+                                             "signal"]
+    assert all(e["who"] == "bob@laptop" and e["result"].startswith("read-only:")
+               for e in logged)
+    assert all(e["login"] == actions.login() for e in logged)
+    # reading goes on
+    assert ask(server, out, "state", run_root=run_root, node="node1")["ok"]
+    assert ask(server, out, "actions", run_root=run_root, node="node1")["data"]["end"] > 0
+
+
+def test_read_only_is_for_good_on_its_connection(run_root):
+    out = Out()
+    server = serve.Server(out=out)
+    assert ask(server, out, "hello", role="watch", who="bob@laptop")["ok"]
+    again = ask(server, out, "hello", role="drive", who="mallory@laptop")
+    assert not again["ok"] and again["kind"] == "read-only"
+    assert not ask(server, out, "stop", run_root=run_root, node="node1")["ok"]
+    assert not ask(server, out, "hello", role="root")["ok"]  # not a role
+
+
+def test_a_read_only_connection_asks_for_stacks_without_signals(run_root, monkeypatch):
+    seen = []
+    monkeypatch.setattr("agent.stacks.dump_stacks", lambda ndir, args: seen.append(args) or {})
+    out = Out()
+    server = serve.Server(out=out)
+    ask(server, out, "stacks", run_root=run_root, node="node1")
+    ask(server, out, "hello", role="watch")
+    ask(server, out, "stacks", run_root=run_root, node="node1", signals=True)  # crafted
+    assert seen[0].get("signals", True) is True and seen[1]["signals"] is False
+
+
+def test_a_driving_connections_changes_are_logged_with_their_result(run_root):
+    out = Out()
+    server = serve.Server(out=out)
+    ask(server, out, "hello", role="drive", who="alice@laptop", console="c-alice")
+    res = ask(server, out, "restart", run_root=run_root, node="node1")  # not running, no spec
+    assert not res["ok"] and res["kind"] == "missing"
+    ask(server, out, "ping")  # not a change: not logged
+    logged, end = actions.read(os.path.join(run_root, "node1"))
+    assert len(logged) == 1 and end > 0
+    line = logged[0]
+    assert (line["action"], line["node"], line["who"], line["console"]) == (
+        "restart", "node1", "alice@laptop", "c-alice")
+    assert line["result"].startswith("missing: node node1 is not running")
+    assert line["ts"] <= line["ts"] + line["took_s"]
+
+
+def test_consoles_attached_are_listed_while_their_connection_lives(run_root):
+    ndir = os.path.join(run_root, "node1")
+    out_a, out_b = Out(), Out()
+    drive, watch = serve.Server(out=out_a), serve.Server(out=out_b)
+    ask(drive, out_a, "hello", role="drive", who="alice@laptop", console="a", attach=True)
+    ask(drive, out_a, "subscribe", run_root=run_root, node="node1")
+    listed = actions.attached(ndir)
+    assert [(c["who"], c["role"]) for c in listed] == [("alice@laptop", "drive")]
+    # a second serve in this same process shares its pid: its file replaces the first; the
+    # real ones are separate processes (tests/spine/test_watchers.py)
+    ask(watch, out_b, "hello", role="watch", who="bob@laptop", console="b", attach=True)
+    ask(watch, out_b, "subscribe", run_root=run_root, node="node1")
+    assert [c["who"] for c in actions.attached(ndir)] == ["bob@laptop"]
+    actions.leave(watch.joined[ndir])
+    assert actions.attached(ndir) == []
+
+
+def test_a_damaged_log_line_is_skipped_and_a_cut_line_waits(tmp_path):
+    ndir = str(tmp_path)
+    actions.record(ndir, actions.entry("stop", "node1", {"who": "a@b"}, 1.0, "ok"))
+    with open(os.path.join(ndir, actions.LOG), "ab") as f:
+        f.write(b"not json\n[1]\n{\"action\": \"resta")
+    logged, end = actions.read(ndir)
+    assert [e["action"] for e in logged] == ["stop"]
+    assert end == os.path.getsize(os.path.join(ndir, actions.LOG)) - len(b"{\"action\": \"resta")
+
+
+def test_the_new_requests_are_in_the_protocol():
+    assert "hello" in protocol.OPS and "actions" in protocol.OPS
+
+
+def test_crafted_requests_get_answers_not_a_dead_thread(run_root):
+    out = Out()
+    server = serve.Server(out=out)
+    ask(server, out, "hello", role="watch")
+    server.handle({"t": "req", "id": 7, "op": ["stop"], "args": {}})
+    server.handle({"t": "req", "id": 8, "op": "stop", "args": ["run_root"]})
+    assert out.answer(7)["kind"] == "read-only" and out.answer(8)["kind"] == "read-only"
