@@ -45,6 +45,7 @@ IDLE = 1.0  # with a watch: the longest sleep of the stream loop (a dead supervi
 # `stacks` and `why` are answered without signalling the ranks (agent/stacks.py).
 READ_ONLY_OPS = frozenset(("ping", "hello", "subscribe", "unsubscribe", "state", "runs",
                            "scrollback", "stacks", "why", "judge", "actions"))
+READ_ONLY_ASKS = ("why", "ping")  # of the judge (op_judge): not node surgery
 ROLES = ("drive", "watch")
 
 
@@ -108,7 +109,7 @@ class Server:
             log_op(os.environ[OPS_LOG], op)
         args = msg.get("args") or {}
         started = time.time()
-        if self.read_only and op not in READ_ONLY_OPS:  # first: an op unknown here too
+        if self.read_only_refuses(op, args):  # first: an op unknown here too
             reply = {"ok": False, "kind": "read-only", "error": "this console attached "
                      "read-only (rankdeck watch / attach --read-only): %s is refused; attach "
                      "without --read-only to change the run" % str(op)[:64]}
@@ -121,6 +122,14 @@ class Server:
             self.log_action(op, args, started, reply)
         reply.update(t="res", id=req_id)
         self.send(reply)
+
+    def read_only_refuses(self, op, args):
+        """Whether this connection is read-only and ``op`` could change a run."""
+        if not self.read_only:
+            return False
+        if op == "judge":
+            return not isinstance(args, dict) or args.get("ask") not in READ_ONLY_ASKS
+        return op not in READ_ONLY_OPS
 
     @staticmethod
     def answer(fn, args):

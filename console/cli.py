@@ -1,5 +1,5 @@
-"""rankdeck's command line: launch, demo, attach, status, export, logs, stop, restart, stacks,
-why, check, ls. Only the arguments and the exit code of an error live here; what a verb does is in
+"""rankdeck's command line: launch, demo, attach, watch, status, export, logs, stop, restart,
+stacks, why, actions, check, ls. Only the arguments and the exit code of an error live here; what a verb does is in
 commands.py, the exit codes in errors.py (0 success, 1 the run failed, 2 bad input or usage,
 3 could not reach a host).
 """
@@ -121,11 +121,26 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("args", nargs=argparse.REMAINDER, help="extra trainer arguments after --")
     run_opts(de)
 
-    at = sub.add_parser("attach", help="open a running (or finished) run again")
-    at.add_argument("run_id")
-    at.add_argument("--by-node", action="store_true", help="--no-tui: what was printed "
-                    "before, each node's lines together (default: in time order across nodes)")
-    run_opts(at)
+    for verb, what in (("attach", "open a running (or finished) run again"),
+                       ("watch", "attach read-only: see the run, change nothing (attach "
+                        "--read-only)")):
+        at = sub.add_parser(verb, help=what)
+        at.add_argument("run_id")
+        at.add_argument("--by-node", action="store_true", help="--no-tui: what was printed "
+                        "before, each node's lines together (default: in time order across "
+                        "nodes)")
+        if verb == "attach":
+            at.add_argument("--read-only", action="store_true", help="no key that changes "
+                            "the run (kill, restart, stop, cordon, signals, sync); the hosts' "
+                            "agents refuse this console every change (docs/SECURITY.md)")
+        run_opts(at)
+
+    ac = sub.add_parser("actions", help="who changed the run: every launch, stop, restart, "
+                        "sync, cordon and signal, with who asked, which node, when and the "
+                        "result")
+    ac.add_argument("run_id")
+    ac.add_argument("--json", action="store_true", help="a list of objects (docs/PROTOCOL.md, "
+                    "\"Action log\")")
 
     st = sub.add_parser("status", help="per node and per rank: state, step, loss, restarts")
     st.add_argument("run_id")

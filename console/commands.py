@@ -19,6 +19,7 @@ from agent.judge_notify import KINDS as NOTIFY_KINDS
 from inventory.loader import load_inventory
 from inventory.model import Inventory
 from . import slurm
+from .actions import action_rows, run_actions
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, LaunchError, UsageError
 from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
@@ -96,6 +97,7 @@ async def follow(ctl: RunController, args, launch=None, resumed: bool = False) -
     (its store stopped if it ended, its status saved); the exit code. ``launch`` is awaited
     once the view listens (it launches the run, or subscribes to a running one)."""
     ctl.state.budget.limit = args.line_budget << 20
+    ctl.me.attach = True  # listed among the run's consoles (a launch connects after this)
     try:
         if wants_tui(args):
             # Lazy for start-up time: Textual takes about a second to import, and headless
@@ -259,6 +261,9 @@ async def cmd_check(args) -> int:
 async def cmd_attach(args) -> int:
     tui = wants_tui(args)
     async with recorded_run(args.run_id, args.stall_after) as ctl:
+        # said in every connection's hello: the agents list this console, and refuse a
+        # read-only one every change (docs/SECURITY.md, "Read-only consoles")
+        ctl.me.read_only, ctl.me.attach = getattr(args, "read_only", False), True
         failed = await ctl.connect_all()
         report_unreachable(failed)
         if len(failed) == len(ctl.links):
@@ -271,6 +276,24 @@ async def cmd_attach(args) -> int:
                     ctl.links[name].quiet_until = offset
         # subscribe only once the view is listening, or the first records go unseen
         return await follow(ctl, args, ctl.subscribe_all, resumed=not tui)
+
+
+async def cmd_watch(args) -> int:
+    """`rankdeck watch RUN`: ``attach --read-only``."""
+    args.read_only = True
+    return await cmd_attach(args)
+
+
+async def cmd_actions(args) -> int:
+    """`rankdeck actions RUN [--json]`: who changed the run (console/actions.py)."""
+    async with recorded_run(args.run_id) as ctl:
+        actions, failed = await run_actions(ctl)
+    report_unreachable(failed)
+    if args.json:
+        print_json(actions)
+    else:
+        print("\n".join(action_rows(actions, ctl.state.masker)))
+    return EXIT_UNREACHABLE if failed else EXIT_OK
 
 
 async def cmd_status(args) -> int:
@@ -420,4 +443,5 @@ COMMANDS = {
     "status": cmd_status, "export": cmd_export, "report": cmd_report, "logs": cmd_logs, "stop": cmd_stop,
     "restart": cmd_restart,
     "stacks": cmd_stacks, "why": cmd_why, "ls": cmd_ls,
+    "watch": cmd_watch, "actions": cmd_actions,
 }

@@ -4,6 +4,10 @@ It speaks agent/protocol.py over an AgentStream from any transport, feeds pushed
 state messages into RunState in arrival order, and after a dropped connection reconnects by
 itself and resubscribes from the journal offset RunState has seen: every record arrives
 exactly once.
+
+Every connection begins with a ``hello`` request saying who this console is and its role
+(console/consoles.py ``Me``): a read-only console's connection is refused every change by the
+agent itself. The agents' ``actions`` and ``consoles`` messages go to ``state.operators``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 from agent import protocol
 from . import agent_messages
 from .errors import AgentError
+from .consoles import Me
 from .judged import apply_judge_records
 from .sanitize import clean
 from .state import RunState
@@ -27,13 +32,14 @@ BACKOFF = (0.5, 1.0, 2.0, 3.0, 5.0)
 
 class NodeLink:
     def __init__(self, host, transport: Transport, state: RunState | None, run_root: str,
-                 reconnect: bool = True, gpu: bool = True):
+                 reconnect: bool = True, gpu: bool = True, me: Me | None = None):
         self.host = host
         self.name = host.name
         self.transport = transport
         self.state = state
         self.run_root = run_root
         self.reconnect = reconnect
+        self.me = me  # who this console is, said in each connection's hello
         self.stream: AgentStream | None = None
         self.hello: dict | None = None
         self.subscribed = False
@@ -58,8 +64,25 @@ class NodeLink:
         self.stream = stream
         self.hello = hello
         self._reader = asyncio.ensure_future(self._read_loop(stream))
+        if self.me is not None:
+            await self._say_hello(stream)
         self.connected.set()
         return hello
+
+    async def _say_hello(self, stream: AgentStream) -> None:
+        """Tell the agent who this console is and its role before anything else; a console
+        that must be read-only and cannot say so does not use the connection."""
+        try:
+            answer = await self.request("hello", timeout=HELLO_TIMEOUT, **self.me.hello())
+        except AgentError as exc:
+            if exc.kind == "usage" and not self.me.read_only:
+                return  # an agent without `hello` (a test's stand-in): it may drive
+            self.stream = None
+            self._reader.cancel()
+            await asyncio.shield(stream.close())
+            raise HostUnreachable("agent-failed", "%s: the agent refused this console's hello: "
+                                  "%s" % (self.name, exc)) from None
+        self.hello["login"] = clean(str(answer.get("login", "")), limit=100)
 
     async def _read_hello(self, stream: AgentStream) -> dict:
         try:
@@ -141,8 +164,10 @@ class NodeLink:
         offset = self.state.nodes[self.name].journal_offset if self.state else 0
         if self.state and offset == 0:
             self.state.nodes[self.name].data_from = self.quiet_until
+        actions_from = self.state.operators.actions_from.get(self.name, 0) if self.state else 0
         data = await self.request("subscribe", run_root=self.run_root, node=self.name,
-                                  sub=self.name, offset=offset, quiet_until=self.quiet_until)
+                                  sub=self.name, offset=offset, quiet_until=self.quiet_until,
+                                  actions_from=actions_from)
         self.subscribed = True
         return data
 
@@ -209,6 +234,12 @@ class NodeLink:
             self.state.apply_supervisor_state(self.name, msg.get("state"))
         elif kind == "gpu" and self.state is not None:
             self.state.apply_telemetry(self.name, msg.get("snap"), msg.get("host"))
+        elif kind == "actions" and self.state is not None and msg.get("sub") == self.name:
+            self.state.operators.apply_actions(self.name, msg.get("recs"), msg.get("end"),
+                                               self.state.add_event)
+        elif kind == "consoles" and self.state is not None and msg.get("sub") == self.name:
+            self.state.operators.apply_consoles(self.name, msg.get("consoles"))
+            self.state.changed(self.name)
 
     async def _reconnect_loop(self) -> None:
         for attempt in itertools.count():

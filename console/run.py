@@ -32,6 +32,7 @@ from .errors import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, AgentEr
 from .finish import ends_due
 from .history import History, host_record, inventory_from_record
 from .judged import judged, settle
+from .consoles import Me
 from .link import NodeLink
 from .liveness import check_stalls, check_waiting, cpu_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
@@ -82,6 +83,9 @@ class RunController:
         self.missing_env: dict[str, list[str]] = {}  # {node: why a secret is not known here}
         self.page_bytes = PAGE_BYTES  # log data per scrollback request
         self.connect_at_once = CONNECT_AT_ONCE
+        # who this console is; read_only: it only watches (every link's agent refuses it
+        # changes, and this controller makes none of its own: no end rules, no store stop)
+        self.me = self.state.operators.me = Me.here()
         self._closed = False
         # set on every state change: wakes wait_done() and caught_up() (no polling)
         self._changed = asyncio.Event()
@@ -106,7 +110,7 @@ class RunController:
         for h in self.inventory.hosts:
             if h.name not in self.links:
                 self.links[h.name] = NodeLink(h, self.transport, self.state, self.root_of(h.name),
-                                              reconnect=reconnect)
+                                              reconnect=reconnect, me=self.me)
         names = [h.name for h in self.inventory.hosts]
         slots = asyncio.Semaphore(self.connect_at_once)
 
@@ -562,7 +566,8 @@ class RunController:
             else:
                 if check_stalls(self.state) or verdict_again_due(self.state):
                     self._start_verdict()
-                self._end_finished_nodes()
+                if not self.me.read_only:
+                    self._end_finished_nodes()
             now = time.monotonic()
             if now - last_save > 5 or self.state.run_state() in RUN_ENDED:
                 last_save = now
@@ -644,7 +649,7 @@ class RunController:
         it recorded and stopped what it had. The links stay open until :meth:`close`."""
         if self.launch_error is not None:
             return
-        if self.state.run_state() in RUN_ENDED:
+        if self.state.run_state() in RUN_ENDED and not self.me.read_only:
             await self.stop_store()
         self.save_status()
 

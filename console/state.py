@@ -20,6 +20,7 @@ from typing import Callable
 
 from .buffers import BUDGET_MB, Kept, LineBudget, Series
 from .checkpoints import Checkpoints
+from .consoles import Operators
 from . import rendezvous
 from .lines import split_lines
 from . import ownership
@@ -195,6 +196,7 @@ class RunState:
         self.judge_stalled: set[int] = set()  # ranks the judge says are stalled
         self.stragglers = Stragglers()  # from the supervisors' samples (agent/ranksample.py)
         self.rank_cpu = RankCpu()  # silent ranks' CPU, from the same samples
+        self.operators = Operators()  # consoles attached, the action log (console/consoles.py)
 
     # -- feeding ---------------------------------------------------------------------------
     def set_verdict(self, verdict: dict) -> None:

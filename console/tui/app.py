@@ -45,6 +45,7 @@ from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, Ru
 from .nodes import NodesTable
 from .palette import rankdeck_commands
 from .prompt import PromptBar
+from .readonly import changes_run, drop_changing_keys
 from .stacks import open_stacks
 from .verdict import open_verdict, verdict_arrived
 
@@ -102,6 +103,9 @@ class RankdeckApp(App[int]):
                  panes: list[tuple] | None = None, gc_tuning: bool = False):
         super().__init__()
         self.ctl = ctl
+        self.read_only = ctl.me.read_only  # `rankdeck watch`: console/tui/readonly.py
+        if self.read_only:
+            drop_changing_keys(self)
         self.launch = launch
         self.clock = clock
         self.exit_on_done = exit_on_done
@@ -255,13 +259,21 @@ class RankdeckApp(App[int]):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         """The priority keys act on the main screen only (None: shown, off under a modal,
         like the other keys), and not while typing in the prompt: there they are text
-        (False)."""
+        (False). A read-only console does nothing that changes the run (False)."""
+        if self.read_only and changes_run(action):
+            return False
         if action in PRIORITY_ACTIONS:
             if len(self.screen_stack) > 1:
                 return None
             if self.focused is self.prompt:
                 return False
         return True
+
+    def push_screen(self, screen, *args, **kwargs):
+        """A read-only console's dialogs lose their keys that change the run too."""
+        if self.read_only and isinstance(screen, Screen):
+            drop_changing_keys(screen)
+        return super().push_screen(screen, *args, **kwargs)
 
     def action_detach(self) -> None:
         self.exit(self.ctl.exit_code())
@@ -346,6 +358,9 @@ class RankdeckApp(App[int]):
 
     def ask(self, verb: str, node: str | None = None) -> None:
         """Confirm, then stop/restart ``node`` ("" = none selected) or the whole run."""
+        if self.read_only:  # the palette's commands are not offered; this is the backstop
+            self.notify("this console is read-only (rankdeck watch)", severity="warning")
+            return
         if node == "":
             self.notify("no node selected: pick one in the nodes table", severity="warning")
             return

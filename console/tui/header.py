@@ -50,6 +50,9 @@ class RunHeader(Static):
                                                                 "failed", "stopped") \
             else run_state
         text.append("● %s" % shown, state_style(shown) or "cyan")
+        operators = state.operators.summary()  # read-only, consoles, who drives
+        if operators:
+            text.append("  %s" % operators, "bold magenta")
         if state.waiting:  # a restart that has not brought every node back: say what it waits for
             text.append("  %s" % wait_short(state.waiting, self.clock()), "bold yellow")
         if shown == "launching":

@@ -22,6 +22,7 @@ from textual.widgets import Static
 
 from .confirm import ConfirmScreen
 from .lateness import LatenessScreen
+from .readonly import drop_changing
 from .stacks import StacksScreen
 from .verdict import VerdictScreen
 
@@ -88,7 +89,10 @@ def key_sections(app, screen: Screen | None = None) -> list[Section]:
     for title, dialog in (("Who is stuck (w)", VerdictScreen), ("Stacks (s)", StacksScreen),
                           ("Lateness (L)", LatenessScreen),
                           ("Confirmations", ConfirmScreen), ("This help", HelpScreen)):
-        sections.append([title, binding_rows(BindingsMap(dialog.BINDINGS))])
+        keys = BindingsMap(dialog.BINDINGS)
+        if getattr(app, "read_only", False):  # `rankdeck watch`: as its dialogs have them
+            drop_changing(keys)
+        sections.append([title, binding_rows(keys)])
     return [(title, rows) for title, rows in sections if rows] + [MOUSE]
 
 

@@ -51,6 +51,9 @@ TEXTUAL_INTERNALS = (
     Internal(DOMNode, "_bindings", "help.py",
              "a node's own keys with those it inherits, as Textual dispatches them; the help "
              "screen lists them"),
+    Internal(DOMNode, "_bindings", "readonly.py",
+             "the same map: a read-only console takes the keys that change the run out of it, "
+             "so no footer, help or key press finds them (Textual cannot unbind a key)"),
     Internal(Strip, "_divide_cache", "lru.py",
              "where Strip.divide caches a strip inside itself; the patched divide empties it "
              "to leave no reference cycle"),

@@ -14,14 +14,17 @@ from ..sources import ALL, NODE, RANK
 
 def rankdeck_commands(app) -> Iterable[SystemCommand]:
     state, logs = app.ctl.state, app.logs
-    yield SystemCommand("Kill run", "stop every node (asks first)", lambda: app.ask("stop"))
-    yield SystemCommand("Restart run", "restart every node (asks first)",
-                        lambda: app.ask("restart"))
+    drive = not app.read_only  # a read-only console is offered nothing that changes the run
+    if drive:
+        yield SystemCommand("Kill run", "stop every node (asks first)", lambda: app.ask("stop"))
+        yield SystemCommand("Restart run", "restart every node (asks first)",
+                            lambda: app.ask("restart"))
     for node in state.nodes:
-        yield SystemCommand("Kill node %s" % node, "stop torchrun on %s (asks first)" % node,
-                            lambda n=node: app.ask("stop", n))
-        yield SystemCommand("Restart node %s" % node, "restart torchrun on %s (asks first)"
-                            % node, lambda n=node: app.ask("restart", n))
+        if drive:
+            yield SystemCommand("Kill node %s" % node, "stop torchrun on %s (asks first)"
+                                % node, lambda n=node: app.ask("stop", n))
+            yield SystemCommand("Restart node %s" % node, "restart torchrun on %s (asks "
+                                "first)" % node, lambda n=node: app.ask("restart", n))
         yield SystemCommand("Show node %s merged" % node, "in the active log pane",
                             lambda n=node: logs.show((NODE, n)))
     for rank in sorted(state.ranks):

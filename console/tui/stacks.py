@@ -76,8 +76,8 @@ class StacksScreen(ModalScreen[str | None]):
             yield Static(Text("Stacks of %s (main thread, innermost frame first)"
                               % clean(self.node), style="bold"))
             yield Static(id="stacks-body")
-            yield Static(Text("s: again   r: restart %s   esc: close" % clean(self.node),
-                              style="dim"))
+            restart = "" if self.app.read_only else "r: restart %s   " % clean(self.node)
+            yield Static(Text("s: again   %sesc: close" % restart, style="dim"))
 
     def on_mount(self) -> None:
         self.action_fresh()

@@ -58,8 +58,9 @@ def verdict_arrived(app) -> None:
         return
     app.nodes.move_to("n:" + node)
     if not isinstance(app.screen, VerdictScreen):  # it shows the verdict already
-        app.notify("%s: %s\nw: why   s: stacks   r: restart %s"
-                   % (state.verdict["kind"], state.verdict["summary"], node),
+        restart = "" if app.read_only else "   r: restart %s" % node  # `rankdeck watch`
+        app.notify("%s: %s\nw: why   s: stacks%s"
+                   % (state.verdict["kind"], state.verdict["summary"], restart),
                    title="who is stuck", severity="warning", timeout=20)
 
 
@@ -91,8 +92,9 @@ class VerdictScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Static(verdict_text(self.ctl.state.verdict), id="verdict-body")
-            yield Static(Text("w: ask again   r: restart the suspect's node   s: its stacks   "
-                              "esc: close", style="dim"), id="verdict-keys")
+            restart = "" if self.app.read_only else "r: restart the suspect's node   "
+            yield Static(Text("w: ask again   %ss: its stacks   esc: close" % restart,
+                              style="dim"), id="verdict-keys")
 
     def on_mount(self) -> None:
         if self.ctl.state.verdict is None:

@@ -17,7 +17,8 @@ MUTATING = [("start", {"spec": {"run_id": "r1"}}), ("stop", {}), ("restart", {})
             ("sync_commit", {"session": "x"}), ("store_start", {"addr": "127.0.0.1"}),
             ("store_stop", {}), ("judge_start", {"spec": {}}), ("judge_stop", {}),
             ("sync_put", {"session": "x", "pieces": []}), ("listen", {"addr": "127.0.0.1"}),
-            ("cordon", {}), ("signal", {"signal": "SIGKILL"})]
+            ("fence", {}), ("unfence", {}), ("signal", {"signal": "SIGKILL"}),
+            ("judge", {"ask": "cordon", "args": {"out": "node1"}}), ("judge", {})]
 
 
 class Out:
@@ -61,13 +62,15 @@ def test_a_watching_connection_is_refused_every_change_and_each_try_is_logged(ru
     assert sorted(os.listdir(os.path.join(run_root, "node1"))) == [actions.LOG]
     logged, _end = actions.read(os.path.join(run_root, "node1"))
     assert [e["action"] for e in logged] == ["launch", "stop", "restart", "sync", "cordon",
-                                             "signal"]
+                                             "uncordon", "signal"]
     assert all(e["who"] == "bob@laptop" and e["result"].startswith("read-only:")
                for e in logged)
     assert all(e["login"] == actions.login() for e in logged)
     # reading goes on
     assert ask(server, out, "state", run_root=run_root, node="node1")["ok"]
     assert ask(server, out, "actions", run_root=run_root, node="node1")["data"]["end"] > 0
+    ping = ask(server, out, "judge", run_root=run_root, ask="ping")
+    assert ping.get("kind") != "read-only"  # asked (no judge runs here: its own answer)
 
 
 def test_read_only_is_for_good_on_its_connection(run_root):
