@@ -294,7 +294,11 @@ class RunController:
                 listener(line, final)
 
         def caller(link: NodeLink):
-            return lambda op, args: link.request(op, timeout=300, **args)
+            def call(op: str, args: dict):
+                if op == "sync_commit":  # kept in the node's action log (agent/actions.py)
+                    args = dict(args, run_root=link.run_root, node=link.name)
+                return link.request(op, timeout=300, **args)
+            return call
 
         results = await sync_hosts({h.name: caller(self.links[h.name]) for h in hosts},
                                    manifest, {h.name: h.workdir for h in hosts}, report)

@@ -222,6 +222,11 @@ def test_readme_use_it_on_four_realistic_hosts(ssh_hosts, readme_project, monkey
         logs = run(command(lines, "logs", run_id), "logs").stdout
         assert re.search(r"^\[node2 r\d\] resumed step=\d+ from=", logs, re.M), \
             "node2 did not resume from a checkpoint:\n" + logs[-3000:]
+        # the agents kept who restarted node2 (the SSH login too), and who launched
+        acted = run(command(lines, "actions", run_id), "actions").stdout
+        assert re.search(r"node2 +\S+@\S+ \(login %s\) restarted node2: ok$"
+                         % re.escape(ssh_hosts.user), acted, re.M), acted
+        assert all(" launched %s: ok" % name in acted for name in ssh_hosts.names), acted
 
         run(command(lines, "stop", run_id), "stop")
         # nothing left on any host: no process of the run, and every node's record stopped

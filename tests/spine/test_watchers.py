@@ -45,13 +45,20 @@ def rankdeck(*args: str) -> subprocess.CompletedProcess:
 
 
 def launch(tmp_path) -> tuple[str, str]:
+    """The run's id and the folder of the nodes' workdirs (``<it>/node0``: each its own, as
+    two hosts have, for --sync)."""
     workdir = tmp_path / "work"
-    workdir.mkdir()
     inv = tmp_path / "hosts.yaml"
+    for i in range(2):
+        (workdir / ("node%d" % i)).mkdir(parents=True)
     inv.write_text("transport: local\nhosts:\n" + "".join(
-        "  - {name: node%d, addr: 127.0.0.%d, workdir: %s}\n" % (i, i + 2, workdir)
+        "  - {name: node%d, addr: 127.0.0.%d, workdir: %s/node%d}\n" % (i, i + 2, workdir, i)
         for i in range(2)))
-    out = rankdeck("launch", "--detach", "-i", str(inv), "--max-restarts", "3",
+    code = tmp_path / "code"  # sent with --sync: an action of the launching console
+    code.mkdir()
+    (code / "notes.txt").write_text("synced\n")
+    out = rankdeck("launch", "--detach", "-i", str(inv), "--max-restarts", "3", "--sync",
+                   str(code),
                    TRAINER, "--", *TINY, "--steps", "100000", "--ckpt-every", "0",
                    "--idle-s", "0.5")
     return out.stdout.strip().splitlines()[-1], str(workdir)
@@ -67,7 +74,7 @@ def ops_of(path, pids: set[int]) -> list[str]:
 
 
 def action_log(workdir, run_id, node) -> list[dict]:
-    path = os.path.join(node_dir(workdir, run_id, node), "actions.jsonl")
+    path = os.path.join(node_dir(os.path.join(workdir, node), run_id, node), "actions.jsonl")
     with open(path) as f:
         return [json.loads(line) for line in f]
 
@@ -147,7 +154,7 @@ async def test_a_watcher_changes_nothing_and_sees_who_drives(tmp_path, monkeypat
         as_json = json.loads(rankdeck("actions", run_id, "--json").stdout)
         assert [(a["action"], a["node"], a["result"]) for a in as_json
                 if a["who"] == "alice@laptop"] == [("restart", "node1", "ok")]
-        assert [a["action"] for a in as_json if a["node"] == "node0"][:1] == ["launch"]
+        assert [a["action"] for a in as_json if a["node"] == "node0"][:2] == ["sync", "launch"]
     finally:
         await bob.close()
         assert not await wind_down(alice)
