@@ -147,7 +147,7 @@ class Operators:
             parts.append("READ-ONLY")
         consoles = self.attached()
         driver = self.driver()
-        if len(consoles) > 1 or (driver is not None and driver["console"] != mine):
+        if consoles and (len(consoles) > 1 or driver is None or driver["console"] != mine):
             parts.append("%d console%s" % (len(consoles), "" if len(consoles) == 1 else "s"))
             if driver is None:
                 parts.append("nobody drives")
