@@ -39,7 +39,8 @@ BASE_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.
 HOST_PACKAGES = ("numpy", "py-spy", "safetensors")
 # A venv is complete when these import and py-spy is on its bin/.
 HOST_IMPORTS = "import torch, numpy, safetensors"
-# (row label, pytest node ids): the trainer and every spine test whose hosts run torch.
+# (row label, pytest node ids): the trainer and every spine test whose hosts run torch. A label
+# has no comma (--groups is a comma-separated list of them).
 GROUPS = (
     ("trainer", ["tests/trainer/test_trainer.py"]),
     ("hang", ["tests/spine/test_hang.py"]),
@@ -51,13 +52,13 @@ GROUPS = (
                            "test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing"]),
     ("store on rdzv addr", ["tests/agent/test_host_hardening.py::"
                             "test_store_listens_on_the_rendezvous_address_only"]),
-    ("stuck, no recorder", ["tests/spine/test_stuck_without_recorder.py"]),
+    ("stuck without recorder", ["tests/spine/test_stuck_without_recorder.py"]),
 )
 # Groups that read the flight recorder's collective entry times and nothing else: on a torch
 # without one (the probe's fr_dump empty) they are not run; the cell names why.
 NEEDS_RECORDER = {"straggler": "n/a: no flight recorder (the flag reads collective entry times)"}
 # ... and the one that runs only on a torch without it (it skips where there is one).
-WITHOUT_RECORDER = {"stuck, no recorder": "n/a: this torch has a flight recorder"}
+WITHOUT_RECORDER = {"stuck without recorder": "n/a: this torch has a flight recorder"}
 # What each torch has of the APIs rankdeck uses where versions differ; printed per version.
 PROBE = r"""
 import inspect, json, socket, torch
@@ -171,12 +172,19 @@ def main(argv=None) -> int:
     ap.add_argument("--versions", default=",".join(VERSIONS))
     ap.add_argument("--venvs", default="/work/compat-venvs",
                     help="folder of the venvs, one per version (outside the repository)")
-    ap.add_argument("--groups", default="", help="comma-separated row labels (default: all)")
+    ap.add_argument("--groups", default="",
+                    help="comma-separated row labels, run in that order (default: all)")
     ap.add_argument("--timeout", type=int, default=300, help="per-test timeout, seconds")
     ap.add_argument("--probe-only", action="store_true", help="print the API probes only")
     args = ap.parse_args(argv)
     versions = [v.strip() for v in args.versions.split(",") if v.strip()]
-    wanted = {g.strip() for g in args.groups.split(",") if g.strip()}
+    wanted = [g.strip() for g in args.groups.split(",") if g.strip()]
+    labels = [label for label, _tests in GROUPS]
+    unknown = [g for g in wanted if g not in labels]
+    if unknown:
+        ap.error("no such group: %s (the groups: %s)" % (", ".join(unknown), ", ".join(labels)))
+    # in the order asked: the one that matters most first on a slow, shared machine
+    groups = [g for name in wanted for g in GROUPS if g[0] == name] if wanted else list(GROUPS)
     probes, results = {}, {}
     for version in versions:
         python = make_venv(args.venvs, version)
@@ -184,9 +192,7 @@ def main(argv=None) -> int:
         print("torch %s: %s" % (version, probes[version]), flush=True)
         if args.probe_only:
             continue
-        for label, tests in GROUPS:
-            if wanted and label not in wanted:
-                continue
+        for label, tests in groups:
             has_recorder = bool(probes[version].get("fr_dump"))
             skip = (NEEDS_RECORDER if not has_recorder else WITHOUT_RECORDER).get(label)
             if skip:
