@@ -13,7 +13,7 @@ import resource
 import sys
 
 from inventory.loader import MAX_SLOTS
-from inventory.model import InventoryError
+from inventory.model import LAUNCHERS, InventoryError
 from .buffers import BUDGET_MB
 from .commands import COMMANDS
 from .export import FORMATS
@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: the inventory's notify:; docs/JUDGE.md)")
     la.add_argument("--notify-on", metavar="KINDS", help="comma-separated: stall, verdict, "
                     "failed, succeeded, stopped, restarted, diverged (default: all)")
+    la.add_argument("--launcher", choices=LAUNCHERS, default=None,
+                    help="what starts each node's ranks (default: the inventory's launcher:, "
+                    "else torchrun; docs/LAUNCHERS.md)")
+    la.add_argument("--dry-run", action="store_true", help="print each node's command line, "
+                    "the differences marked and secrets masked; start nothing")
     la.add_argument("--detach", action="store_true", help="return once every node started")
     la.add_argument("--skip-preflight", action="store_true",
                     help="start without checking the hosts first (`rankdeck check`)")

@@ -20,11 +20,13 @@ from inventory.loader import load_inventory
 from inventory.model import Inventory
 from . import slurm
 from .actions import action_rows, run_actions
+from .dryrun import render as render_dry_run
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, LaunchError, UsageError
 from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
 from .history import History, state_dir
 from .judged import judged, settle
+from .launchers import TemplateError
 from .liveness import check_stalls, check_waiting, cpu_stalls
 from .preflight import check_table
 from .report import RunReport
@@ -135,6 +137,7 @@ async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str)
 async def cmd_launch(args) -> int:
     path = os.path.abspath(args.inventory)
     inv = load_inventory(path).resolve_local(os.getcwd())
+    launcher = getattr(args, "launcher", None) or inv.launcher  # the file's, under --slurm too
     if getattr(args, "slurm", None):
         inv = await slurm_inventory(inv, args)
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
@@ -147,7 +150,16 @@ async def cmd_launch(args) -> int:
                       env=parse_env(args.env), module=args.module,
                       sync=sync_folder(args.sync, inv.sync, path),
                       sync_include=list(args.sync_include),
-                      checkpoint_dir=args.checkpoint_dir, **judge_settings(args, inv))
+                      checkpoint_dir=args.checkpoint_dir,
+                      launch_with=launcher,
+                      **judge_settings(args, inv))
+    try:  # the template check, before anything is started (console/launchers.py)
+        shown = render_dry_run(inv, spec)
+    except TemplateError as exc:
+        raise UsageError(str(exc)) from None
+    if getattr(args, "dry_run", False):
+        print(shown)
+        return EXIT_OK
     return await start_run(inv, spec, args, path)
 
 

@@ -155,7 +155,7 @@ SPEC_FIELDS = {
     "max_restarts": (_WHOLE, _NONE), "nnodes": (_TEXT, _NONE), "grace": (_NUM, _NONE),
     "metrics_regex": (_TEXT, _NONE), "env": (_DICT, _NONE), "module": (bool, _NONE),
     "sync": (_TEXT, _NONE), "sync_include": (_LIST, _NONE), "launcher": (_LIST, _NONE),
-    "checkpoint_dir": (_TEXT, _NONE),
+    "launch_with": (_TEXT, _NONE), "checkpoint_dir": (_TEXT, _NONE),
     "stall_after": (_NUM, _NONE), "on_hang": (_TEXT, _NONE), "on_nan": (_TEXT, _NONE),
     "max_wall": (_NUM, _NONE),
     "notify": (_TEXT, _NONE), "notify_on": (_LIST, _NONE),

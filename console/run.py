@@ -19,7 +19,6 @@ that could move out next.
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets as _secrets
 import sys
 import time
@@ -38,7 +37,7 @@ from .liveness import check_stalls, check_waiting, cpu_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
 from .sanitize import Masker, clean_tree, mask_tree, secret_warnings
 from .scrollback import PAGE_BYTES
-from .spec import LaunchSpec, new_run_id, run_root, torchrun_argv  # LaunchSpec: callers' too
+from .spec import LaunchSpec, new_run_id, node_commands, run_root  # LaunchSpec: callers' too
 from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
 from .state import RUN_ENDED, RunState
 from .transport.base import HostUnreachable, Transport
@@ -143,16 +142,22 @@ class RunController:
         return dict(zip(names, results))
 
     # -- launch ----------------------------------------------------------------------------
+    def run_hosts(self) -> list[Host]:
+        """The hosts of this run in node-rank order (those it was started on)."""
+        roots = (self.record or {}).get("run_roots")
+        return [h for h in self.inventory.hosts if not roots or h.name in roots]
+
     def node_spec(self, host: Host, spec: LaunchSpec, endpoint: str) -> dict:
-        nnodes = spec.nnodes or str(len(self.inventory.hosts))
-        root = self.root_of(host.name)
+        cmd = node_commands(self.run_hosts(), spec, self.run_id, endpoint,
+                            lambda h: self.root_of(h.name))[host.name]
         env = {k: v.value for k, v in host.env.items()}
+        env.update(cmd.env)  # the launcher's (console/launchers.py); the user's --env wins
         env.update(spec.env)
         return {
             "run_id": self.run_id,
             "node": host.name,
-            "argv": torchrun_argv(host, spec, self.run_id, nnodes, endpoint,
-                                  os.path.join(root, host.name, "torchrun")),
+            "argv": cmd.argv,
+            "hostfile": cmd.hostfile,
             "cwd": host.workdir,
             "env": env,
             # masked in causes: the host's secrets, and an --env value replacing any secret

@@ -1,20 +1,20 @@
 """LaunchSpec: what a run starts, and the command line it becomes on each host.
 
 Plain data and string building, no I/O: the run id, each node's run folder under its workdir
-(as the user wrote the workdir; the agent expands it on the host), torchrun's argv.
+(as the user wrote the workdir; the agent expands it on the host), each node's command line
+(from its launcher's template: console/launchers.py).
 """
 
 from __future__ import annotations
 
 import os
 import secrets as _secrets
-import sys
 import time
 from dataclasses import dataclass, field
 
 from inventory.model import Host
 
-RDZV_CONF = "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3"
+from .launchers import NodeCommand, check_commands, check_launcher_spec, command, places
 
 
 @dataclass
@@ -35,6 +35,9 @@ class LaunchSpec:
     # An argv that replaces torchrun (benchmarks, non-torch launchers). It must write each
     # rank's output as torchrun's --log-dir layout under $RANKDECK_LOG_DIR.
     launcher: list[str] | None = None
+    # the launcher each node is started with (console/launchers.py): torchrun, deepspeed or
+    # accelerate; ignored when ``launcher`` gives a raw argv
+    launch_with: str = "torchrun"
     # a folder the agent watches for new saves, for trainers that print nothing when they save
     # (as written: relative to the host's workdir, ~ read on the host)
     checkpoint_dir: str | None = None
@@ -58,27 +61,20 @@ def run_root(host: Host, run_id: str) -> str:
     return os.path.join(host.workdir, ".rankdeck", "runs", run_id)
 
 
-def torchrun_argv(host: Host, spec: LaunchSpec, run_id: str, nnodes: str, endpoint: str,
-                  log_dir: str) -> list[str]:
-    python = host.python or sys.executable
-    if spec.launcher:
-        return list(spec.launcher) + [spec.script] + list(spec.args)
-    argv = [
-        python, "-m", "torch.distributed.run",
-        "--nnodes", nnodes,
-        "--nproc-per-node", str(spec.nproc_per_node or host.slots),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", endpoint,
-        "--rdzv-id", run_id,
-        # an elastic run proceeds 5 s after its last node arrived (docs/FACTS.md, "Hangs,
-        # kills and restarts")
-        "--rdzv-conf", RDZV_CONF + (",last_call_timeout=5" if ":" in nnodes else ""),
-        "--local-addr", host.addr,
-        "--max-restarts", str(spec.max_restarts),
-        "--monitor-interval", "1",
-        "--log-dir", log_dir,
-        "--redirects", "3",
-    ]
-    if spec.module:
-        argv.append("-m")
-    return argv + [spec.script] + list(spec.args)
+def node_commands(hosts: list[Host], spec: LaunchSpec, run_id: str, endpoint: str,
+                  root_of) -> dict[str, NodeCommand]:
+    """Each host's command (console/launchers.py), by host name, in node-rank order (the
+    order of ``hosts``); ``root_of(host)``: the host's run folder. TemplateError when the
+    launcher cannot express this run or the commands would not differ where they must."""
+    nprocs = [spec.nproc_per_node or h.slots for h in hosts]
+    if spec.launcher:  # a raw argv (benchmarks): no template, the script and its args
+        return {h.name: NodeCommand(list(spec.launcher) + [spec.script] + list(spec.args), {})
+                for h in hosts}
+    check_launcher_spec(spec.launch_with, spec.nnodes, nprocs)
+    at = places(hosts, spec.nproc_per_node, spec.nnodes, endpoint, run_id,
+                lambda h: os.path.join(root_of(h), h.name))
+    roster = [(h.name, n) for h, n in zip(hosts, nprocs)]
+    commands = {p.host.name: command(spec.launch_with, p, spec.script, spec.args, spec.module,
+                                     spec.max_restarts, roster) for p in at}
+    check_commands(spec.launch_with, commands)
+    return commands

@@ -21,9 +21,9 @@ from typing import Any, Mapping, NoReturn
 
 from . import toml_lines, yaml_lines
 from .interpolate import ENV_NAME, expand
-from .model import EnvValue, Host, Inventory, InventoryError
+from .model import LAUNCHERS, EnvValue, Host, Inventory, InventoryError
 
-TOP_KEYS = ("defaults", "hosts", "name", "notify", "transport")
+TOP_KEYS = ("defaults", "hosts", "launcher", "name", "notify", "transport")
 HOST_KEYS = ("addr", "env", "gpus", "name", "python", "slots", "ssh", "workdir")
 DEFAULT_KEYS = ("env", "gpus", "python", "slots", "sync", "workdir")
 ENV_FORM_KEYS = ("secret", "value")
@@ -218,7 +218,8 @@ class _Reader:
             hosts.append(host)
         return Inventory(path=self.path, hosts=hosts, transport=transport, name=name,
                          sync=self.sync_dir(top.get("defaults")),
-                         notify=self.text(top, (), "notify", "notify"))
+                         notify=self.text(top, (), "notify", "notify"),
+                         launcher=self.launcher(top))
 
     def first(self, index: int, key: str) -> str:
         line = self.doc.line(("hosts", index, key))
@@ -238,6 +239,14 @@ class _Reader:
             close = difflib.get_close_matches(value, TRANSPORTS, n=1)
             self.fail(("transport",), f"transport must be 'ssh' or 'local', got {value!r}"
                       + (f"; did you mean {close[0]!r}?" if close else ""))
+        return value
+
+    def launcher(self, top: dict) -> str:
+        value = self.text(top, (), "launcher", "launcher", default="torchrun")
+        if value not in LAUNCHERS:
+            close = difflib.get_close_matches(value, LAUNCHERS, n=1)
+            self.fail(("launcher",), f"launcher must be one of {', '.join(LAUNCHERS)}, got "
+                      f"{value!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
         return value
 
     def text(self, mapping: dict, path: tuple, key: str, what: str, default: Any = None,

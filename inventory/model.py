@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+# what may start each node's ranks (console/launchers.py has their templates)
+LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
+
 
 @dataclass(frozen=True)
 class EnvValue:
@@ -54,6 +57,8 @@ class Inventory:
     # a shell command the run's judge runs on its host for each event (docs/JUDGE.md);
     # `launch --notify` overrides it
     notify: str | None = None
+    # launcher: what starts each node's ranks (LAUNCHERS); `launch --launcher` overrides it
+    launcher: str = "torchrun"
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
