@@ -10,8 +10,9 @@ up on PATH, as a shell would.
 import os
 import shutil
 
-# torchrun options whose value is a path rankdeck built from the workdir
-_PATH_OPTIONS = ("--log-dir", "--log_dir")
+# launcher options whose value is a path rankdeck built from the workdir (torchrun's,
+# accelerate's, DeepSpeed's: console/launchers.py)
+_PATH_OPTIONS = ("--log-dir", "--log_dir", "--hostfile", "--enable_each_rank_log")
 
 
 def home():

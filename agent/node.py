@@ -16,7 +16,7 @@ import time
 from . import procs, protocol
 from .hostpaths import host_path, host_spec
 from .protocol import RequestError
-from .runfiles import log_tail, read_json, write_json_atomic
+from .runfiles import log_tail, read_json, write_json_atomic, write_text
 from .version import HERE
 
 AGENT_PARENT = os.path.dirname(HERE)
@@ -90,6 +90,8 @@ def spawn_supervisor(ndir, spec):
     """
     os.makedirs(os.path.join(ndir, "torchrun"), 0o700, exist_ok=True)
     spec = host_spec(spec)
+    if spec.get("hostfile") is not None:  # DeepSpeed's, named by --hostfile in the argv
+        write_text(os.path.join(ndir, "hostfile"), str(spec["hostfile"]))
     if JOB_UMASK is not None:
         spec["job_umask"] = JOB_UMASK
     spec.setdefault("log_dir", os.path.join(ndir, "torchrun"))

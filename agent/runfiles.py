@@ -19,6 +19,14 @@ def write_json_atomic(path, obj):
     os.replace(tmp, path)
 
 
+def write_text(path, text):
+    """Write ``text`` to ``path`` (replacing it) through a temporary file and one rename."""
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def read_json(path, default=None):
     """The JSON in ``path``, or ``default`` when it is missing or not (yet) valid JSON."""
     try:

@@ -1,7 +1,9 @@
 """Follow torchrun's per-rank log files live, by byte offset.
 
 torchrun ``--log-dir D --redirects 3`` writes
-``D/<rdzv-id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log``. A restart caused by a
+``D/<rdzv-id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log`` (accelerate's launcher
+too: it runs torchrun's); DeepSpeed's ``--enable_each_rank_log D`` writes
+``D/<time>_rank<R>.log`` (see ``_RANK_FILE``). A restart caused by a
 node joining or leaving reuses ``attempt_<n>`` and deletes the folder first, so files are
 opened as soon as they appear and kept open: a deleted file is still read to its end, and a
 new file at the same path (another inode) is followed as a new file.
@@ -35,6 +37,10 @@ SCAN_EVERY = 0.1  # seconds between scans of the log dir without a watch
 RESCAN = 2.0  # with a watch: a scan this often even if no folder reported a change
 
 _ATTEMPT = re.compile(r"attempt_(\d+)$")
+# DeepSpeed's launcher (``--enable_each_rank_log D``, deepspeed/launcher/launch.py) writes each
+# rank's stdout and stderr into one file ``D/<YYYYmmddHHMMSS>_rank<R>.log``: the global rank
+# is in the name, the time names the launcher's start (a restart is a new one)
+_RANK_FILE = re.compile(r"(\d{14})_rank(\d+)\.log$")
 
 
 class FollowedFile:
@@ -136,6 +142,11 @@ class LogFollower:
         for inst in instances:
             if inst in self.ignore:
                 continue
+            named = _RANK_FILE.match(inst)
+            if named:
+                self._check(os.path.join(self.log_dir, inst), named.group(1), 0, None,
+                            "stdout", rank=int(named.group(2)))
+                continue
             inst_dir = os.path.join(self.log_dir, inst)
             self._watch(inst_dir)
             try:
@@ -160,7 +171,9 @@ class LogFollower:
                         path = os.path.join(att_dir, lr, stream + ".log")
                         self._check(path, inst, int(m.group(1)), int(lr), stream)
 
-    def _check(self, path, inst, attempt, local_rank, stream):
+    def _check(self, path, inst, attempt, local_rank, stream, rank=None):
+        """Follow the file at ``path`` if it is new (or replaced); ``rank``: its global
+        rank when its name says it (announced at once, no lookup)."""
         try:
             inode = os.stat(path).st_ino
         except OSError:
@@ -176,7 +189,13 @@ class LogFollower:
             self.closing.append(old)
         meta = {"instance": inst, "attempt": attempt, "local_rank": local_rank,
                 "stream": stream, "path": path}
-        self._open(path, meta)
+        if rank is not None:
+            meta["rank"] = rank
+        ff = self._open(path, meta)
+        if ff is not None and rank is not None:
+            ff.announced = None  # announce with the rank its name gave
+            if self.watch is not None:  # a flat file: no folder of its own to watch
+                self._watch(path, FILE_EVENTS)
 
     def poll(self, final=False):
         """Read what is new; returns journal records ``[(meta, data), ...]``."""
@@ -197,7 +216,8 @@ class LogFollower:
             if not ff.announced:
                 if ff.announced is None:
                     ff.announced = True
-                    records.append((dict(ff.meta, k="file", f=ff.fid, rank=None), b""))
+                    records.append((dict(ff.meta, k="file", f=ff.fid,
+                                         rank=ff.meta.get("rank")), b""))
                 else:
                     rank = self.resolve_rank(ff.meta["attempt"], ff.meta["local_rank"])
                     if rank is None and not final and now - ff.seen < RANK_WAIT:

@@ -40,11 +40,24 @@ import re
 from .torchrun_phase import RECORDED, PhaseTracker
 
 TORCHRUN_MODULE = "torch.distributed.run"
+# `accelerate launch` runs torch's elastic agent in its own process (torch.distributed.run.run):
+# the same records, so the same bootstrap (console/launchers.py)
+ACCELERATE_MODULE = "accelerate.commands.launch"
+ELASTIC_MODULES = (TORCHRUN_MODULE, ACCELERATE_MODULE)
 RANK_RECORD = "torchrun-ranks.log"  # in the node's run folder, beside torchrun.log
 
 BOOTSTRAP = "\n".join((
     "import logging, runpy, sys",
     "record = sys.argv.pop(1)",
+    "module = sys.argv.pop(1)",
+    # accelerate refuses to start node 0 when the main process port is in use on localhost:
+    # that port is rankdeck's rendezvous store, there on purpose (is_host=false)
+    "if module == %r:" % ACCELERATE_MODULE,
+    "    try:",
+    "        import accelerate.utils.launch as _acc",
+    "        _acc.is_port_in_use = lambda port=None: False",
+    "    except Exception:",
+    "        pass",
     "try:",
     "    from torch.distributed.elastic.agent.server import api as _api",
     "    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as _rdzv",
@@ -66,7 +79,7 @@ BOOTSTRAP = "\n".join((
     "        _log.setLevel(min(_shown, _level))",
     "except Exception:",
     "    pass",
-    "runpy.run_module(%r, run_name='__main__', alter_sys=True)" % TORCHRUN_MODULE,
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)",
 ))
 
 _GROUP_START = "Rendezvous complete for workers"
@@ -81,10 +94,10 @@ KEEP_LINES = 200  # of the current launch, for the cause of a failure
 
 
 def with_rank_record(argv, record_path):
-    """torchrun's command line started through :data:`BOOTSTRAP`, its worker-group records
-    going to ``record_path`` (any other command line unchanged)."""
-    if len(argv) >= 3 and argv[1] == "-m" and argv[2] == TORCHRUN_MODULE:
-        return [argv[0], "-c", BOOTSTRAP, record_path] + list(argv[3:])
+    """torchrun's (or accelerate's) command line started through :data:`BOOTSTRAP`, its
+    worker-group records going to ``record_path`` (any other command line unchanged)."""
+    if len(argv) >= 3 and argv[1] == "-m" and argv[2] in ELASTIC_MODULES:
+        return [argv[0], "-c", BOOTSTRAP, record_path, argv[2]] + list(argv[3:])
     return list(argv)
 
 

@@ -97,7 +97,7 @@ def setup(device_flag: str, pg_timeout: float) -> Ranks:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if launched:
+    if launched and not dist.is_initialized():  # a launcher's library may have joined it
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
             timeout=timedelta(seconds=pg_timeout),

@@ -149,6 +149,8 @@ def lr_factor(args: argparse.Namespace):
 class Trainer:
     """Model, optimizer, data and checkpointing for one rank."""
 
+    wrap_ddp = True  # False: a launcher's library wraps the model (trainer/accel_train.py)
+
     def __init__(self, args: argparse.Namespace, ranks: Ranks) -> None:
         self.args = args
         self.ranks = ranks
@@ -170,7 +172,7 @@ class Trainer:
         torch.manual_seed(args.seed)  # same initial weights on every rank
         self.module = ByteTransformer(self.config).to(ranks.device)
         self.model = self.module
-        if ranks.distributed:
+        if ranks.distributed and self.wrap_ddp:
             # The only buffers are the rotary tables, identical everywhere: no per-forward sync.
             self.model = DDP(self.module, device_ids=[ranks.device.index] if ranks.device.type == "cuda" else None,
                              **no_buffer_sync(DDP))
@@ -294,13 +296,17 @@ class Trainer:
 
 
 @record
-def main(argv: list[str] | None = None) -> NoReturn:
+def main(argv: list[str] | None = None, make_trainer=Trainer, join=None) -> NoReturn:
+    """Train; ``make_trainer(args, ranks)`` builds the rank's trainer and ``join(args)``, when
+    given, joins the process group first (a launcher's library: trainer/ds_train.py)."""
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = parse_args(argv)
     stop = StopRequest(args.term_grace)
     stop.install()
     try:
+        if join is not None:
+            join(args)
         ranks = setup(args.device, args.pg_timeout)
     except ValueError as e:
         usage_error(str(e))
@@ -309,7 +315,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     hazard = restart_hazard()
     if hazard and ranks.local_rank == 0:
         print(f"warning: {hazard}", file=sys.stderr, flush=True)
-    trainer = Trainer(args, ranks)
+    trainer = make_trainer(args, ranks)
     wanted = faults.configured(args.hang_at_step, args.hang_rank, args.crash_at_step, args.crash_rank,
                                args.mismatch_at_step, args.mismatch_rank)
     for fault in wanted:

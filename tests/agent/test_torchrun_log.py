@@ -42,7 +42,8 @@ def test_bootstrap_leaves_other_command_lines_alone():
     assert with_rank_record(argv, "/r") == argv
     wrapped = with_rank_record(["py", "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
                                "/r")
-    assert wrapped[:2] == ["py", "-c"] and wrapped[3:] == ["/r", "--nnodes", "2", "t.py"]
+    assert wrapped[:2] == ["py", "-c"] and wrapped[3:] == ["/r", "torch.distributed.run",
+                                                           "--nnodes", "2", "t.py"]
 
 
 @pytest.mark.e2e
