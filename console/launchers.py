@@ -150,8 +150,10 @@ def _deepspeed(python: str, p: NodePlace, module: bool, script: str, args: list[
     if module:
         argv.append("--module")
     hostfile = "".join("%s slots=%d\n" % (name, n) for name, n in hosts_nproc)
-    # rank 0 would bind MASTER_PORT itself; rankdeck's store listens there already
-    env = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+    # rank 0 would bind MASTER_PORT itself; rankdeck's store listens there already. One
+    # thread per rank unless the user says otherwise (--env), as torchrun does: DeepSpeed's
+    # launcher leaves every rank all the cores, and on CPU they fight over them
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": "1"}
     return NodeCommand(argv + [script] + list(args), env, hostfile)
 
 
