@@ -37,6 +37,7 @@ from .ranksample import RankSampler, period_of
 from .recorder import Recorder
 from .node import STOP_END, job_env
 from .runfiles import read_json, write_json_atomic
+from .slurm_job import JobWatch
 from .tail import LogFollower
 from .watch import open_watch
 from .torchrun_log import RANK_RECORD, TorchrunLog, with_rank_record
@@ -103,6 +104,7 @@ class Supervisor:
                                     watch=open_watch(),  # woken by writes (agent/watch.py)
                                     keep_whole=self.masker.safe_cut)  # never in a secret
         self.torchrun = None  # pid
+        self.slurm_job = JobWatch.from_env()  # the job holding a --slurm run (agent/slurm_job.py)
         self.judge_link = None  # agent/judge_link.py, once run() starts
         self.instance_before = set()
         self.requests = []
@@ -333,6 +335,11 @@ class Supervisor:
                     self.state["restarts"] += 1
                     self.launch()
                     continue
+            gone = self.slurm_job.ended() if self.slurm_job is not None else None
+            if gone:  # its steps are dead; what left their tree is this process's to end
+                self.save(state="stopping")
+                self.recorder.event("stopping")
+                return self.finish("stopped", None, self.kill(grace), cause={"message": gone})
             self.watch_exiting()
             code = self.reap_torchrun()
             if code is not None:

@@ -320,13 +320,22 @@ async def cmd_status(args) -> int:
         else:
             check_stalls(ctl.state)
         status = ctl.status()
+        job = slurm.job_of(ctl.record.get("transport", ""))
+        if job:  # the job now: its state, time left; a run it outlived ended with it
+            status = slurm.with_job(status, await slurm.job_now(
+                ctl.transport, ctl.inventory.hosts[0], job))
         if not failed:
             ctl.save_status()
+    ended = (status.get("slurm") or {}).get("ended")
     if args.json:
         print_json(status)
     else:
         report_unreachable(failed)
         print(status_table(status))
+        if ended:
+            print("%s: the run ended with it (%s)" % (ended, status["state"]))
+    if ended and failed:  # its nodes are out of reach with it: no more to say
+        return EXIT_FAILED
     return EXIT_UNREACHABLE if failed else EXIT_OK
 
 

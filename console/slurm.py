@@ -157,3 +157,60 @@ def job_of(transport_kind: str) -> str | None:
     if transport_kind.startswith(TRANSPORT_PREFIX):
         return transport_kind[len(TRANSPORT_PREFIX):]
     return None
+
+
+# -- a Slurm run's job now: state, reason, time left (status) -----------------------------
+JOB_ALIVE = ("RUNNING", "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT")
+JOB_ENDS = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "NODE_FAIL": "failed",
+            "PREEMPTED": "cancelled", "FAILED": "failed", "OUT_OF_MEMORY": "failed"}
+
+
+def time_left_s(text: str) -> int | None:
+    """squeue's ``%L`` (``4:32``, ``1:02:03``, ``2-01:00:00``) in seconds; None for
+    ``UNLIMITED``, ``NOT_SET`` or anything else."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 \
+            or (days and not days.isdigit()):
+        return None
+    seconds = 0
+    for p in parts:
+        seconds = seconds * 60 + int(p)
+    return seconds + int(days or 0) * 86400
+
+
+async def job_now(transport, login: Host, job: str) -> dict:
+    """``{"job", "state", "reason", "time_left_s"}`` from ``squeue`` on the login host; state
+    ``GONE`` once Slurm no longer knows the job, ``UNKNOWN`` when squeue could not answer."""
+    try:
+        code, out, err = await transport.on_login(login, ["squeue", "-h", "--states=all",
+                                                          "-j", job, "-o", "%T|%r|%L"])
+    except Exception as exc:  # noqa: BLE001 (the login host unreachable: say so, go on)
+        return {"job": job, "state": "UNKNOWN", "reason": str(exc)[:200], "time_left_s": None}
+    fields = (out.strip().splitlines() or [""])[0].split("|")
+    if code != 0 or not fields[0]:
+        gone = "Invalid job id" in err or (code == 0 and not fields[0])
+        return {"job": job, "state": "GONE" if gone else "UNKNOWN",
+                "reason": "" if gone else (err.strip()[-200:] or "exit %s" % code),
+                "time_left_s": None}
+    return {"job": job, "state": fields[0],
+            "reason": fields[1] if len(fields) > 1 and fields[1] != "None" else "",
+            "time_left_s": time_left_s(fields[2]) if len(fields) > 2 else None}
+
+
+def with_job(status: dict, job: dict) -> dict:
+    """``status`` with ``slurm`` (the job now) added; a run its job outlived is ended by it:
+    ``cancelled`` (scancel, preemption), ``timeout`` or ``failed``, ``slurm.ended`` saying
+    why in words."""
+    status["slurm"] = dict(job)
+    state = job["state"]
+    if state in JOB_ALIVE or state == "UNKNOWN":
+        return status
+    words = {"CANCELLED": "was cancelled (scancel, by you or an administrator)",
+             "TIMEOUT": "reached its time limit", "GONE": "is over (Slurm no longer knows it)",
+             "COMPLETING": "is ending"}.get(state, "ended %s" % state)
+    status["slurm"]["ended"] = "Slurm job %s %s%s" % (
+        job["job"], words, " (%s)" % job["reason"] if job["reason"] else "")
+    if status.get("state") not in ("succeeded", "failed", "stopped"):
+        status["state"] = JOB_ENDS.get(state, "stopped")
+    return status

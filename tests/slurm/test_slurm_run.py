@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.slurm.slurmcluster import SlurmCluster
-from tests.spine.helpers import TINY, rank_log_files
+from tests.spine.helpers import TINY, node_dir, rank_log_files
 from tests.waits import wait_for_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
@@ -46,8 +46,21 @@ def rankdeck(*args, check=True, timeout=TIMEOUT) -> subprocess.CompletedProcess:
     return res
 
 
+def launch(login: str, job: str, project, steps: int) -> str:
+    """`launch --slurm JOB --detach` of the reference trainer; the run id."""
+    res = rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync", str(project),
+                   "--max-restarts", "0", "trainer/train.py", *TINY, "--steps", str(steps))
+    return res.stdout.split()[-1]
+
+
 def status(run_id: str) -> dict:
     return json.loads(rankdeck("status", run_id, "--json", check=False).stdout or "{}")
+
+
+def stepping(st: dict) -> int:
+    """How many ranks have taken 2 steps."""
+    return sum(1 for n in st.get("nodes") or () for r in n.get("ranks") or ()
+               if (r.get("step") or 0) >= 2)
 
 
 def run_left_on_nodes(slurm: SlurmCluster) -> dict:
@@ -75,10 +88,7 @@ def test_launch_in_a_held_allocation_trains_every_line_once_and_stop_leaves_noth
         slurm, login, project, host_workdir):
     job = slurm.hold()
     try:
-        res = rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync",
-                       str(project), "--max-restarts", "0", "trainer/train.py", *TINY,
-                       "--steps", "20")
-        run_id = res.stdout.split()[-1]
+        run_id = launch(login, job, project, steps=20)
         final = wait_for_sync(lambda: status(run_id).get("state") in ("succeeded", "failed",
                                                                       "stopped")
                               and status(run_id), TIMEOUT, lambda: "the run's end: %s"
@@ -105,5 +115,29 @@ def test_launch_in_a_held_allocation_trains_every_line_once_and_stop_leaves_noth
                       lambda: "nothing of the run left: %s, steps %s"
                       % (run_left_on_nodes(slurm), slurm.steps(job)))
         assert slurm.job_state(job) == "RUNNING"  # the allocation is the user's, not ours
+    finally:
+        slurm.cmd(["scancel", job], check=False)
+
+
+def test_scancel_from_outside_ends_the_run_cancelled_with_the_reason_and_nothing_left(
+        slurm, login, project, host_workdir):
+    job = slurm.hold()
+    try:
+        run_id = launch(login, job, project, steps=5000)
+        wait_for_sync(lambda: stepping(status(run_id)) == 4, TIMEOUT,
+                      lambda: "every rank stepping: %s" % status(run_id))
+        slurm.cmd(["scancel", job])  # an administrator, or the user from another shell
+        # each node's supervisor sees its job end and ends what left the job's steps
+        wait_for_sync(lambda: not run_left_on_nodes(slurm), 90,
+                      lambda: "nothing of the run left: %s" % run_left_on_nodes(slurm))
+        for node in slurm.nodes:
+            state = json.loads(open(os.path.join(node_dir(
+                slurm.hosts.local_path(node, host_workdir), run_id, node),
+                "state.json")).read())
+            assert state["state"] == "stopped" and "cancelled" in state["cause"]["message"]
+        final = status(run_id)
+        assert final["state"] == "cancelled", final
+        assert "Slurm job %s was cancelled" % job in final["slurm"]["ended"]
+        assert not slurm.steps(job)
     finally:
         slurm.cmd(["scancel", job], check=False)

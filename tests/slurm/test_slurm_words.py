@@ -65,3 +65,21 @@ def test_launch_slurm_outside_an_allocation_is_a_usage_error(tmp_path):
                           "train.py"], cwd=REPO, env=dict(env, PYTHONPATH=REPO),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "SLURM_JOB_ID" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_what_a_supervisor_reads_from_squeue():
+    from agent.slurm_job import job_end
+
+    assert job_end("7", 0, "RUNNING|None\n", "") is None
+    assert job_end("7", 1, "", "slurm_load_jobs error: Unable to contact slurm controller") is None
+    assert "was cancelled" in job_end("7", 0, "CANCELLED|None\n", "")
+    assert "time limit" in job_end("7", 0, "TIMEOUT|None\n", "")
+    assert "over" in job_end("7", 0, "", "") and "over" in job_end(
+        "7", 1, "", "slurm_load_jobs error: Invalid job id specified")
+
+
+def test_time_left_in_seconds():
+    from console.slurm import time_left_s
+
+    assert [time_left_s(t) for t in ("4:32", "1:02:03", "2-01:00:00", "UNLIMITED", "")] == \
+        [272, 3723, 176400, None, None]
