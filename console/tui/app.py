@@ -143,6 +143,9 @@ class RankdeckApp(App[int]):
         yield SteadyFooter()
 
     def on_mount(self) -> None:
+        if self.read_only:  # the widgets' own keys too (the nodes table's)
+            for widget in self.screen.walk_children(with_self=True):
+                drop_changing_keys(widget)
         for widget, title in ((self.nodes, "nodes & ranks"), (self.gpus, "GPUs"),
                               (self.events, "events"), (self.chart, "loss")):
             widget.border_title = title

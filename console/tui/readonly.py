@@ -1,7 +1,8 @@
 """A read-only console's keys: none that changes the run is bound, shown or done.
 
 ``rankdeck watch`` (``attach --read-only``) guards in three places, as nvitop's ``--readonly``
-does: the keys of :data:`CHANGES_RUN` are taken out of the app's bindings (so neither the
+does: the keys of :data:`CHANGES_RUN` are taken out of the bindings of the app, of every
+widget on its screen and of every dialog it opens (so neither the
 footer nor the help lists them, and pressing one does nothing), ``check_action`` refuses
 their actions however they are reached (the command palette, a binding added later), and
 the agent refuses the requests on this console's connections (agent/serve.py). A new key
@@ -23,9 +24,11 @@ CHANGING_VERBS = frozenset({"stop", "kill", "restart", "cordon", "uncordon", "si
 
 
 def changes_run(action: str) -> bool:
-    """Whether ``action`` (``name`` or ``name(args)``) changes the run."""
+    """Whether ``action`` (``name``, ``name(args)``, a widget's ``app.name``) changes the
+    run."""
     name, _, args = action.partition("(")
-    return name.strip() in CHANGES_RUN or args.strip("'\") ") in CHANGING_VERBS
+    return (name.strip().rsplit(".", 1)[-1] in CHANGES_RUN
+            or args.strip("'\") ") in CHANGING_VERBS)
 
 
 def drop_changing_keys(node: DOMNode) -> None:

@@ -206,6 +206,8 @@ class ScriptedTransport(Transport):
         data: dict = {}
         if req.op == "ping":
             data = {"time": time.time()}
+        elif req.op == "hello":  # who the console is (agent/serve.py op_hello)
+            data = {"login": "tester", "role": req.args.get("role", "drive")}
         elif req.op == "preflight":
             data = dict(preflight_facts(node.name, req.args.get("workdir", "/tmp")),
                         **self.facts.get(node.name, {}))

@@ -22,6 +22,8 @@ import pytest
 from agent.serve import OPS_LOG
 from console.commands import recorded_run
 from console.errors import AgentError
+from textual.binding import BindingsMap
+
 from console.tui.app import RankdeckApp
 from console.tui.help import key_sections
 from console.tui.readonly import changes_run
@@ -102,7 +104,11 @@ async def test_a_watcher_changes_nothing_and_sees_who_drives(tmp_path, monkeypat
                              what="both nodes running", timeout=120)
 
             # no key that changes the run is bound, in the footer or in the help
-            changing = [b for b in RankdeckApp.BINDINGS if changes_run(b.action)]
+            # (the app's and every widget's on the screen, as their classes bind them)
+            classes = {RankdeckApp} | {type(w) for w in app.screen.walk_children()}
+            bound = [BindingsMap(getattr(cls, "BINDINGS", [])) for cls in classes]
+            changing = [b for keys in bound for bs in keys.key_to_bindings.values()
+                        for b in bs if changes_run(b.action)]
             assert {b.key for b in changing} >= {"k", "K", "r", "R"}
             active = app.screen.active_bindings
             assert not [k for k, a in active.items() if changes_run(a.binding.action)]
