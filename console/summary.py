@@ -47,10 +47,14 @@ def node_phase(state: RunState, ns: NodeState, ranks: list | None = None) -> str
 
 
 def node_detail(state: RunState, ns: NodeState, ranks: list | None = None) -> str:
-    """The free-text column of a node: its cause when it has one, else what it waits for."""
+    """The free-text column of a node: its cause when it has one, else what it waits for
+    ("" for a node running as it should: the table shows its telemetry there)."""
     if ns.cause:
         return ns.cause
     phase = node_phase(state, ns, ranks)
+    if phase == "running" and (ns.phase or {}).get("name") == "workers running" and \
+            not state.waiting:
+        return ""  # nothing to wait for: the row shows the node's telemetry instead
     if ns.phase and phase not in ("connecting", "connected", "preflight", "syncing"):
         text = "torchrun: " + rendezvous.phase_text(ns.phase)  # what torchrun says it does
         wait = state.waiting

@@ -46,6 +46,7 @@ from .nodes import NodesTable
 from .palette import rankdeck_commands
 from .prompt import PromptBar
 from .readonly import changes_run, drop_changing_keys
+from .screenshot import whole_spaces
 from .stacks import open_stacks
 from .verdict import open_verdict, verdict_arrived
 
@@ -54,6 +55,7 @@ from .verdict import open_verdict, verdict_arrived
 # a pane shows save the key's trip to the focused widget and back, a frame or two at a flood.
 PRIORITY_ACTIONS = ("filter", "goto", "focus_pane", "worst", "step", "cycle_source")
 TURN_S = 0.05  # between the large widgets' redraws after a state change: a few frames
+WIDE = 190  # columns from which the log panes stand side by side (app.tcss says why)
 
 
 class RankdeckApp(App[int]):
@@ -61,6 +63,7 @@ class RankdeckApp(App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "rankdeck"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE, "-wide")]
     BINDINGS = [
         Binding("q", "detach", "Detach"),
         Binding("question_mark", "help", "Help", key_display="?"),
@@ -385,6 +388,10 @@ class RankdeckApp(App[int]):
         failed = any(line.problem for line in lines)
         self.notify(text, title="%s %s" % (verb, what), severity="error" if failed else
                     "information", timeout=15 if failed else 6)
+
+    def export_screenshot(self, *, title: str | None = None, simplify: bool = False) -> str:
+        """Textual's SVG, each word drawn at its own column (screenshot.py says why)."""
+        return whole_spaces(super().export_screenshot(title=title, simplify=simplify))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

@@ -78,10 +78,10 @@ def plot(series: list[list], width: int, height: int, box: tuple) -> list[list[t
             ys = columns[px]
             mean = sum(y / len(ys) for y in ys)  # a sum of large ys overflows
             py = int((1.0 - _fraction(mean, y0, y1)) * (ph - 1))
-            if prev is not None and px - prev[0] <= 4:
-                lo, hi = sorted((prev[1], py))
-                for yy in range(lo, hi + 1):
-                    dot(px if yy != prev[1] else prev[0], yy, who)
+            if prev is not None:  # a line to the point before: the curve stays one curve
+                (ax, ay), n = prev, max(abs(px - prev[0]), abs(py - prev[1]), 1)
+                for k in range(1, n):
+                    dot(ax + round((px - ax) * k / n), ay + round((py - ay) * k / n), who)
             dot(px, py, who)
             prev = (px, py)
     return [[(chr(0x2800 + bits[r][c]) if bits[r][c] else " ", owner[r][c])

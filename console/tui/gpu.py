@@ -1,9 +1,11 @@
 """GpuPanel: each node's GPUs - utilisation, memory, temperature, power, health - and ranks.
 
-One heading line per node (its GPU model and count, or "no GPUs (reason)" when the agent
-found none), a host line (CPU, memory, load, network, InfiniBand, workdir disk) when the agent
+One heading per node (its GPU model and count, or "no GPUs (reason)" when the agent found
+none), a host line (CPU, memory, load, network, InfiniBand, workdir disk) when the agent
 sends one, then one line per GPU: after power, the SM clock, slowing throttle reasons and
-uncorrected ECC errors where NVML gives them. Which rank runs on a GPU: the ranks whose worker pid is
+uncorrected ECC errors where NVML gives them. Every figure is whole and has its unit: the
+heading and host line wrap at the panel's width, a GPU line leaves out its least needed
+pieces (fitting.py). Which rank runs on a GPU: the ranks whose worker pid is
 among the processes NVML lists on it; where NVML lists none of them (no per-process data, or
 pids of another PID namespace), the rank with that local rank, as ``cuda:LOCAL_RANK`` gives
 (shown with a ``?``).
@@ -16,19 +18,22 @@ from agent.verdict import rank_ranges
 from ..sanitize import clean
 from ..state import RunState
 from ..telemetry import SLOWING, hardware_of
+from .fitting import fitted, wrapped
 from .rowsview import RowsView
 from ..summary import ranks_by_node
 from ..text import gib
 
 BAR = 8
+MIN_WIDTH = 24  # the panel's lines are laid out for at least this many columns
 
 
 def util_bar(util: int | None) -> tuple[str, str]:
+    """The utilisation bar and its style (by how busy the GPU is)."""
     if util is None:
-        return "%s   -" % ("·" * BAR), "dim"
+        return "·" * BAR, "dim"
     filled = max(0, min(BAR, round(util * BAR / 100)))
     style = "green" if util >= 60 else "yellow" if util >= 20 else "red"
-    return "%s%s %3d%%" % ("█" * filled, "·" * (BAR - filled), util), style
+    return "█" * filled + "·" * (BAR - filled), style
 
 
 def no_gpu_text(snap: dict | None) -> str:
@@ -42,45 +47,79 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else fmt % value
 
 
-def host_lines(ns) -> tuple:
-    """The node's host line, when the agent sent a host sample:
-    ``cpu 23%  mem 4.0/16.0G  load 2.5  net 41.2↓ 40.8↑G  ib 182↓ 181↑G  disk 12 r 300 w MB/s``."""
+def host_pieces(ns) -> tuple:
+    """The node's host sample as pieces, each figure with its unit:
+    ``cpu 23%  mem 4.0/16.0G  load 2.5  net 41.2↓ 40.8↑ Gb/s  ib 182↓ 181↑ Gb/s
+    disk 12r 300w MB/s``; () when the agent sent none."""
     if not isinstance(ns.host, dict):
         return ()
     row = hardware_of(ns)
-    text = "  cpu %s%%  mem %s/%sG  load %s  net %s↓ %s↑G" % (
-        _num(row["cpu_pct"], "%.0f"), gib(row["mem_used"]), gib(row["mem_total"]),
-        _num(row["load1"], "%.1f"), _num(row["net_rx_gbps"], "%.1f"),
-        _num(row["net_tx_gbps"], "%.1f"))
+    pieces = [("cpu %s%%" % _num(row["cpu_pct"], "%.0f"), "dim"),
+              ("  mem %s/%sG" % (gib(row["mem_used"]), gib(row["mem_total"])), "dim"),
+              ("  load %s" % _num(row["load1"], "%.1f"), "dim"),
+              ("  net %s↓ %s↑ Gb/s" % (_num(row["net_rx_gbps"], "%.1f"),
+                                      _num(row["net_tx_gbps"], "%.1f")), "dim")]
     if row["ib_rx_gbps"] is not None or row["ib_tx_gbps"] is not None:
-        text += "  ib %s↓ %s↑G" % (_num(row["ib_rx_gbps"], "%.0f"), _num(row["ib_tx_gbps"], "%.0f"))
+        pieces.append(("  ib %s↓ %s↑ Gb/s" % (_num(row["ib_rx_gbps"], "%.0f"),
+                                              _num(row["ib_tx_gbps"], "%.0f")), "dim"))
     if row["disk_read_mbs"] is not None:
-        text += "  disk %s r %s w MB/s" % (_num(row["disk_read_mbs"], "%.0f"),
-                                          _num(row["disk_write_mbs"], "%.0f"))
+        pieces.append(("  disk %sr %sw MB/s" % (_num(row["disk_read_mbs"], "%.0f"),
+                                                _num(row["disk_write_mbs"], "%.0f")), "dim"))
     down = row["links_down"]
-    return (((text, "dim"), ("  down: " + clean(",".join(down)) if down else "", "bold red")),)
+    if down:
+        pieces.append(("  down: " + clean(",".join(down)), "bold red"))
+    return tuple(pieces)
 
 
-def health_pieces(g: dict) -> tuple:
-    """SM clock, slowing throttle reasons and uncorrected ECC errors: only what NVML gave."""
+def host_lines(ns, width: int = 1000) -> list:
+    """The node's host line, laid over as many lines as ``width`` needs (none without a
+    host sample)."""
+    pieces = host_pieces(ns)
+    return wrapped((("  ", ""),) + pieces, width, "  ") if pieces else []
+
+
+def heading_lines(name: str, ns, width: int) -> list:
+    """The node's name and its GPU model and count, or why it has none (wrapped)."""
+    gpus = (ns.gpu or {}).get("gpus") or []
+    if gpus:
+        models = sorted({clean(str(g.get("name") or "?")) for g in gpus})
+        return wrapped(((name, "bold"), ("  %s x%d" % (", ".join(models), len(gpus)), "dim")),
+                       width, "    ")
+    return wrapped(((name, "bold"), ("  " + clean(no_gpu_text(ns.gpu)),
+                                     "yellow" if ns.gpu else "dim")), width, "    ")
+
+
+def gpu_line(g: dict, ranks: list | None, guess: bool, width: int) -> tuple:
+    """One GPU on one line, every figure whole with its unit:
+    `` 0 ███████· 87%  41.0/80.0G  61°C  402/700W  1980MHz  r0``; in a narrow panel the
+    least needed pieces are left out (the bar first), never cut."""
+    bar, style = util_bar(g.get("util"))
+    util, temp = g.get("util"), g.get("temp")
+    power, limit = g.get("power"), g.get("power_limit")
     clock, ecc = g.get("sm_clock"), g.get("ecc_uncorrected")
     slowing = [r for r in g.get("throttle") or () if r in SLOWING]
-    return (("  %dMHz" % clock if isinstance(clock, int) else "", "dim"),
-            ("  " + ",".join(slowing) if slowing else "", "yellow"),
-            ("  ECC %d" % ecc if isinstance(ecc, int) and ecc > 0 else "", "bold red"))
+    pieces = [
+        ("%2s" % g.get("index"), "", 0),
+        (" " + bar, style, 5),
+        (" %s" % ("  -" if util is None else "%3d%%" % util), style, 0),
+        ("  %s/%sG" % (gib(g.get("mem_used")), gib(g.get("mem_total"))), "", 0),
+        ("  %s" % ("-°C" if temp is None else "%d°C" % temp),
+         "bold red" if temp is not None and temp >= 85 else "", 1),
+        ("  %s/%sW" % ("-" if power is None else "%.0f" % power,
+                       "-" if limit is None else "%.0f" % limit), "", 1),
+        ("  %dMHz" % clock if isinstance(clock, int) else "", "dim", 6),
+        ("  " + ",".join(slowing) if slowing else "", "yellow", 3),
+        ("  ECC %d" % ecc if isinstance(ecc, int) and ecc > 0 else "", "bold red", 1),
+        ("  r" + rank_ranges(ranks) + ("?" if guess else "") if ranks else "", "cyan", 2),
+    ]
+    return fitted([p for p in pieces if p[0]], width)
 
 
-def node_gpu_lines(state: RunState, name: str, ranks: list) -> tuple:
-    """A node's heading line and one line per GPU, as (text, style) pieces."""
+def node_gpu_lines(state: RunState, name: str, ranks: list, width: int = 1000) -> tuple:
+    """A node's heading, host and GPU lines, as (text, style) pieces, fitted to ``width``."""
     ns = state.nodes[name]
-    snap = ns.gpu or {}
-    gpus = snap.get("gpus") or []
-    if not gpus:
-        return (((name, "bold"), ("  " + clean(no_gpu_text(ns.gpu)),
-                                  "yellow" if ns.gpu else "dim")),) + host_lines(ns)
-    models = sorted({clean(str(g.get("name") or "?")) for g in gpus})
-    lines = [((name, "bold"), ("  %s x%d" % (", ".join(models), len(gpus)), "dim"))]
-    lines += host_lines(ns)
+    gpus = (ns.gpu or {}).get("gpus") or []
+    lines = heading_lines(name, ns, width) + host_lines(ns, width)
     by_local: dict = {}
     by_pid: dict = {}
     for rs in ranks:
@@ -88,22 +127,8 @@ def node_gpu_lines(state: RunState, name: str, ranks: list) -> tuple:
         if rs.pid is not None:
             by_pid[rs.pid] = rs.rank
     for g in gpus:
-        index = g.get("index")
-        bar, style = util_bar(g.get("util"))
-        temp, power, limit = g.get("temp"), g.get("power"), g.get("power_limit")
         on_gpu = sorted({by_pid[p] for p in g.get("pids") or () if p in by_pid})
-        guess = not on_gpu
-        ranks = on_gpu or by_local.get(index)
-        lines.append((
-            (" %2s " % index, ""), (bar, style),
-            ("  %s/%sG" % (gib(g.get("mem_used")), gib(g.get("mem_total"))), ""),
-            ("  %s" % ("  -" if temp is None else "%d°C" % temp),
-             "bold red" if temp is not None and temp >= 85 else ""),
-            ("  %s/%sW" % ("-" if power is None else "%.0f" % power,
-                           "-" if limit is None else "%.0f" % limit), ""),
-        ) + health_pieces(g) + (
-            ("  r" + rank_ranges(ranks) + ("?" if guess else "") if ranks else "", "cyan"),
-        ))
+        lines.append(gpu_line(g, on_gpu or by_local.get(g.get("index")), not on_gpu, width))
     return tuple(lines)
 
 
@@ -123,13 +148,23 @@ class GpuPanel(RowsView):
     def lines(self) -> list[str]:
         return [line for node in self.state.nodes for line in self.row_text(node)]
 
+    @property
+    def line_width(self) -> int:
+        """What a line may take: the panel's width less its scrollbar's column."""
+        return max(MIN_WIDTH, self.size.width - 1)
+
+    def on_resize(self) -> None:
+        self.refresh_rows()
+
     def refresh_rows(self) -> None:
         """Re-read RunState: the shape now, the nodes on screen when painted."""
         self._by_node = ranks_by_node(self.state)
-        nodes = list(self.state.nodes)
-        self.set_shape(nodes, [1 + len((self.state.nodes[n].gpu or {}).get("gpus") or []) +
-                               len(host_lines(self.state.nodes[n])) for n in nodes])
+        nodes, width = list(self.state.nodes), self.line_width
+        self.set_shape(nodes, [len(heading_lines(n, self.state.nodes[n], width)) +
+                               len(host_lines(self.state.nodes[n], width)) +
+                               len((self.state.nodes[n].gpu or {}).get("gpus") or [])
+                               for n in nodes])
         self.invalidate()
 
     def row_lines(self, key: str) -> tuple:
-        return node_gpu_lines(self.state, key, self._by_node.get(key, []))
+        return node_gpu_lines(self.state, key, self._by_node.get(key, []), self.line_width)

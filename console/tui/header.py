@@ -17,6 +17,7 @@ from ..state import RunState
 from ..rendezvous import wait_short
 from ..summary import eta_s, launch_progress, run_step, steps_per_s, total_steps
 from ..text import hms
+from .fitting import fitted
 from .guard import NA, shown_or
 from .styles import state_style
 
@@ -41,35 +42,43 @@ class RunHeader(Static):
 
     @shown_or(lambda self: Text("rankdeck run %s  %s" % (self.state.run_id, NA), no_wrap=True))
     def info(self) -> Text:
+        """The header's line; in a narrow terminal the least needed parts are left out
+        (``rankdeck``, elapsed, steps/s first), never cut."""
         state = self.state
-        text = Text(no_wrap=True, overflow="ellipsis")
-        text.append("rankdeck ", "bold")
-        text.append("run %s  " % state.run_id)
         run_state = state.run_state()
         shown = self.phase if self.phase and run_state not in ("running", "succeeded",
                                                                 "failed", "stopped") \
             else run_state
-        text.append("● %s" % shown, state_style(shown) or "cyan")
+        pieces = [("rankdeck ", "bold", 5), ("run %s  " % state.run_id, "", 0),
+                  ("● %s" % shown, state_style(shown) or "cyan", 0)]
         operators = state.operators.summary()  # read-only, consoles, who drives
         if operators:
-            text.append("  %s" % operators, "bold magenta")
+            pieces.append(("  %s" % operators, "bold magenta", 1))
         if state.waiting:  # a restart that has not brought every node back: say what it waits for
-            text.append("  %s" % wait_short(state.waiting, self.clock()), "bold yellow")
+            pieces.append(("  %s" % wait_short(state.waiting, self.clock()), "bold yellow", 1))
         if shown == "launching":
-            text.append(" (%s)" % launch_progress(state), "cyan")
-            if self.sync_line:  # before the rest: the line is cut at the right edge
-                text.append("  %s" % self.sync_line, "cyan")
-        text.append("  elapsed %s" % hms(self.clock() - state.started))
+            pieces.append((" (%s)" % launch_progress(state), "cyan", 1))
+            if self.sync_line:
+                pieces.append(("  %s" % self.sync_line, "cyan", 2))
+        pieces.append(("  elapsed %s" % hms(self.clock() - state.started), "", 4))
         step, total = run_step(state), total_steps(self.record)
-        text.append("  step %s/%s" % ("-" if step is None else step,
-                                      "?" if total is None else total))
+        pieces.append(("  step %s/%s" % ("-" if step is None else step,
+                                         "?" if total is None else total), "", 0))
         rate = steps_per_s(state)
-        text.append("  %s steps/s" % ("-" if rate is None else "%.2f" % rate))
-        text.append("  ETA %s" % hms(eta_s(state, self.record, rate)))
+        pieces.append(("  %s steps/s" % ("-" if rate is None else "%.2f" % rate), "", 3))
+        pieces.append(("  ETA %s" % hms(eta_s(state, self.record, rate)), "", 2))
         up = sum(1 for n in state.nodes.values() if n.state not in ("unreachable", "lost",
                                                                     "connecting"))
-        text.append("  nodes %d/%d up" % (up, len(state.nodes)))
+        pieces.append(("  nodes %d/%d up" % (up, len(state.nodes)), "", 1))
+        width = self.content_size.width if self.is_mounted else 0
+        text = Text(no_wrap=True, overflow="ellipsis")
+        for piece, style in (fitted(pieces, width) if width else
+                             [(t, s) for t, s, _r in pieces]):
+            text.append(piece, style)
         return text
+
+    def on_resize(self) -> None:
+        self.update_info()
 
     def update_info(self) -> None:
         self.update(self.info(), layout=False)  # one line, fixed size

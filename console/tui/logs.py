@@ -1,4 +1,5 @@
-"""LogPanes: one to four LogPanes side by side, and which one is active.
+"""LogPanes: one to four LogPanes, side by side (stacked in a narrow terminal), and which
+one is active.
 
 The app hands it flushed line batches (``add_lines``) and the shared options (wrap,
 timestamps, collapse, filter); it passes each batch only to the panes showing that source
@@ -13,7 +14,7 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 
-from ..sources import NODE, RANK
+from ..sources import ALL, NODE, RANK
 from ..state import RunState
 from .logpane import LogPane
 
@@ -21,22 +22,21 @@ MAX_PANES = 4
 
 
 def second_source(state: RunState) -> tuple | None:
-    """Beside rank 0, another rank: the first of the last node, once its ranks are known
-    (until then that node merged). One node of one rank: None (nothing else to show)."""
+    """Beside rank 0, the last rank (the far end of the run from rank 0), once a rank other
+    than 0 is known; None until then."""
+    last = max(state.ranks, default=0)
+    return (RANK, last) if last != 0 else None
+
+
+def placeholder_source(state: RunState) -> tuple:
+    """What the second pane shows until a rank other than 0 is known: the last node merged
+    (its torchrun lines), or every rank while no node is known yet."""
     last = next(reversed(state.nodes), None)
-    if last is None:
-        return None
-    first = min((r for r, rs in state.ranks.items() if rs.node == last), default=None)
-    if first is not None and first != 0:
-        return (RANK, first)
-    if first == 0 and len(state.ranks) == 1:
-        return None
-    return (NODE, last)
+    return (NODE, last) if last is not None else (ALL, None)
 
 
 def default_sources(state: RunState) -> list[tuple]:
-    second = second_source(state)
-    return [(RANK, 0)] + ([second] if second else [])
+    return [(RANK, 0), second_source(state) or placeholder_source(state)]
 
 
 class LogPanes(Horizontal):
@@ -54,9 +54,10 @@ class LogPanes(Horizontal):
         self.watch = watch
         self.secrets = tuple(secrets or ())
         self._initial = list(sources or default_sources(state))[:MAX_PANES]
-        # the second pane's source until the ranks are known, then it moves to a rank
+        # the second pane's source until a rank other than 0 is known, then it moves to the
+        # last rank: every run opens pane 2 the same way, never on rank 0's node
         self._placeholder = self._initial[1] if not sources and len(self._initial) > 1 and \
-            self._initial[1][0] == NODE and len(state.nodes) > 1 else None
+            self._initial[1][0] != RANK else None
         self.active = 0
         self.wrap = False
         self.timestamps = False
@@ -109,7 +110,7 @@ class LogPanes(Horizontal):
             self._placeholder = None
             return
         source = second_source(self.state)
-        if source is not None and source[0] == RANK:
+        if source is not None:
             self._placeholder = None
             self.show(source, 1)
 

@@ -1,4 +1,6 @@
-"""LossChart: loss against step in braille dots, for rank 0 or all ranks, with lr beside it.
+"""LossChart: loss against step in braille dots, for rank 0 or all ranks, over the whole
+width of its panel: the latest figures (loss, step, lr, step time, tok/s) on a line above
+the curve, a step axis under it.
 
 Redrawn when the app says the run changed (at most a few times a second); the points come
 from RunState's bounded per-rank series, sampled down to what the width can show.
@@ -14,14 +16,34 @@ from textual.widget import Widget
 
 from ..state import RunState
 from .braille import bounds, plot, sample
+from .fitting import fitted
 from .guard import NA, shown_or
 from ..summary import run_step, steps_per_s
 from ..text import fmt_float
 
 REDRAW_S = 1.0
 MAX_SERIES = 32  # ranks drawn in "all" mode (evenly chosen); more would be one blur
-STATS_WIDTH = 22
-AXIS_WIDTH = 8
+AXIS_WIDTH = 8  # the loss labels and the axis line left of the curve
+TICKS = 5  # step labels wanted under the curve (fewer where they do not fit)
+
+
+def step_axis(first: int, last: int, width: int) -> str:
+    """The step labels under a curve ``width`` columns wide from step ``first`` to
+    ``last``: the ends and evenly spaced steps between, each where its column is, two
+    columns apart at least."""
+    cells = [" "] * width
+    taken = -2
+    for i in range(TICKS):
+        col = round(i * (width - 1) / (TICKS - 1))
+        label = "%d" % round(first + (last - first) * col / max(1, width - 1))
+        start = col if i < TICKS - 1 else width - len(label)  # the last one ends at the edge
+        if start < taken + 2 or start + len(label) > width:
+            continue
+        if i < TICKS - 1 and start + len(label) + 2 > width - len("%d" % last):
+            continue  # leave room for the last
+        cells[start:start + len(label)] = label
+        taken = start + len(label)
+    return "".join(cells)
 
 
 class LossChart(Widget):
@@ -62,22 +84,19 @@ class LossChart(Widget):
             others = ranks[1:]
             stride = max(1, -(-len(others) // (MAX_SERIES - 1)))
             chosen = others[::stride] + chosen
-        width = max(8, (self.size.width - AXIS_WIDTH - STATS_WIDTH) * 2)
+        width = max(8, self.size.width - AXIS_WIDTH)
         return [sample(list(self.state.ranks[r].points), width * 2) for r in chosen]
 
     @shown_or(lambda self: Text("loss vs step: %s" % NA, style="dim"))
     def render(self) -> Text:
-        width = max(8, self.size.width - AXIS_WIDTH - STATS_WIDTH - 1)
+        """A line of figures, the curve over the whole width, then the step axis."""
+        width = max(8, self.size.width - AXIS_WIDTH)
         height = max(2, self.size.height - 2)
         series = self.series()
         box = bounds(series)
-        stats = self._stats()
-        title = Text("loss vs step - %s  (l: %s)" % (
-            "all ranks" if self.all_ranks else "rank %s" % (min(self.state.ranks)
-                                                            if self.state.ranks else 0),
-            "rank 0 only" if self.all_ranks else "all ranks"), style="bold")
         out = Text(no_wrap=True, overflow="crop")
-        out.append_text(title)
+        for piece, style in fitted(self._figures(), max(8, self.size.width)):
+            out.append(piece, style)
         out.append("\n")
         if box is None:
             rows = [[(" ", -1)] * width for _ in range(height)]
@@ -98,26 +117,33 @@ class LossChart(Widget):
                     run = []
                 run.append(ch)
                 owner = who
-            out.append("  " + (stats[r] if r < len(stats) else ""))
             out.append("\n")
         if box is not None:
-            left, right = "%d" % box[0], "%d" % box[1]
-            axis = " " * AXIS_WIDTH + left + " " * max(1, width - len(left) - len(right)) + right
-            out.append(axis, "dim")
+            out.append("step".rjust(AXIS_WIDTH - 1) + " " + step_axis(int(box[0]), int(box[1]),
+                                                                       width), "dim")
         return out
 
-    def _stats(self) -> list[str]:
+    def _figures(self) -> list[tuple[str, str, int]]:
+        """The line above the curve: whose loss, and the latest figures, each with its unit
+        (``fitting.fitted`` leaves out the least needed where the panel is narrow)."""
+        who = "all ranks" if self.all_ranks else "rank %s" % (min(self.state.ranks)
+                                                              if self.state.ranks else 0)
+        hint = "  l: %s" % ("rank 0 only" if self.all_ranks else "all ranks")
         rs = self._first_rank()
         if rs is None:
-            return ["waiting for the", "first step"]
+            return [(who, "bold", 0), ("  waiting for the first step", "dim", 1),
+                    (hint, "dim", 9)]
         rate = steps_per_s(self.state)
+        step = run_step(self.state)
         return [
-            "step      %s" % ("-" if run_step(self.state) is None else run_step(self.state)),
-            "loss      %s" % fmt_float(rs.loss),
-            "lr        %s" % fmt_float(rs.lr, 6),
-            "step time %s" % ("-" if rs.step_time is None else "%.3f s" % rs.step_time),
-            "steps/s   %s" % ("-" if rate is None else "%.2f" % rate),
-            "tok/s     %s" % ("-" if rs.tok_s is None else "%.0f" % rs.tok_s),
+            (who, "bold", 0),
+            ("  loss %s" % fmt_float(rs.loss), "bold bright_cyan", 0),
+            ("  step %s" % ("-" if step is None else step), "", 1),
+            ("  lr %s" % fmt_float(rs.lr, 6), "", 2),
+            ("  %s s/step" % ("-" if rs.step_time is None else "%.3f" % rs.step_time), "", 3),
+            ("  %s tok/s" % ("-" if rs.tok_s is None else "%.0f" % rs.tok_s), "", 4),
+            ("  %s steps/s" % ("-" if rate is None else "%.2f" % rate), "", 5),
+            (hint, "dim", 9),
         ]
 
     def watch_all_ranks(self) -> None:

@@ -81,6 +81,7 @@ class ScriptedNode:
     state: dict = field(default_factory=lambda: {"state": "running", "restarts": 0,
                                                  "launches": 1, "max_restarts": 3})
     gpu: dict | None = None
+    host: dict | None = None  # the host sample sent with the GPU snapshot
     stream: ScriptedStream | None = None
     subscribed: bool = False
     launches: int = 0
@@ -135,7 +136,7 @@ class ScriptedNode:
                 self.stream.send({"t": "journal", "sub": self.name, "end": end, "recs": recs})
         self.stream.send({"t": "state", "sub": self.name, "state": self.state})
         if self.gpu is not None:
-            self.stream.send({"t": "gpu", "snap": self.gpu})
+            self.stream.send({"t": "gpu", "snap": self.gpu, "host": self.host})
 
 
 class ScriptedTransport(Transport):
@@ -277,6 +278,16 @@ def gpu_snapshot(count: int, util: int = 87, name: str = "NVIDIA H100 80GB HBM3"
          "pid_mem": [[1000 + i, (40 + i) * gib]]} for i in range(count)]}
 
 
+def host_sample(cpu: float = 63.0) -> dict:
+    """A host sample as the agent sends one (agent/host_stats.py): CPU, memory, load,
+    network, InfiniBand and the workdir's disk."""
+    return {"cpu_pct": cpu, "mem_used": 412.3 * 2 ** 30, "mem_total": 2015.6 * 2 ** 30,
+            "load": [38.2, 37.9, 37.5], "net_rx_gbps": 1.2, "net_tx_gbps": 0.9,
+            "ib": [{"port": "mlx5_0/1", "state": "ACTIVE", "up": True, "rx_gbps": 182.0,
+                    "tx_gbps": 181.0}],
+            "disk": {"dev": "nvme0n1", "read_mbs": 12.0, "write_mbs": 310.0}}
+
+
 def no_gpu_snapshot(reason: str = "no GPUs (pynvml: NVML Shared Library Not Found; "
                                   "nvidia-smi: not found)") -> dict:
     return {"source": "none", "reason": reason, "ts": T0, "gpus": []}
@@ -343,6 +354,14 @@ class RunScript:
                                  "bytes": size, "ts": ts}])
         return self
 
+    def ckpt_done(self, node: str, step: int, path: str, size: int, seconds: float,
+                  ts: float, complete: bool = True) -> "RunScript":
+        """The node's agent found the save of ``path`` complete (or not) after ``seconds``."""
+        self.recs[node].append([{"k": "ckpt_done", "f": 0, "step": step, "path": path,
+                                 "bytes": size, "seconds": seconds, "complete": complete,
+                                 "missing": [] if complete else ["optimizer.pt"], "ts": ts}])
+        return self
+
     def crash(self, node: str, local_rank: int, exit_code: int, message: str,
               ts: float) -> "RunScript":
         rank = self.rank(node, local_rank)
@@ -356,14 +375,17 @@ class RunScript:
         return self
 
     def transport(self, gpus: dict | None = None, states: dict | None = None,
-                  **kwargs) -> ScriptedTransport:
-        """A ScriptedTransport whose nodes replay these journals (one message per record)."""
+                  hosts: dict | None = None, **kwargs) -> ScriptedTransport:
+        """A ScriptedTransport whose nodes replay these journals (one message per record);
+        ``gpus``/``hosts``: a node's GPU snapshot (default: ``nproc`` H100s) and host
+        sample (default: none)."""
         t = ScriptedTransport(**kwargs)
         for node in self.hosts:
             sn = t.node(node)
             for rec in self.recs[node]:
                 sn.append([rec])
             sn.gpu = (gpus or {}).get(node, gpu_snapshot(self.nproc))
+            sn.host = (hosts or {}).get(node)
             if states and node in states:
                 sn.state = states[node]
         return t
@@ -407,4 +429,4 @@ def host_names(hosts: int = 4) -> list[str]:
 
 __all__ = ["ScriptedTransport", "ScriptedNode", "RunScript", "Request", "standard_script",
            "controller", "inventory", "host_names", "gpu_snapshot", "no_gpu_snapshot",
-           "event", "T0", "RUN_ID"]
+           "host_sample", "event", "T0", "RUN_ID"]

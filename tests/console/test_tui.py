@@ -11,12 +11,13 @@ from rich.console import Console
 from textual.widgets import Static
 
 from console.sanitize import clean
+from console.state import RunState
 from console.tui.app import RankdeckApp, run_app
 from console.tui.confirm import ConfirmScreen
-from console.tui.events import EventsLog
+from console.tui.events import EventsLog, EventsScreen
 from console.sources import ALL, NODE, RANK
 from console.tui.help import HelpScreen
-from console.tui.logs import second_source
+from console.tui.logs import default_sources, second_source
 from console.tui.messages import RunChanged
 
 from tests.waits import wait_until
@@ -138,7 +139,7 @@ async def test_pick_rank_per_pane(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await running(pilot, app)
         logs = app.logs
-        assert [p.source for p in logs.panes] == [(RANK, 0), (RANK, 6)]
+        assert [p.source for p in logs.panes] == [(RANK, 0), (RANK, 7)]
         await pilot.press("2", "g", "5", "enter")
         assert logs.panes[1].source == (RANK, 5)
         assert logs.panes[0].source == (RANK, 0)
@@ -183,7 +184,7 @@ async def test_hidden_sources_get_no_writes_and_refill_when_shown(tmp_path):
         assert app.logs.active_pane.view.lines_text()[-1] == "only for rank five"
 
 
-async def test_second_pane_shows_the_last_nodes_first_rank_once_known(tmp_path):
+async def test_second_pane_shows_the_last_rank_once_known(tmp_path):
     hosts = host_names(4)
     app, ctl, t = build(tmp_path, hold={"open"})
     async with app.run_test(size=SIZE) as pilot:
@@ -192,8 +193,8 @@ async def test_second_pane_shows_the_last_nodes_first_rank_once_known(tmp_path):
         assert [p.source for p in logs.panes] == [(RANK, 0), (NODE, "node4")]  # no ranks yet
         t.release()
         await running(pilot, app)
-        await wait_until(pilot, lambda: logs.panes[1].source == (RANK, 6),
-                         what="pane 2 on rank 6")
+        await wait_until(pilot, lambda: logs.panes[1].source == (RANK, 7),
+                         what="pane 2 on rank 7, the last")
         assert logs.panes[1].view.lines_text()[-1].startswith("step 24 ")
     # a pane the user chose before the ranks were known keeps its choice
     app, ctl, t = build(tmp_path / "chosen", standard_script(hosts, t0=time.time()),
@@ -207,9 +208,18 @@ async def test_second_pane_shows_the_last_nodes_first_rank_once_known(tmp_path):
         t.release()
         await running(pilot, app)
         # a state refresh with every rank known: the one that moved pane 2 above
-        assert second_source(ctl.state) == (RANK, 6)
+        assert second_source(ctl.state) == (RANK, 7)
         await handled(pilot, RunChanged())
         assert app.logs.panes[1].source == (NODE, "node2")
+
+
+def test_second_pane_never_opens_on_rank_zeros_node_once_ranks_are_known():
+    """Attached to a run whose first node is the only one known yet: pane 2 waits on that
+    node (a placeholder the app replaces), not for good; no node known: every rank."""
+    one = RunState("r", [("node0", "h0")])
+    assert default_sources(one) == [(RANK, 0), (NODE, "node0")]
+    assert second_source(one) is None  # nothing yet to replace the placeholder with
+    assert default_sources(RunState("r", [])) == [(RANK, 0), (ALL, None)]
 
 
 async def test_filter_regex_across_panes_highlights_matches(tmp_path):
@@ -302,7 +312,7 @@ async def test_scrolling_up_past_memory_fetches_older_lines_from_the_node(tmp_pa
         assert pane.source == (RANK, 0)
         await wait_until(pilot, lambda: pane.view.lines_text() == every[-30:], what="rank 0's tail")
         await pilot.press("1")
-        for _ in range(10):  # up to the top: pauses, and asks for nothing yet
+        for _ in range(40):  # up to the top: pauses, and asks for nothing yet
             await pilot.press("up")
             await pilot.pause()
             if pane.view.scroll_y == 0:
@@ -402,12 +412,13 @@ async def test_follow_pause_wrap_and_timestamps(tmp_path):
         assert "PAUSED" in str(pane.query_one(".logpane--title").render())
         y = pane.view.scroll_y
         live = RunScript(host_names(4), 2, t0=t0)
-        live.lines("node1", 0, ["more %d" % i for i in range(200)], t0 + 30)
+        live.lines("node1", 0, ["a long line " + "x" * 300] + ["more %d" % i for i in range(200)],
+                   t0 + 30)
         t.node("node1").append(live.recs["node1"])
         await wait_until(pilot, lambda: pane.view.lines_text()[-1] == "more 199")
         assert pane.view.scroll_y == y  # paused: new lines do not move the view
         await pilot.press("t")
-        last_step = pane.view.lines_text()[-201]
+        last_step = pane.view.lines_text()[-202]
         assert last_step == time.strftime("%H:%M:%S ", time.localtime(t0 + 22)) + \
             "step 24 loss=1.3999 lr=3.00e-04 step_time=0.500s tok/s=32768"
         rows_before = pane.view.line_count
@@ -556,9 +567,15 @@ async def test_header_loss_chart_and_events(tmp_path):
         await pilot.press("l")
         assert app.chart.all_ranks and len(app.chart.series()) == 8
         assert "all ranks" in app.chart.render().plain
-        await wait_until(pilot, lambda: any("checkpoint" in s for s in app.events.shown))
-        ckpt = next(s for s in app.events.shown if "checkpoint" in s)
-        assert "step 20" in ckpt and "step_20.pt" in ckpt and "700.0 MiB" in ckpt
+        await wait_until(pilot, lambda: any("ckpt 20" in s for s in app.events.shown))
+        ckpt = next(s for s in app.events.shown if "ckpt 20" in s)
+        assert "ckpt 20 … node1 700.0 MiB" in ckpt  # one node saved; not said complete yet
+        await pilot.click(EventsLog)
+        await pilot.press("enter")  # the path: in the events in full
+        await wait_until(pilot, lambda: isinstance(app.screen, EventsScreen), what="screen")
+        assert any("checkpoint step 20 saved: /ckpt/%s/step_20.pt (700.0 MiB)" % RUN_ID in s
+                   for s in app.screen.lines)
+        await pilot.press("escape")
         stamps = [s[:8] for s in app.query_one(EventsLog).shown]
         assert stamps == sorted(stamps)
 
@@ -718,7 +735,14 @@ async def test_zoom_gives_the_panes_the_width_and_long_lines_scroll_sideways(tmp
         await running(pilot, app)
         view = app.logs.panes[0].view
         narrow = view.size.width
-        assert narrow < len(view.lines_text()[-1])  # "step 24 loss=... tok/s=32768" is cut
+        # a rank's whole step line fits at 120x35 (the panes stack): "step 24 ... tok/s=32768"
+        assert len(view.lines_text()[-1]) < narrow
+        live = RunScript(host_names(4), 2, t0=time.time())
+        live.lines("node1", 0, ["a long line " + "x" * 200], time.time())
+        t.node("node1").append(live.recs["node1"])
+        await wait_until(pilot, lambda: view.lines_text()[-1].startswith("a long line"),
+                         what="the long line")
+        assert narrow < len(view.lines_text()[-1])  # cut: it scrolls sideways
         await pilot.press("1", "right", "right")
         assert view.scroll_x == 2
         await pilot.press("z")

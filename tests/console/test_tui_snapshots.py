@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from rich.cells import cell_len
 
 import console.liveness
 import console.preflight
@@ -18,8 +19,9 @@ import console.state
 from console.sources import RANK
 from console.tui.app import RankdeckApp
 from console.tui.help import HelpScreen
-from tests.console.scripted import T0, controller, host_names, no_gpu_snapshot, standard_script
-from tests.console.settle import settled
+from tests.console.scripted import (RUN_ID, T0, controller, host_names, host_sample,
+                                    no_gpu_snapshot, standard_script)
+from tests.console.settle import screen_text, settled
 from tests.console.test_tui_scale import HOSTS, NPROC, big_run
 from tests.waits import wait_until
 
@@ -53,16 +55,51 @@ def frozen(monkeypatch, tmp_path):
     time.tzset()
 
 
-def make_app(tmp_path, script, hosts: int = 4, slots: int = 2) -> RankdeckApp:
-    transport = script.transport(gpus={"node4": no_gpu_snapshot()})
+def make_app(tmp_path, script, hosts: int = 4, slots: int = 2,
+             samples: dict | None = None) -> RankdeckApp:
+    transport = script.transport(gpus={"node4": no_gpu_snapshot()}, hosts=samples)
     ctl, launch = controller(str(tmp_path), transport, hosts=hosts, slots=slots)
     return RankdeckApp(ctl, launch, clock=lambda: CLOCK)
 
 
+def saved_everywhere():
+    """The standard run (3 nodes of 2 H100s in the tests' NVML snapshots, one without GPUs)
+    with every node saving step 20 and finding its save complete, and host samples."""
+    hosts = host_names(4)
+    script = standard_script(hosts)
+    for i, node in enumerate(hosts):
+        path = "/ckpt/%s/step_20.pt" % RUN_ID if i == 0 else "/ckpt/%s/%s/step_20.pt" % (
+            RUN_ID, node)
+        if i:
+            script.ckpt(node, 20, path, 734003200, T0 + 21)
+        script.ckpt_done(node, 20, path, 734003200, 2.5 + 0.3 * i, T0 + 23)
+    return script, {node: host_sample() for node in hosts}
+
+
+async def reads_whole(pilot):
+    """Settled, and the screen reads whole: a rank's step line, every GPU figure with its
+    unit, the host line's figures, one line for the four nodes' saves of step 20."""
+    await settled(pilot)
+    text = screen_text(pilot.app)
+    assert "step 24 loss=1.3999 lr=3.00e-04 step_time=0.500s tok/s=32768" in text
+    gpus = pilot.app.gpus
+    lines = gpus.lines()  # all of the panel's lines, those scrolled out of sight too
+    assert all(cell_len(line) <= gpus.line_width for line in lines)  # none is cut
+    assert sum("87%  41.0/80.0G  61°C  402/700W" in line for line in lines) == 3
+    assert sum("cpu 63%  mem 412.3/2015.6G" in line for line in lines) == 4
+    assert "402/700W" in text and text.count("/700") == text.count("/700W")
+    assert text.count("ckpt 20 ✓ 4 nodes") == 1  # cut with "…" where the pane is narrow
+    assert sum(line.endswith("ckpt 20 ✓ 4 nodes × 700.0 MiB 3.4 s")
+               for line in pilot.app.events.shown) == 1
+    assert "checkpoint" not in text and "preflight preflight" not in text
+    assert "rank 7 @node4" in text  # pane 2: the last rank
+
+
 @pytest.mark.parametrize("size", SIZES, ids=["%dx%d" % size for size in SIZES])
 def test_main_screen(snap_compare, tmp_path, size):
-    app = make_app(tmp_path, standard_script(host_names(4)))
-    assert snap_compare(app, terminal_size=size, run_before=settled)
+    script, samples = saved_everywhere()
+    app = make_app(tmp_path, script, samples=samples)
+    assert snap_compare(app, terminal_size=size, run_before=reads_whole)
 
 
 def test_nodes_folded_at_512_ranks(snap_compare, tmp_path):

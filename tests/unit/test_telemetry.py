@@ -110,8 +110,8 @@ def test_gpu_panel_shows_host_line_and_gpu_health():
         host(rx=41.23, tx=40.8, eth_up=False))
     lines = ["".join(text for text, _style in line)
              for line in node_gpu_lines(state, "node0", [])]
-    assert lines[1] == ("  cpu 20%  mem 4.0/16.0G  load 2.5  net 41.2↓ 40.8↑G  ib 100↓ 50↑G"
-                        "  disk 12 r 300 w MB/s  down: eth0")
+    assert lines[1] == ("  cpu 20%  mem 4.0/16.0G  load 2.5  net 41.2↓ 40.8↑ Gb/s"
+                        "  ib 100↓ 50↑ Gb/s  disk 12r 300w MB/s  down: eth0")
     assert lines[2].endswith("300/-W  1980MHz") and "ECC" not in lines[2]
     assert lines[3].endswith("300/-W  1410MHz  hw_thermal  ECC 2")
     state.nodes["node0"].host = None  # an older agent: no host line, GPU lines as before
