@@ -78,15 +78,31 @@ def host_lines(ns, width: int = 1000) -> list:
     return wrapped((("  ", ""),) + pieces, width, "  ") if pieces else []
 
 
-def heading_lines(name: str, ns, width: int) -> list:
-    """The node's name and its GPU model and count, or why it has none (wrapped)."""
+def heading_lines(name: str, ns, width: int, same_as: str | None = None) -> list:
+    """The node's name and its GPU model and count, or why it has none (wrapped; ``no GPUs
+    (as node0)`` when ``same_as``, a node above, said the same)."""
     gpus = (ns.gpu or {}).get("gpus") or []
     if gpus:
         models = sorted({clean(str(g.get("name") or "?")) for g in gpus})
         return wrapped(((name, "bold"), ("  %s x%d" % (", ".join(models), len(gpus)), "dim")),
                        width, "    ")
-    return wrapped(((name, "bold"), ("  " + clean(no_gpu_text(ns.gpu)),
-                                     "yellow" if ns.gpu else "dim")), width, "    ")
+    why = "no GPUs (as %s)" % clean(same_as) if same_as else clean(no_gpu_text(ns.gpu))
+    return wrapped(((name, "bold"), ("  " + why, "yellow" if ns.gpu else "dim")), width, "    ")
+
+
+def same_reasons(state: RunState) -> dict:
+    """Each node without GPUs whose reason a node before it gave word for word: that node
+    (the reason is said once, not on every node of a CPU-only run)."""
+    first: dict = {}
+    same: dict = {}
+    for name, ns in state.nodes.items():
+        if ns.gpu and not ns.gpu.get("gpus"):
+            why = no_gpu_text(ns.gpu)
+            if why in first:
+                same[name] = first[why]
+            else:
+                first[why] = name
+    return same
 
 
 def gpu_line(g: dict, ranks: list | None, guess: bool, width: int) -> tuple:
@@ -115,11 +131,12 @@ def gpu_line(g: dict, ranks: list | None, guess: bool, width: int) -> tuple:
     return fitted([p for p in pieces if p[0]], width)
 
 
-def node_gpu_lines(state: RunState, name: str, ranks: list, width: int = 1000) -> tuple:
+def node_gpu_lines(state: RunState, name: str, ranks: list, width: int = 1000,
+                   same_as: str | None = None) -> tuple:
     """A node's heading, host and GPU lines, as (text, style) pieces, fitted to ``width``."""
     ns = state.nodes[name]
     gpus = (ns.gpu or {}).get("gpus") or []
-    lines = heading_lines(name, ns, width) + host_lines(ns, width)
+    lines = heading_lines(name, ns, width, same_as) + host_lines(ns, width)
     by_local: dict = {}
     by_pid: dict = {}
     for rs in ranks:
@@ -141,6 +158,7 @@ class GpuPanel(RowsView):
         super().__init__(header=None, cursor=False, **kwargs)
         self.state = state
         self._by_node: dict[str, list] = {}
+        self._same: dict[str, str] = {}  # node -> the node above that gave its no-GPU reason
 
     def on_mount(self) -> None:
         self.refresh_rows()
@@ -159,12 +177,14 @@ class GpuPanel(RowsView):
     def refresh_rows(self) -> None:
         """Re-read RunState: the shape now, the nodes on screen when painted."""
         self._by_node = ranks_by_node(self.state)
+        self._same = same = same_reasons(self.state)
         nodes, width = list(self.state.nodes), self.line_width
-        self.set_shape(nodes, [len(heading_lines(n, self.state.nodes[n], width)) +
+        self.set_shape(nodes, [len(heading_lines(n, self.state.nodes[n], width, same.get(n))) +
                                len(host_lines(self.state.nodes[n], width)) +
                                len((self.state.nodes[n].gpu or {}).get("gpus") or [])
                                for n in nodes])
         self.invalidate()
 
     def row_lines(self, key: str) -> tuple:
-        return node_gpu_lines(self.state, key, self._by_node.get(key, []), self.line_width)
+        return node_gpu_lines(self.state, key, self._by_node.get(key, []), self.line_width,
+                              self._same.get(key))

@@ -30,15 +30,18 @@ TICKS = 5  # step labels wanted under the curve (fewer where they do not fit)
 def step_axis(first: int, last: int, width: int) -> str:
     """The step labels under a curve ``width`` columns wide from step ``first`` to
     ``last``: the ends and evenly spaced steps between, each where its column is, two
-    columns apart at least."""
+    columns apart at least, no step twice."""
     cells = [" "] * width
-    taken = -2
+    taken, said = -2, None
     for i in range(TICKS):
         col = round(i * (width - 1) / (TICKS - 1))
         label = "%d" % round(first + (last - first) * col / max(1, width - 1))
         start = col if i < TICKS - 1 else width - len(label)  # the last one ends at the edge
-        if start < taken + 2 or start + len(label) > width:
-            continue
+        between = 0 < i < TICKS - 1
+        if start < taken + 2 or start + len(label) > width or label == said or \
+                (between and label == "%d" % last):
+            continue  # no room, or a step labelled already (a run of a few steps)
+        said = label
         if i < TICKS - 1 and start + len(label) + 2 > width - len("%d" % last):
             continue  # leave room for the last
         cells[start:start + len(label)] = label
