@@ -5,8 +5,8 @@ An event's text often starts with its kind (``preflight ok ...``, ``rendezvous s
 ...``, ``checkpoint step 20 saved: ...``): the pane shows the text alone then, its kind word
 coloured, so nothing reads twice. Every node's ``checkpoint``, ``checkpoint complete`` and
 ``checkpoint incomplete`` of one step fold into one line where the first of them would be,
-``ckpt 20 ✓ 4 nodes × 1.4 MiB 0.9 s``; their paths are in the events screen (Enter on the
-pane). The events a person must not miss (a crash, a stall, a verdict, a diverged loss, an
+``ckpt 20 ✓ 4 nodes × 1.4 MiB 0.9 s``, and their deletions into ``ckpt 10 deleted on 4
+nodes``; their paths are in the events screen (Enter on the pane). The events a person must not miss (a crash, a stall, a verdict, a diverged loss, an
 incomplete save) are ALERTS: their line is highlighted and the pane pins the latest one.
 RunState's texts stay as they are: the no-TUI output, reports and tests read them.
 """
@@ -34,16 +34,21 @@ ALERTS = {
     "stalled": "bold black on yellow", "verdict": "bold black on yellow",
     "refused": "bold black on yellow",
 }
-CHECKPOINT_KINDS = ("checkpoint", "checkpoint complete", "checkpoint incomplete")
-STEP_OF = re.compile(r"^checkpoint step (\S+) (saved|complete|incomplete)")
+CHECKPOINT_KINDS = ("checkpoint", "checkpoint complete", "checkpoint incomplete",
+                    "checkpoint deleted")
+STEP_OF = re.compile(r"^checkpoint step (\S+) (saved|complete|incomplete|deleted)")
 
 
 def checkpoint_step(ev: Event) -> str | None:
-    """The step a checkpoint event is about (as its text says it), or None: not one."""
+    """What line a checkpoint event folds into: its step (as its text says it), with
+    ``deleted`` after it for a deletion (the trainer pruning old saves: a line of its own,
+    when it happens); None: not a checkpoint event."""
     if ev.kind not in CHECKPOINT_KINDS:
         return None
     found = STEP_OF.match(ev.text)
-    return found.group(1) if found else None
+    if not found:
+        return None
+    return found.group(1) + (" deleted" if ev.kind == "checkpoint deleted" else "")
 
 
 def who_of(ev: Event) -> str:
@@ -78,6 +83,13 @@ def checkpoint_text(step: str, events: list[Event], state: RunState) -> Text:
     (``…`` while a node has not said its save is complete, ``✗`` and which node when one
     is incomplete)."""
     nodes = sorted({ev.node or "?" for ev in events})
+    if step.endswith(" deleted"):
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(clock_text(min(ev.ts or 0.0 for ev in events)) + " ", "dim")
+        text.append("ckpt %s" % step, "dim")
+        text.append(" on %s" % ("%d nodes" % len(nodes) if len(nodes) > 1 else clean(nodes[0])),
+                    "dim")
+        return text
     done = {ev.node for ev in events if ev.kind == "checkpoint complete"}
     bad = sorted({ev.node or "?" for ev in events if ev.kind == "checkpoint incomplete"})
     saves = [c for c in state.checkpoints if str(c.step) == step]

@@ -104,6 +104,12 @@ def test_every_nodes_save_of_a_step_is_one_line_and_an_incomplete_one_an_alert()
     line = item_text(folded(events)[0], state).plain
     assert "ckpt 800 ✗ 3 nodes" in line and "incomplete on node3" in line
     assert "/c/node" not in line  # paths: in the events screen
+    for i in range(1, 4):  # the trainer prunes it later: a line of its own, when it happens
+        events.append(ev("checkpoint deleted", "checkpoint step 800 deleted by the trainer: "
+                         "/c/node%d/s800" % i, "node%d" % i, ts=1100.0 + i))
+    items = folded(events)
+    assert [step for step, _evs in items] == ["800", None, "800 deleted"]
+    assert item_text(items[-1], state).plain.endswith("ckpt 800 deleted on 3 nodes")
 
 
 def test_the_latest_alert_is_pinned_with_how_many_came_before():
