@@ -55,6 +55,7 @@ class Subscription:
     def __init__(self, sub_id, ndir, offset, quiet_until=0, actions_from=0):
         self.sub_id = sub_id
         self.actions_from = actions_from  # the node's action log, read up to here
+        self.actions_sent = False  # the first `actions` message goes even when empty
         self.consoles = None  # the attached consoles last sent
         self.quiet_until = quiet_until  # data records starting before this are not sent
         self.ndir = ndir
@@ -412,8 +413,8 @@ class Server:
             return 0
         sent = 0
         entries, end = actions.read(sub.ndir, sub.actions_from)
-        if end != sub.actions_from:
-            sub.actions_from = end
+        if end != sub.actions_from or not sub.actions_sent:
+            sub.actions_from, sub.actions_sent = end, True
             self.send({"t": "actions", "sub": sub.sub_id, "recs": entries, "end": end})
             sent += 1
         consoles = actions.attached(sub.ndir)

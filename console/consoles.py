@@ -115,14 +115,17 @@ class Operators:
 
     def apply_actions(self, node: str, recs, end, add_event) -> None:
         """New lines of ``node``'s action log; another console's become events
-        (``add_event(node, kind, text, ts=...)``: RunState's)."""
+        (``add_event(node, kind, text, ts=...)``: RunState's) as they happen: the first
+        message of a node (the agent sends one at once) is its history, which ``rankdeck
+        actions`` prints; at 512 nodes a launch is 512 lines the events pane need not show."""
         if not isinstance(recs, list) or isinstance(end, bool) or not isinstance(end, int):
             return
+        history = node not in self.actions_from
         self.actions_from[node] = max(self.actions_from.get(node, 0), end)
         mine = self.me.console if self.me else None
         for rec in filter(None, map(action_record, recs)):
             self.actions.append(rec)
-            if rec["console"] != mine:
+            if not history and rec["console"] != mine:
                 add_event(rec["node"] or node, "action", action_line(rec), ts=rec["ts"])
 
     def attached(self) -> list[dict]:

@@ -51,15 +51,18 @@ def test_other_consoles_actions_are_events_and_own_ones_are_not():
              "who": "alice@laptop", "console": "a", "login": "train", "result": "ok"},
             {"ts": 101.0, "action": "stop", "node": "node1", "who": "bob@laptop",
              "console": "b", "login": "train", "result": "ok"}]
-    ops.apply_actions("node1", recs, 321, state.add_event)
+    ops.apply_actions("node1", recs, 321, state.add_event)  # the first: the log so far
+    assert not state.events and len(ops.actions) == 2
+    ops.apply_actions("node1", recs, 642, state.add_event)  # as they happen
     assert [(e.node, e.kind, e.text, e.ts) for e in state.events] == [
         ("node1", "action", "alice@laptop (login train) restarted node1: ok", 100.0)]
-    assert len(ops.actions) == 2 and ops.actions_from == {"node1": 321}
+    assert len(ops.actions) == 4 and ops.actions_from == {"node1": 642}
 
 
 def test_malformed_records_are_dropped_and_texts_cleaned():
     state = RunState("r1", [("node0", "127.0.0.2")])
     ops = operators()
+    ops.apply_actions("node0", [], 0, state.add_event)  # the log so far: empty
     bad = [5, None, {"action": "stop"}, {"ts": "soon", "action": "stop"},
            {"ts": True, "action": "stop"}, {"ts": 1.0, "action": ["stop"]}, {"ts": 1e300,
                                                                            "action": "stop"}]
