@@ -24,7 +24,7 @@ from .dryrun import render as render_dry_run
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, LaunchError, UsageError
 from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
-from .history import History, state_dir
+from .history import History, inventory_from_record, state_dir
 from .judged import judged, settle
 from .launchers import TemplateError
 from .liveness import check_stalls, check_waiting, cpu_stalls
@@ -405,7 +405,24 @@ async def control(args, verb: str) -> int:
 
 
 async def cmd_stop(args) -> int:
-    return await control(args, "stop")
+    code = await control(args, "stop")
+    record = History().load(args.run_id)
+    job = slurm.job_of(record.get("transport", ""))
+    if job and not args.node and code == EXIT_OK:  # and no step of ours left in the job
+        transport = make_transport(record["transport"])
+        try:
+            left = await slurm.steps_left(transport, inventory_from_record(record).hosts[0],
+                                          job)
+        finally:
+            await transport.close()
+        if left:
+            print("rankdeck: Slurm job %s still has rankdeck's steps %s (squeue -s); "
+                  "`scancel %s` ends them" % (job, ", ".join(left), " ".join(left)),
+                  file=sys.stderr)
+            return EXIT_FAILED
+        print("Slurm job %s: %s" % (job, "no step of rankdeck left (squeue -s)" if left == []
+                                    else "squeue did not answer; steps not checked"))
+    return code
 
 
 async def cmd_restart(args) -> int:

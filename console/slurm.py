@@ -12,9 +12,11 @@ in its own rendezvous: refused with what to fix.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import re
+import time
 from dataclasses import dataclass, replace
 
 from inventory.model import Host, Inventory
@@ -214,3 +216,20 @@ def with_job(status: dict, job: dict) -> dict:
     if status.get("state") not in ("succeeded", "failed", "stopped"):
         status["state"] = JOB_ENDS.get(state, "stopped")
     return status
+
+
+async def steps_left(transport, login: Host, job: str, wait_s: float = 20.0) -> list[str] | None:
+    """rankdeck's steps still in ``job`` (``squeue -h -s -j JOB``: names ``rankdeck-*``),
+    waited for up to ``wait_s``: the console's ``serve`` steps end just after its streams
+    close. None when squeue could not answer."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        code, out, _err = await transport.on_login(login, ["squeue", "-h", "-s", "-j", job,
+                                                           "-o", "%i %j"])
+        if code != 0:
+            return None
+        left = [row.split()[0] for row in out.splitlines()
+                if len(row.split()) > 1 and row.split()[1].startswith("rankdeck-")]
+        if not left or time.monotonic() >= deadline:
+            return left
+        await asyncio.sleep(0.5)
