@@ -83,3 +83,15 @@ def test_an_action_in_words():
                          "login": "train", "result": "read-only: refused", "detail": "spare"})
     assert action_line(rec) == "a@b (login train) cordoned node2 (spare): read-only: refused"
     assert action_line(action_record({"ts": 1.0, "action": "rekey"})) == "? rekey the run: ?"
+
+
+def test_rankdeck_actions_lines_mask_the_runs_secrets():
+    from console.actions import action_rows
+    from console.sanitize import Masker
+
+    rec = action_record({"ts": 1.0, "action": "restart", "node": "node1", "who": "a@b",
+                         "login": "train", "result": "agent: token hunter2 refused\x1b[2J"})
+    [line] = action_rows([rec], Masker(["hunter2"]))
+    assert line.endswith("  node1      a@b (login train) restarted node1: agent: token **** "
+                         "refused"), line
+    assert action_rows([], Masker([]))[0].startswith("no actions recorded")
