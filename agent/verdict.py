@@ -97,14 +97,17 @@ def main_thread_locations(stack):
     return blocks[0][1] if blocks else []
 
 
+def _is_library(path):
+    return path.startswith(_LIBRARY_PREFIXES) or any(p in path for p in _LIBRARY_PARTS)
+
+
 def _location(stack):
     """``(function, file, line)`` of the innermost frame of the main thread that is not
     torch's or the standard library's (the innermost of all when every frame is)."""
     frames = main_thread_locations(stack or "")
     if not frames:
         return None
-    own = [f for f in frames if not (f[1].startswith(_LIBRARY_PREFIXES)
-                                     or any(p in f[1] for p in _LIBRARY_PARTS))]
+    own = [f for f in frames if not _is_library(f[1])]
     return (own or frames)[0]
 
 
@@ -336,14 +339,21 @@ def _without_recorder(reports):
 
 
 def _in_collective(frames):
-    return any(f[1].startswith(_COLLECTIVE_PARTS) or any("/" + p in f[1] for p in _COLLECTIVE_PARTS)
-               for f in frames)
+    """Whether the library frames the main thread is in, innermost first down to the first
+    frame of the rank's own code, include a collective's. Only those: torch's frames further
+    out (torchrun's ``@record`` wrapper around ``main``) say nothing of where the rank waits."""
+    for _fn, path, _line in frames:
+        if not _is_library(path):
+            return False
+        if path.startswith(_COLLECTIVE_PARTS) or any("/" + p in path for p in _COLLECTIVE_PARTS):
+            return True
+    return False
 
 
 def from_stacks(reports, earlier, versions):
     """The verdict from the main threads' stacks alone, for a torch with no flight recorder.
 
-    Named, as ``stuck-in-python``: the ranks outside any collective (:data:`_COLLECTIVE_PARTS`)
+    Named, as ``stuck-in-python``: the ranks outside any collective (:func:`_in_collective`)
     while the others wait in one, only when every rank's main thread stood still between the
     two samples (``earlier``) and the ranks outside are fewer than those waiting. Without the
     recorder a mismatch (every rank waits, in different collectives) or a straggler cannot be

@@ -18,6 +18,11 @@ NOTE = "flight recorder unavailable on torch 2.4.1+cu121: verdict from stacks al
 # what the hook answers in torch 2.4, through the node's summary (a JSON round trip, as sent)
 NO_TRACE = summary(json.loads(json.dumps({"error": "this torch has no flight recorder "
                                                    "(2.4.1+cu121)", NO_RECORDER: "2.4.1+cu121"})))
+# torchrun's @record wraps the trainer's main (trainer/train.py): a torch frame on every rank,
+# outside the rank's own code, that says nothing of where it waits
+RECORD = "    wrapper (torch/distributed/elastic/multiprocessing/errors/__init__.py:348)\n"
+STUCK = STUCK_STACK + RECORD
+WAITING = WAITING_STACK + RECORD
 COMPUTING_STACK = '''Thread 12 (active): "MainThread"
     forward (trainer/model.py:{line})
     train_step (trainer/train.py:231)
@@ -35,7 +40,7 @@ def ranks(stacks):
 
 
 def hung(stuck_rank=2, n=4):
-    return ranks([STUCK_STACK if r == stuck_rank else WAITING_STACK for r in range(n)])
+    return ranks([STUCK if r == stuck_rank else WAITING for r in range(n)])
 
 
 def test_the_hook_answer_keeps_which_torch_lacks_the_recorder():
@@ -77,7 +82,7 @@ def test_one_sample_names_nobody():
 def test_every_rank_waiting_is_no_suspect_without_the_recorder():
     """A mismatch (rank 1 in a broadcast, the others in backward's all-reduce) needs the
     recorder's ops and sizes: from stacks alone every rank waits, so nobody is named."""
-    stacks = [WAITING_STACK, MISMATCH_STACK, WAITING_STACK, WAITING_STACK]
+    stacks = [WAITING, MISMATCH_STACK + RECORD, WAITING, WAITING]
     v = decide(ranks(stacks), earlier=ranks(stacks))
     assert v["kind"] == "unknown" and v["suspects"] == [], v
     assert "every rank is in a collective" in v["summary"]
@@ -101,7 +106,7 @@ def test_one_torch_without_the_recorder_makes_the_whole_verdict_from_stacks():
     rank that has none, so the stacks decide, and the verdict names the old torch."""
     reports = hung_at(2)
     reports[1]["fr"] = NO_TRACE
-    reports[1]["stack"] = WAITING_STACK
+    reports[1]["stack"] = WAITING
     earlier = [dict(r) for r in reports]
     v = decide(reports, earlier=earlier)
     assert v["kind"] == "stuck-in-python" and [s["rank"] for s in v["suspects"]] == [2], v
