@@ -170,7 +170,8 @@ class Judge:
             with self.lock:
                 if self.lines.get(node) is nl:
                     del self.lines[node]
-                    self.view.nodes[node].connected = False
+                    if node in self.view.nodes:  # not when it was cordoned meanwhile
+                        self.view.nodes[node].connected = False
             line.close()
 
     def from_node(self, nl, msg):
@@ -200,6 +201,9 @@ class Judge:
             if msg and msg.get("op") == "why":
                 verdict = self.take_verdict(reason=judge_notify.ASKED)
                 line.send({"t": "res", "id": msg.get("id"), "ok": True, "data": verdict})
+            elif msg and msg.get("op") == "cordon":
+                line.send({"t": "res", "id": msg.get("id"), "ok": True,
+                           "data": self.cordon(msg.get("args") or {})})
             elif msg and msg.get("op") == "ping":
                 line.send({"t": "res", "id": msg.get("id"), "ok": True,
                            "data": {"started": self.started, "on_hang": self.on_hang}})
@@ -207,6 +211,28 @@ class Judge:
             pass
         finally:
             line.close()
+
+    def cordon(self, args):
+        """A console's node surgery (docs/SURGERY.md): ``out`` leaves the view (no rule, no
+        --on-hang restart, no end waits for it), ``in`` (a spare) joins; the ``surgery``
+        event (who, what, outcome) goes into this journal, which every console reads."""
+        out, into = args.get("out"), args.get("in")
+        left = []
+        with self.lock:
+            if isinstance(out, str) and out:
+                left = [rs.rank for rs in self.view.ranks.values()
+                        if rs.node == out and rs.state == "stalled"]
+                self.view.cordon(out, into if isinstance(into, str) and into else None)
+                self.ending.discard(out)
+        for rank in left:  # consoles mark stalled ranks until the judge says otherwise
+            self.write(event("stepping", out, rank, text="rank %d is no longer stalled on %s: "
+                             "the node is out of the run" % (rank, out)))
+        node = args.get("node") or out
+        self.write(event("surgery", node if isinstance(node, str) else None,
+                         who=str(args.get("who") or "")[:200],
+                         action=str(args.get("action") or "cordon")[:40],
+                         text=str(args.get("text") or "node surgery")[:600]))
+        return {"nodes": sorted(self.view.nodes)}
 
     # -- asking the nodes ------------------------------------------------------------------
     def ask_all(self, op, args, timeout):

@@ -76,9 +76,10 @@ def stop_judge(run_root, wait=judge_notify.TIMEOUT_S + 15):
     return {"stopped": True}
 
 
-def ask_judge(run_root, op, timeout=60.0):
+def ask_judge(run_root, op, timeout=60.0, args=None):
     """A console's request to the run's judge on this host (``why``: a fresh verdict;
-    ``ping``); RuntimeError when there is no judge or it does not answer."""
+    ``ping``; ``cordon`` with ``args``: node surgery); RuntimeError when there is no judge
+    or it does not answer."""
     info = running_judge(run_root)
     token = judge_wire.read_token(run_root)
     if not info or not token:
@@ -87,7 +88,7 @@ def ask_judge(run_root, op, timeout=60.0):
         line = judge_wire.connect_peer(info["addr"], info["port"], token, "console:" + op)
         try:
             line.sock.settimeout(timeout)
-            line.send({"t": "req", "id": 1, "op": op})
+            line.send({"t": "req", "id": 1, "op": op, "args": args or {}})
             answer = line.read()
         finally:
             line.close()

@@ -24,7 +24,7 @@ import time
 
 from . import judge_wire
 from .journal import JournalReader
-from .node import STOP_END
+from .node import STOP_END, refuse_if_fenced
 from .runfiles import read_json, write_json_atomic
 
 FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples: stragglers
@@ -165,6 +165,7 @@ class JudgeLink:
                 return
 
     def _restart(self):
+        refuse_if_fenced(self.node_dir)  # a cordoned node is never restarted
         before = (read_json(os.path.join(self.node_dir, "state.json")) or {}).get("launches", 0)
         os.kill(os.getpid(), signal.SIGUSR1)
         deadline = time.monotonic() + RESTART_WAIT

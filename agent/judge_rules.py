@@ -72,6 +72,17 @@ class RunView:
         self.world = None  # the world size the nodes' files say
         self.stragglers = Stragglers()  # from the supervisors' samples (agent/straggler.py)
 
+    def cordon(self, out, into=None):
+        """Node surgery (docs/SURGERY.md): ``out`` leaves the run with its ranks and files (no
+        rule waits for it, the run's end does not count it); ``into`` (a spare) joins it."""
+        self.nodes.pop(out, None)
+        for rank in [r for r, rs in self.ranks.items() if rs.node == out]:
+            del self.ranks[rank]
+        for key in [k for k in self.files if k[0] == out]:
+            del self.files[key]
+        if into and into not in self.nodes:
+            self.nodes[into] = NodeView(into)
+
     # -- what a node forwards --------------------------------------------------------------
     def apply(self, node, meta, now):
         """One forwarded journal meta; the events it causes (``stepping`` after a stall,
@@ -80,6 +91,8 @@ class RunView:
         if kind == "sample":
             return [event(what, self.ranks[r].node if r in self.ranks else node, r, text=text)
                     for r, what, text in self.stragglers.add(meta, self.world)]
+        if kind == "file" and node not in self.nodes:
+            return []  # a cordoned node's last records: it is out of the run
         if kind == "file" and _whole(meta.get("rank")) and _whole(meta.get("f")):
             rank = meta["rank"]
             if _whole(meta.get("world_size")) and 0 < meta["world_size"] <= 1 << 20:

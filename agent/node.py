@@ -23,6 +23,7 @@ AGENT_PARENT = os.path.dirname(HERE)
 SPAWN_TIMEOUT = 30.0
 LIVE_STATES = ("starting", "running", "restarting", "stopping")
 STOP_END = "stop-end.json"  # how the next stop ends the node: a `stop` request's `end`
+FENCE = "fenced.json"  # a cordoned node (docs/SURGERY.md): no start or restart until unfenced
 DEFAULT_GRACE = 10.0  # seconds between SIGTERM and SIGKILL when a run does not say (--grace)
 JOB_UMASK = None  # the login's umask, for torchrun and the job (see keep_files_private)
 
@@ -141,9 +142,41 @@ def signal_and_wait(ndir, sig, done, timeout):
                        % (timeout, (node_state(ndir) or {}).get("state")), "timeout")
 
 
-def start(args):
-    """Start the node's run; refused (``conflict``) while a supervisor of it lives."""
+def refuse_if_fenced(ndir):
+    """RequestError ``fenced`` when an operator cordoned this node: nothing of the run may
+    start here again (not a restart, not the judge's --on-hang restart) until `uncordon`."""
+    fence = read_json(os.path.join(ndir, FENCE))
+    if fence is not None:
+        raise RequestError("node %s is cordoned (%s); `rankdeck uncordon` makes it a spare "
+                           "again" % (os.path.basename(ndir), fence.get("why") or "by an "
+                                      "operator"), "fenced")
+
+
+def fence(args):
+    """Cordon the node: fence it first (no start or restart from now on), then stop it and
+    confirm none of its processes is left, as :func:`stop` does. ``fence``: who and why."""
     ndir = node_dir(args)
+    os.makedirs(ndir, 0o700, exist_ok=True)
+    write_json_atomic(os.path.join(ndir, FENCE), dict(args.get("fence") or {}, at=time.time()))
+    if node_state(ndir) is None:  # a spare that never ran: fenced, nothing to stop
+        return {"state": "missing", "left": [], "fenced": True}
+    return dict(stop(args), fenced=True)
+
+
+def unfence(args):
+    """`uncordon`: the node may start again (as a spare); its old run folder stays."""
+    path = os.path.join(node_dir(args), FENCE)
+    was = os.path.exists(path)
+    if was:
+        os.unlink(path)
+    return {"unfenced": was}
+
+
+def start(args):
+    """Start the node's run; refused (``conflict``) while a supervisor of it lives, and
+    (``fenced``) on a cordoned node."""
+    ndir = node_dir(args)
+    refuse_if_fenced(ndir)
     state = node_state(ndir)
     if state and state["alive"]:
         raise RequestError("node %s of run %s is already running (supervisor pid %s)"
@@ -174,8 +207,10 @@ def stop(args):
 
 
 def restart(args):
-    """Restart torchrun through a live supervisor, or start a new one from ``spec``."""
+    """Restart torchrun through a live supervisor, or start a new one from ``spec``; refused
+    (``fenced``) on a cordoned node."""
     ndir = node_dir(args)
+    refuse_if_fenced(ndir)
     state = node_state(ndir)
     if state and state["alive"]:
         # done: the new torchrun started and the old one is gone (the supervisor starts the

@@ -41,6 +41,8 @@ OPS = (
     "unsubscribe",
     "stop",
     "restart",
+    "fence",  # cordon: no start or restart of the node from now on, then stop it
+    "unfence",
     "runs",
     "state",
     "scrollback",

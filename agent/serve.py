@@ -238,14 +238,15 @@ class Server:
         return judge_control.stop_judge(host_path(args["run_root"]))
 
     def op_judge(self, args):
-        """A console's question to the run's judge: ``why`` (a fresh verdict) or ``ping``."""
+        """A console's question to the run's judge: ``why`` (a fresh verdict), ``ping``, or
+        ``cordon`` (node surgery, ``args``: out, in, who, action, text)."""
         from . import judge_control
-        if args.get("ask") not in ("why", "ping"):
-            raise RequestError("the judge answers why and ping, not %r" % args.get("ask"),
-                               "usage")
+        if args.get("ask") not in ("why", "ping", "cordon"):
+            raise RequestError("the judge answers why, ping and cordon, not %r"
+                               % args.get("ask"), "usage")
         try:
             return judge_control.ask_judge(host_path(args["run_root"]), args["ask"],
-                                   float(args.get("timeout", 60)))
+                                           float(args.get("timeout", 60)), args.get("args"))
         except RuntimeError as exc:
             raise RequestError(str(exc), "no-judge")
 
@@ -284,6 +285,12 @@ class Server:
 
     def op_restart(self, args):
         return node.restart(args)
+
+    def op_fence(self, args):
+        return node.fence(args)
+
+    def op_unfence(self, args):
+        return node.unfence(args)
 
     def op_state(self, args):
         return node.state_of(args)

@@ -1,5 +1,5 @@
 """rankdeck's command line: launch, demo, attach, watch, status, export, logs, stop, restart,
-stacks, why, actions, check, ls. Only the arguments and the exit code of an error live here; what a verb does is in
+cordon, uncordon, stacks, why, actions, check, ls. Only the arguments and the exit code of an error live here; what a verb does is in
 commands.py, the exit codes in errors.py (0 success, 1 the run failed, 2 bad input or usage,
 3 could not reach a host).
 """
@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--detach", action="store_true", help="return once every node started")
     la.add_argument("--skip-preflight", action="store_true",
                     help="start without checking the hosts first (`rankdeck check`)")
+    la.add_argument("--spares", metavar="NODES", help="comma-separated hosts of the inventory "
+                    "that wait as spares (as `spare: true`): agent, preflight and code, no "
+                    "torchrun until `rankdeck cordon` puts one in")
     la.add_argument("--allow-partial", action="store_true",
                     help="start on the reachable hosts even if some are not")
     la.add_argument("--sync", metavar="DIR", help="send DIR's files (what git tracks, or "
@@ -184,6 +187,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "last checkpoint), or the whole run")
     rs.add_argument("run_id")
     rs.add_argument("--node")
+
+    co = sub.add_parser("cordon", help="take a bad node out of a run: a spare takes its place "
+                        "(or the run shrinks within --nnodes MIN:MAX) and every rank resumes "
+                        "from the last checkpoint; shows what it would do first (docs/SURGERY.md)")
+    co.add_argument("run_id")
+    co.add_argument("--node", required=True)
+    co.add_argument("--replace-with", metavar="SPARE", help="the spare to put in (default: "
+                    "the first spare)")
+    co.add_argument("--yes", action="store_true", help="do it without asking")
+
+    uc = sub.add_parser("uncordon", help="a cordoned node becomes a spare again")
+    uc.add_argument("run_id")
+    uc.add_argument("--node", required=True)
 
     sk = sub.add_parser("stacks", help="Python stacks of every rank (or one node's); the "
                         "rank that differs from the majority is marked")

@@ -20,8 +20,9 @@ from inventory.loader import load_inventory
 from inventory.model import Inventory
 from . import slurm
 from .actions import action_rows, run_actions
+from .cordon import cordon, uncordon, uncordon_refusal
 from .dryrun import render as render_dry_run
-from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, LaunchError, UsageError
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, LaunchError, UsageError
 from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
 from .history import History, inventory_from_record, state_dir
@@ -142,8 +143,10 @@ async def cmd_launch(args) -> int:
         inv = await slurm_inventory(inv, args)
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         raise UsageError("--nproc-per-node must be >= 1")
+    if getattr(args, "spares", None):
+        mark_spares(inv, args.spares)
     if args.nnodes is not None:
-        check_nnodes(args.nnodes, len(inv.hosts), path)
+        check_nnodes(args.nnodes, len(inv.active), path)
     spec = LaunchSpec(script=args.script, args=script_args(args.args),
                       nproc_per_node=args.nproc_per_node, max_restarts=args.max_restarts,
                       nnodes=args.nnodes, grace=args.grace, metrics_regex=args.metrics_regex,
@@ -174,6 +177,18 @@ async def slurm_inventory(inv: Inventory, args) -> Inventory:
         raise LaunchError("cannot reach the login host: %s" % exc, EXIT_UNREACHABLE) from None
     finally:
         await transport.close()
+
+
+def mark_spares(inv: Inventory, names: str) -> None:
+    """``launch --spares node4,node5``: those hosts of the inventory wait as spares."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in {h.name for h in inv.hosts}]
+    if unknown:
+        raise UsageError("--spares: no host %s in %s; hosts: %s" % (
+            ", ".join(unknown), inv.path, ", ".join(h.name for h in inv.hosts)))
+    inv.mark_spares(wanted)
+    if not inv.active:
+        raise UsageError("--spares %s leaves no host to train on" % names)
 
 
 def judge_settings(args, inv: Inventory) -> dict:
@@ -429,6 +444,59 @@ async def cmd_restart(args) -> int:
     return await control(args, "restart")
 
 
+async def cmd_cordon(args) -> int:
+    """`rankdeck cordon RUN --node N [--replace-with S] [--yes]`: the preview, then (asked,
+    or --yes) the surgery (console/cordon.py). 0 done, 1 it failed, 2 refused or not
+    confirmed, 3 a node it needs cannot be reached."""
+    async with recorded_run(args.run_id, node=args.node) as ctl:
+        failed = await replay_records(ctl)  # ranks and checkpoints for the preview
+        plan = ctl.cordon_plan(args.node, args.replace_with)
+        print("\n".join(plan.lines()))
+        if plan.refusal:
+            return EXIT_USAGE
+        needed = [n for n in (plan.node, plan.spare) if n and n in failed]
+        if needed:
+            print("rankdeck: cannot reach %s: a cordon must confirm the node's processes are "
+                  "gone and start the spare; nothing was done" % ", ".join(needed),
+                  file=sys.stderr)
+            return EXIT_UNREACHABLE
+        if not confirmed(args.yes, "cordon %s?" % plan.node):
+            return EXIT_USAGE
+        entry = await cordon(ctl, plan)
+    print("%s: %s" % (entry["what"], entry["outcome"]))
+    return EXIT_OK if entry["outcome"] == "done" else EXIT_FAILED
+
+
+async def cmd_uncordon(args) -> int:
+    """`rankdeck uncordon RUN --node N`: a cordoned node becomes a spare again."""
+    async with recorded_run(args.run_id, node=args.node) as ctl:
+        refusal = uncordon_refusal(ctl, args.node)
+        if refusal:
+            raise UsageError(refusal)
+        failed = await ctl.connect_all(reconnect=False)
+        if args.node in failed:
+            report_unreachable(failed)
+            return EXIT_UNREACHABLE
+        entry = await uncordon(ctl, args.node)
+    print("%s: %s" % (entry["what"], entry["outcome"]))
+    return EXIT_OK if entry["outcome"] == "done" else EXIT_FAILED
+
+
+def confirmed(yes: bool, question: str) -> bool:
+    """--yes, or ``y`` typed at the question; without a terminal to ask, no (says why)."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        print("rankdeck: not confirmed: pass --yes to do it without a question",
+              file=sys.stderr)
+        return False
+    try:
+        answer = input("%s [y/N] " % question)
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
 async def cmd_stacks(args) -> int:
     async with recorded_run(args.run_id, node=args.node) as ctl:
         failed = await ctl.connect_all(reconnect=False)
@@ -479,7 +547,7 @@ async def cmd_ls(args) -> int:
 COMMANDS = {
     "launch": cmd_launch, "demo": cmd_demo, "check": cmd_check, "attach": cmd_attach,
     "status": cmd_status, "export": cmd_export, "report": cmd_report, "logs": cmd_logs, "stop": cmd_stop,
-    "restart": cmd_restart,
+    "restart": cmd_restart, "cordon": cmd_cordon, "uncordon": cmd_uncordon,
     "stacks": cmd_stacks, "why": cmd_why, "ls": cmd_ls,
     "watch": cmd_watch, "actions": cmd_actions,
 }

@@ -146,6 +146,9 @@ RECORD_FIELDS = {
     "rdzv_endpoint": (_TEXT, _NONE), "run_roots": (_DICT, _NONE), "secret_env": (_LIST, _NONE),
     "spec": (_DICT, _NONE), "status": (_DICT, _NONE), "sync": (_DICT, _NONE),
     "judge": (_DICT, _NONE),
+    # node surgery (console/cordon.py): spares and cordoned nodes, node-rank order, who did what
+    "roles": (_DICT, _NONE), "order": (_LIST, _NONE), "nnodes": (_TEXT, _NONE),
+    "surgeries": (_LIST, _NONE),
 }
 HOST_FIELDS = {"name": (_TEXT,), "addr": (_TEXT,), "ssh": (_TEXT, _NONE),
                "python": (_TEXT, _NONE), "workdir": (_TEXT, _NONE), "slots": (_WHOLE, _NONE),

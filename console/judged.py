@@ -18,7 +18,7 @@ from .state import RunState
 
 JUDGE_EVENTS = ("judge", "stalled", "stepping", "verdict", "policy", "restarted", "ending",
                 "notify_failed", "judge_error", "run_ended", "diverged", "straggler",
-                "straggler cleared")
+                "straggler cleared", "surgery")
 
 
 def judged(state: RunState) -> bool:

@@ -40,6 +40,7 @@ from .scrollback import PAGE_BYTES
 from .spec import LaunchSpec, new_run_id, node_commands, run_root  # LaunchSpec: callers' too
 from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
 from .state import RUN_ENDED, RunState
+from .surgery import ACTIVE, SPARE, CordonPlan, plan_cordon, store_host
 from .transport.base import HostUnreachable, Transport
 from .why import take_verdict
 
@@ -89,6 +90,8 @@ class RunController:
         # set on every state change: wakes wait_done() and caught_up() (no polling)
         self._changed = asyncio.Event()
         self.state.change_listeners.append(lambda _node: self._changed.set())
+        for h in inventory.spares:
+            self.state.set_role(h.name, SPARE)
 
     async def __aenter__(self) -> RunController:
         return self
@@ -142,8 +145,21 @@ class RunController:
         return dict(zip(names, results))
 
     # -- launch ----------------------------------------------------------------------------
+    def roles(self) -> dict[str, str]:
+        """{node: role} of every node (console/surgery.py: active, spare, cordoned)."""
+        return {name: ns.role for name, ns in self.state.nodes.items()}
+
+    def in_run(self) -> list[str]:
+        """The nodes the run was started on or took in since: all but the spares."""
+        return [n for n, role in self.roles().items() if role != SPARE and n in self.links]
+
     def run_hosts(self) -> list[Host]:
-        """The hosts of this run in node-rank order (those it was started on)."""
+        """The hosts of this run in node-rank order: those it was started on, a spare put in
+        at the place of the node it replaced, a cordoned one out (``order``, console/cordon.py)."""
+        order = (self.record or {}).get("order")
+        if order:
+            hosts = {h.name: h for h in self.inventory.hosts}
+            return [hosts[name] for name in order if name in hosts]
         roots = (self.record or {}).get("run_roots")
         return [h for h in self.inventory.hosts if not roots or h.name in roots]
 
@@ -232,22 +248,30 @@ class RunController:
                 "\n".join(cause_line(n, e) for n, e in failed.items())), EXIT_UNREACHABLE,
                 failed)
         hosts = [h for h in self.inventory.hosts if h.name not in failed]
-        rdzv = hosts[0]
+        if not any(not h.spare for h in hosts):
+            raise LaunchError("only spares can be reached; nothing was started", EXIT_UNREACHABLE,
+                              failed)
+        # where the store and judge survive the cordon of any node (console/surgery.py)
+        rdzv = store_host(self.inventory, hosts)
+        active = [h for h in hosts if not h.spare]
         synced = await self._launch_sync(hosts, listing) if listing is not None else None
-        if preflight:
-            await self._launch_preflight(hosts, spec)
+        if preflight:  # the store's host first: preflight probes the rendezvous from it
+            await self._launch_preflight([rdzv] + [h for h in hosts if h is not rdzv], spec)
         self.record = {
             "run_id": self.run_id, "created": time.time(), "inventory": inventory_path,
             "transport": self.inventory.transport, "hosts": [host_record(h) for h in hosts],
             "run_roots": {h.name: run_root(h, self.run_id) for h in hosts},
             "rdzv_host": rdzv.name, "spec": asdict(spec), "state": "starting",
-            "sync": synced,
+            "sync": synced, "nnodes": str(len(active)),
+            "order": [h.name for h in active],  # node-rank order (run_hosts)
+            # spares and cordoned nodes (docs/SURGERY.md); surgeries: who did what, when
+            "roles": {h.name: SPARE for h in hosts if h.spare}, "surgeries": [],
         }
         # what a restart from another shell needs (console/run_env.py): secrets by name only
         self.record["spec"]["env"], self.record["secret_env"] = run_env.spec_env_record(
             spec.env, self.inventory)
         self.history.save(self.record)
-        for h in hosts:
+        for h in active:
             self.state.set_node(h.name, "starting")
         try:
             store = await self.links[rdzv.name].request(
@@ -258,13 +282,13 @@ class RunController:
                               % (rdzv.name, exc), EXIT_FAILED) from None
         endpoint = "%s:%d" % (rdzv.addr, store["port"])
         self.record["rdzv_endpoint"] = endpoint
-        await self._start_judge(rdzv, hosts, spec)
+        await self._start_judge(rdzv, active, spec)
         self.state.add_event(rdzv.name, "rendezvous", "rendezvous store at %s%s" % (
             endpoint, "; " + store["note"][:300] if store.get("note") else ""))
         started = await self.gather_nodes(
             lambda link: link.request("start", run_root=link.run_root, node=link.name,
                                       spec=self.node_spec(link.host, spec, endpoint)),
-            [h.name for h in hosts])
+            [h.name for h in active])
         bad = {n: r for n, r in started.items() if isinstance(r, BaseException)}
         if bad:
             await self.gather_nodes(lambda link: link.request(
@@ -371,7 +395,9 @@ class RunController:
         await self.gather_nodes(one, self.connected())
 
     async def subscribe_all(self) -> None:
-        await self.gather_nodes(lambda link: link.subscribe(), self.connected())
+        # a spare has no journal until it is put in (console/cordon.py subscribes it then)
+        await self.gather_nodes(lambda link: link.subscribe(),
+                                [n for n in self.connected() if n in self.in_run()])
         await self._subscribe_judge()
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
 
@@ -380,6 +406,7 @@ class RunController:
         """Start the run's judge beside the store; a host whose agent has none (an older one)
         leaves this console judging, which it says."""
         token = _secrets.token_hex(32)
+        # the nodes started now; a spare joins the judge's view when put in (console/cordon.py)
         settings = {"addr": rdzv.addr, "token": token, "nodes": [h.name for h in hosts],
                     "stall_after": spec.stall_after, "on_hang": spec.on_hang,
                     "on_nan": spec.on_nan,
@@ -428,6 +455,9 @@ class RunController:
         ctl.missing_env = restored.missing
         ctl.secrets = sorted(set(ctl.inventory.secrets) | set(restored.secrets))
         ctl.state.masker = Masker(ctl.secrets)
+        for name, role in (record.get("roles") or {}).items():
+            if name in ctl.state.nodes and role in (SPARE, "cordoned"):
+                ctl.state.set_role(name, role)
         judge = record.get("judge") or {}
         ctl.judge_ref = {"addr": judge.get("addr"), "port": judge.get("port")} if judge else None
         ctl.state.stall_min_s = ctl.spec.stall_after
@@ -490,9 +520,9 @@ class RunController:
         return (self.spec.grace if self.spec is not None else LaunchSpec.grace) + STOP_SLACK_S
 
     async def stop(self, node: str | None = None) -> dict:
-        """Stop one node or, without ``node``, every node and the rendezvous store;
-        {node: the agent's answer or its error}."""
-        names = [node] if node else list(self.links)
+        """Stop one node or, without ``node``, every node (not the spares, which never
+        started) and the rendezvous store; {node: the agent's answer or its error}."""
+        names = [node] if node else self.in_run()
         results = await self.gather_nodes(
             lambda link: link.request("stop", run_root=link.run_root, node=link.name,
                                       timeout=self.stop_timeout()), names)
@@ -514,7 +544,14 @@ class RunController:
     async def restart(self, node: str | None = None) -> dict:
         """Restart one node (it rejoins the rendezvous) or, without ``node``, every node."""
         self.check_restartable(node)
-        names = [node] if node else list(self.links)
+        names = [node] if node else [n for n, r in self.roles().items()
+                                     if r == ACTIVE and n in self.links]
+        if node is not None and self.roles().get(node, ACTIVE) != ACTIVE:
+            why = ("%s is cordoned: rankdeck never restarts it (`rankdeck uncordon` makes it a "
+                   "spare)" if self.roles()[node] != SPARE else
+                   "%s is a spare: `rankdeck cordon --replace-with` puts it in") % node
+            self.state.add_event(node, "refused", why)
+            return {node: AgentError(why, "refused")}
         refusal = await self.restart_refusal(names)
         if refusal:  # nothing was touched: every node answers with the reason
             self.state.add_event(node, "refused", refusal)
@@ -529,6 +566,12 @@ class RunController:
             return link.request("restart", run_root=link.run_root, node=link.name, spec=spec,
                                 timeout=self.stop_timeout())
         return await self.gather_nodes(req, names)
+
+    def cordon_plan(self, node: str, replace_with: str | None = None) -> CordonPlan:
+        """What cordoning ``node`` would do now (console/surgery.py); console/cordon.py does it."""
+        nnodes = (self.spec.nnodes if self.spec is not None else None) or self.record.get("nnodes")
+        return plan_cordon(self.state, self.inventory, nnodes, node, replace_with,
+                           self.record.get("rdzv_host"))
 
     async def restart_refusal(self, names: list[str]) -> str | None:
         """Why restarting ``names`` now must wait (a rendezvous under way: console/rendezvous.py),

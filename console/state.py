@@ -127,6 +127,9 @@ class NodeState:
     hardware: tuple | None = None  # (gpu, host, their telemetry.hardware_row): hardware_of
     slots: int = 1  # its processes (the inventory's slots): bounds its records (ownership.py)
     stray: FileInfo | None = None  # bytes of files never announced (or long forgotten)
+    # "active", or "spare" / "cordoned" (docs/SURGERY.md): a node of another role shows
+    # that role as its state, whatever its agent says, and the run's end does not wait for it
+    role: str = "active"
 
     @property
     def torchrun_restarts(self) -> int:
@@ -142,7 +145,7 @@ class NodeState:
 
     @property
     def ended(self) -> bool:
-        return self.state in ENDED
+        return self.state in ENDED or self.role != "active"
 
 
 @dataclass
@@ -214,7 +217,18 @@ class RunState:
         for cb in self.event_listeners:
             cb(ev)
 
+    def set_role(self, node: str, role: str) -> None:
+        """``node`` becomes ``role`` (active, spare, cordoned); an active node's state is its
+        agent's again from its next record."""
+        ns = self.nodes[node]
+        ns.role = role
+        ns.state = role if role != "active" else "starting"
+        self.changed(node)
+
     def changed(self, node: str) -> None:
+        ns = self.nodes.get(node)
+        if ns is not None and ns.role != "active":
+            ns.state = ns.role  # whatever its journal or agent said since
         for cb in self.change_listeners:
             cb(node)
 
@@ -540,7 +554,7 @@ class RunState:
 
     # -- reading ---------------------------------------------------------------------------
     def run_state(self) -> str:
-        states = [n.state for n in self.nodes.values()]
+        states = [n.state for n in self.nodes.values() if n.role == "active"]
         if all(s in ENDED for s in states):
             if all(s == "exited" for s in states):
                 return "succeeded"

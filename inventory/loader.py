@@ -23,8 +23,8 @@ from . import toml_lines, yaml_lines
 from .interpolate import ENV_NAME, expand
 from .model import LAUNCHERS, EnvValue, Host, Inventory, InventoryError
 
-TOP_KEYS = ("defaults", "hosts", "launcher", "name", "notify", "transport")
-HOST_KEYS = ("addr", "env", "gpus", "name", "python", "slots", "ssh", "workdir")
+TOP_KEYS = ("defaults", "hosts", "launcher", "name", "notify", "store", "transport")
+HOST_KEYS = ("addr", "env", "gpus", "name", "python", "slots", "spare", "ssh", "workdir")
 DEFAULT_KEYS = ("env", "gpus", "python", "slots", "sync", "workdir")
 ENV_FORM_KEYS = ("secret", "value")
 TRANSPORTS = ("ssh", "local")
@@ -216,10 +216,34 @@ class _Reader:
                           "so give each host a distinct 'addr:'")
             by_name[host.name], by_addr[host.addr] = i, i
             hosts.append(host)
+        if all(h.spare for h in hosts):
+            self.fail(("hosts", 0, "spare"), "every host is a spare; a run needs at least one "
+                      "host without 'spare: true' to train on")
         return Inventory(path=self.path, hosts=hosts, transport=transport, name=name,
                          sync=self.sync_dir(top.get("defaults")),
                          notify=self.text(top, (), "notify", "notify"),
-                         launcher=self.launcher(top))
+                         launcher=self.launcher(top),
+                         store=self.store_host(top, by_name))
+
+    def store_host(self, top: dict, by_name: dict) -> str | None:
+        """``store: NAME``: the host of the rendezvous store and the judge, one of the hosts."""
+        name = self.text(top, (), "store", "store")
+        if name is not None and name not in by_name:
+            close = difflib.get_close_matches(name, list(by_name), n=1)
+            self.fail(("store",), f"store names host {name!r}, which is not in hosts"
+                      + (f"; did you mean {close[0]!r}?" if close else
+                         f"; name one of: {', '.join(by_name)}"))
+        return name
+
+    def flag(self, mapping: dict, path: tuple, key: str, what: str) -> bool:
+        """A true/false key (absent: false)."""
+        if key not in mapping:
+            return False
+        value = mapping[key]
+        if not isinstance(value, bool):
+            self.fail(path + (key,), f"{what} must be true or false, got "
+                                     f"{_show(value, self.doc.raw(path + (key,)))}")
+        return value
 
     def first(self, index: int, key: str) -> str:
         line = self.doc.line(("hosts", index, key))
@@ -341,7 +365,8 @@ class _Reader:
                       "digits, '.', '_' and '-', starting with a letter or digit")
         values = self.fields(raw, path, label, defaults, transport, f"hosts.{name}.env")
         ssh, addr = self.reach(raw, path, label, transport, i)
-        return Host(name=name, addr=addr, ssh=ssh, line=self.doc.line(path) or 0, **values)
+        return Host(name=name, addr=addr, ssh=ssh, line=self.doc.line(path) or 0,
+                    spare=self.flag(raw, path, "spare", f"{label}: spare"), **values)
 
     def reach(self, raw: dict, path: tuple, label: str, transport: str,
               i: int) -> tuple[str | None, str]:

@@ -41,6 +41,9 @@ class Host:
     gpus: int = 0
     env: dict[str, EnvValue] = field(default_factory=dict)
     line: int = 0  # where the host is defined in its file, for error messages
+    # a standby node: it gets the agent, preflight and the code like the others, but no
+    # torchrun until an operator puts it in for a cordoned node (docs/SURGERY.md)
+    spare: bool = False
 
 
 @dataclass
@@ -59,6 +62,23 @@ class Inventory:
     notify: str | None = None
     # launcher: what starts each node's ranks (LAUNCHERS); `launch --launcher` overrides it
     launcher: str = "torchrun"
+    # the host of the run's rendezvous store and judge, by name (docs/SURGERY.md: it must
+    # outlive any node an operator may cordon); None: the first spare, else the first host
+    store: str | None = None
+
+    @property
+    def active(self) -> list[Host]:
+        """The hosts a launch starts torchrun on (every host that is not a spare)."""
+        return [h for h in self.hosts if not h.spare]
+
+    @property
+    def spares(self) -> list[Host]:
+        return [h for h in self.hosts if h.spare]
+
+    def mark_spares(self, names: list[str]) -> None:
+        """``launch --spares A,B``: those hosts are spares. KeyError names an unknown one."""
+        for name in names:
+            self.host(name).spare = True
 
     def host(self, name: str) -> Host:
         for h in self.hosts:

@@ -29,6 +29,7 @@ from ..sources import ALL, NODE, RANK
 from ..state import RUN_ENDED
 from ..summary import control_lines, detach_hint, status_table
 from .confirm import control_confirm
+from .cordon import open_cordon
 from .events import EventsLog
 from .feed import RunFeed
 from .footer import SteadyFooter
@@ -361,6 +362,9 @@ class RankdeckApp(App[int]):
 
     def action_restart_run(self) -> None:
         self.ask("restart")
+
+    def action_cordon_node(self) -> None:
+        open_cordon(self, self.nodes.current_node)
 
     def ask(self, verb: str, node: str | None = None) -> None:
         """Confirm, then stop/restart ``node`` ("" = none selected) or the whole run."""

@@ -52,6 +52,9 @@ class NodesTable(RowsView):
                 "tok/s / network / cpu", show=False),
         Binding("O", "order(-1)", "Order rows by the order before (o backwards)",
                 key_display="O", show=False),
+        # on a node row, before the app's `c` (collapse): console/tui/cordon.py
+        Binding("c", "app.cordon_node", "Cordon the node: a spare in, or the run shrinks",
+                show=False),
     ]
 
     def __init__(self, state: RunState, **kwargs):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections import defaultdict
 
 from agent import procs
+from agent.protocol import text_to_bytes
 from inventory.model import Host, Inventory
 from tests.waits import wait_for_sync
 
@@ -43,6 +45,27 @@ def rank_log_files(workdir, run_id, node) -> list[str]:
             if name in ("stdout.log", "stderr.log"):
                 out.append(os.path.join(root, name))
     return sorted(out)
+
+
+def collect_lines(ctl):
+    """{(node, path): [(offset, bytes)]}: every line batch the controller's state takes in."""
+    got = defaultdict(list)
+    ctl.state.line_listeners.append(
+        lambda b: got[(b.node, b.path)].append((b.offset, text_to_bytes(b.text))))
+    return got
+
+
+def assert_arrived_once(got, node: str, path: str) -> None:
+    """The lines of ``path`` on ``node`` arrived in order, none skipped, none twice, and
+    together are the file as it is on disk."""
+    with open(path, "rb") as f:
+        on_disk = f.read()
+    chunks = got.get((node, path), [])
+    offset = 0
+    for start, data in chunks:
+        assert start == offset, (path, start, offset)
+        offset += len(data)
+    assert b"".join(d for _o, d in chunks) == on_disk, path
 
 
 def processes_of(run_id: str) -> list[tuple[int, str]]:

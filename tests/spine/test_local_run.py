@@ -12,19 +12,17 @@ import os
 import re
 import subprocess
 import sys
-from collections import defaultdict
 
 import pytest
 
 from agent import procs
-from agent.protocol import text_to_bytes
 from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from tests.waits import wait_for
 
-from .helpers import (REPO, TINY, TRAINER, local_inventory, processes_of, rank_log_files,
-                      wind_down)
+from .helpers import (REPO, TINY, TRAINER, assert_arrived_once, collect_lines,
+                      local_inventory, processes_of, rank_log_files, wind_down)
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT = 300
@@ -38,13 +36,6 @@ async def controller(tmp_path):
     yield ctl
     left = await wind_down(ctl)
     assert not left, "processes left behind: %s" % left
-
-
-def collect_lines(ctl: RunController):
-    got = defaultdict(list)
-    ctl.state.line_listeners.append(
-        lambda b: got[(b.node, b.path)].append((b.offset, text_to_bytes(b.text))))
-    return got
 
 
 async def test_run_to_completion_delivers_every_line_exactly_once(controller, tmp_path):
@@ -64,15 +55,7 @@ async def test_run_to_completion_delivers_every_line_exactly_once(controller, tm
         files = rank_log_files(work, ctl.run_id, node)
         assert any(f.endswith("stdout.log") for f in files), files
         for path in files:
-            with open(path, "rb") as f:
-                on_disk = f.read()
-            chunks = got.get((node, path), [])
-            # contiguous offsets: nothing skipped, nothing sent twice
-            offset = 0
-            for start, data in chunks:
-                assert start == offset, (path, start, offset)
-                offset += len(data)
-            assert b"".join(d for _o, d in chunks) == on_disk, path
+            assert_arrived_once(got, node, path)
 
     status = ctl.state.status()
     assert [n["exit_code"] for n in status["nodes"]] == [0, 0, 0, 0]

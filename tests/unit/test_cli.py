@@ -29,7 +29,7 @@ def test_bad_inventory_is_exit_2_with_file_and_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip() == (
         "rankdeck: %s:4: unknown key 'adr' in host 'node0'; did you mean 'addr'? "
-        "Allowed: addr, env, gpus, name, python, slots, ssh, workdir" % inv)
+        "Allowed: addr, env, gpus, name, python, slots, spare, ssh, workdir" % inv)
     assert runs_recorded() == []
 
 

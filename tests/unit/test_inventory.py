@@ -221,7 +221,7 @@ CATALOGUE = [
      "key = \"value\""),
     ("unknown-top", "inv.yaml", "host:\n  - name: node0\n",
      "inv.yaml:1: unknown key 'host' at the top level; did you mean 'hosts'? Allowed: "
-     "defaults, hosts, launcher, name, notify, transport"),
+     "defaults, hosts, launcher, name, notify, store, transport"),
     ("unknown-defaults", "inv.yaml", "defaults:\n  slot: 8\n" + HOST,
      "inv.yaml:2: unknown key 'slot' in defaults; did you mean 'slots'? Allowed: env, gpus, "
      "python, slots, sync, workdir"),
@@ -229,17 +229,17 @@ CATALOGUE = [
      "inv.yaml:2: 'ssh' cannot be a default: every host has its own; set it on each host"),
     ("unknown-host", "inv.yaml", HOST + "  - name: node1\n    adr: 10.0.0.11\n",
      "inv.yaml:4: unknown key 'adr' in host 'node1'; did you mean 'addr'? Allowed: addr, env, "
-     "gpus, name, python, slots, ssh, workdir"),
+     "gpus, name, python, slots, spare, ssh, workdir"),
     ("unknown-no-match", "inv.yaml", HOST + "    colour: red\n",
      "inv.yaml:3: unknown key 'colour' in host 'node0'; allowed: addr, env, gpus, name, "
-     "python, slots, ssh, workdir"),
+     "python, slots, spare, ssh, workdir"),
     ("unknown-env-form", "inv.yaml", HOST + "    env:\n      T: {value: x, secert: true}\n",
      "inv.yaml:4: unknown key 'secert' in env T of host 'node0'; did you mean 'secret'? "
      "Allowed: secret, value"),
     ("unknown-toml-host", "inv.toml",
      '[[hosts]]\nname = "node0"\n\n[[hosts]]\nname = "node1"\nadr = "10.0.0.11"\n',
      "inv.toml:6: unknown key 'adr' in host 'node1'; did you mean 'addr'? Allowed: addr, env, "
-     "gpus, name, python, slots, ssh, workdir"),
+     "gpus, name, python, slots, spare, ssh, workdir"),
     ("duplicate-name", "inv.yaml",
      "hosts:\n  - name: node1\n    addr: 10.0.0.1\n  - name: node1\n    addr: 10.0.0.2\n",
      "inv.yaml:4: duplicate host name 'node1' (first defined on line 2); host names must be "

@@ -1,0 +1,144 @@
+"""Node surgery, done: cordon a node (a spare in, or the run shrinking) and uncordon it.
+
+The plan comes first (console/surgery.py, what the preview shows); :func:`cordon` carries
+out a plan that was not refused, in this order, each step waiting for the one before:
+
+1. the run's judge hears of it (the node leaves its view: no rule, no ``--on-hang restart``
+   and no end waits for it; the spare joins) and writes the ``surgery`` event into its
+   journal, which every console reads;
+2. the node is fenced, then stopped: ``fence`` (agent/node.py) writes the fence before it
+   signals, so no restart, from any console or the judge, can start it again; the answer
+   says which processes of the node are left (none, or the surgery failed);
+3. the spare starts torchrun for the same run id and rendezvous; the other nodes' workers
+   fail in their collectives without the cordoned node, their torchruns start a new
+   rendezvous round, which the spare joins, and every rank resumes from the trainer's
+   newest checkpoint (a shrink: the round completes without it, ``--nnodes MIN:MAX``).
+
+Every surgery is kept in the run record (``surgeries``: who, what, when, outcome) and is an
+event of the run. The controller is passed in; this module imports no Textual.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .errors import AgentError
+from .surgery import ACTIVE, CORDONED, SPARE, CordonPlan, operator
+
+
+async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
+    """Carry out ``plan`` (not refused) on the run of ``ctl`` (a connected RunController);
+    the surgery's record: ``who``, ``what``, ``when``, ``outcome`` (``done`` or ``failed:
+    why``), ``left`` (processes of the node still alive: none when done)."""
+    if plan.refusal:
+        raise ValueError("a refused plan is not carried out: %s" % plan.refusal)
+    who = who or operator()
+    what = "cordon %s, %s" % (plan.node, "spare %s in" % plan.spare if plan.spare else
+                              "the run shrinks to %d node(s)" % plan.active_after
+                              if plan.shrink else "a spare fenced")
+    entry = {"who": who, "what": what, "when": time.time(), "node": plan.node,
+             "spare": plan.spare, "outcome": "started", "left": []}
+    await tell_judge(ctl, {"out": plan.node, "in": plan.spare, "who": who, "action": "cordon",
+                           "text": "%s: started by %s" % (what, who)})
+    link = ctl.links[plan.node]
+    try:
+        res = await link.request("fence", run_root=link.run_root, node=plan.node,
+                                 fence={"who": who, "why": "cordoned by %s" % who},
+                                 timeout=ctl.stop_timeout())
+    except AgentError as exc:
+        return await finish(ctl, entry, "failed: %s could not be fenced: %s" % (plan.node, exc))
+    entry["left"] = [list(p) if isinstance(p, (list, tuple)) else p
+                     for p in res.get("left") or []]
+    ctl.state.set_role(plan.node, CORDONED)
+    ctl.record.setdefault("roles", {})[plan.node] = CORDONED
+    # node-rank order (RunController.run_hosts): the spare takes the node's place (the
+    # launchers with fixed node ranks need it there), or the run is one node shorter
+    order = [h.name for h in ctl.run_hosts()]
+    if plan.node in order:
+        at = order.index(plan.node)
+        order[at:at + 1] = [plan.spare] if plan.spare else []
+    ctl.record["order"] = order
+    if entry["left"]:
+        return await finish(ctl, entry, "failed: %d process(es) of %s still alive after the stop"
+                      % (len(entry["left"]), plan.node))
+    if plan.spare:
+        failed = await put_in(ctl, plan.spare)
+        if failed:
+            return await finish(ctl, entry, "failed: %s fenced, but spare %s did not start: %s"
+                          % (plan.node, plan.spare, failed))
+    return await finish(ctl, entry, "done")
+
+
+async def put_in(ctl, spare: str) -> str | None:
+    """Start torchrun on ``spare`` for the run (same run id, rendezvous, spec), and follow
+    its journal; None, or why it did not start."""
+    link = ctl.links[spare]
+    ctl.state.set_role(spare, ACTIVE)
+    ctl.record.setdefault("roles", {}).pop(spare, None)
+    spec = ctl.node_spec(link.host, ctl.spec, ctl.record.get("rdzv_endpoint", ""))
+    try:
+        await link.request("start", run_root=link.run_root, node=spare, spec=spec)
+    except AgentError as exc:
+        ctl.state.set_node(spare, "failed", str(exc))
+        return str(exc)
+    try:
+        await link.subscribe()
+    except AgentError as exc:  # it runs; this console just cannot show it
+        ctl.state.add_event(spare, "surgery", "%s runs, but its journal cannot be read: %s"
+                            % (spare, exc))
+    return None
+
+
+async def uncordon(ctl, node: str, who: str | None = None) -> dict:
+    """``node`` (cordoned) becomes a spare again: its fence is lifted; it starts nothing."""
+    who = who or operator()
+    entry = {"who": who, "what": "uncordon %s (a spare again)" % node, "when": time.time(),
+             "node": node, "spare": None, "outcome": "started", "left": []}
+    link = ctl.links[node]
+    try:
+        await link.request("unfence", run_root=link.run_root, node=node)
+    except AgentError as exc:
+        return await finish(ctl, entry, "failed: %s" % exc)
+    ctl.state.set_role(node, SPARE)
+    ctl.record.setdefault("roles", {})[node] = SPARE
+    return await finish(ctl, entry, "done")
+
+
+def uncordon_refusal(ctl, node: str) -> str | None:
+    """Why ``node`` cannot be uncordoned (not a node of the run, or not cordoned)."""
+    role = ctl.roles().get(node)
+    if role is None:
+        return "run %s has no node %r; nodes: %s" % (ctl.run_id, node, ", ".join(ctl.roles()))
+    if role != CORDONED:
+        return "%s is not cordoned (it is %s)" % (node, "in the run" if role == ACTIVE
+                                                  else "a spare")
+    return None
+
+
+async def tell_judge(ctl, args: dict) -> None:
+    """The run's judge hears of the surgery and writes its ``surgery`` event (every console
+    shows it from the judge's journal); without a judge, this console says it."""
+    node = args.get("node") or args.get("out")
+    host = ctl.judge_host()
+    link = ctl.links.get(host or "")
+    if link is None or link.stream is None:
+        ctl.state.add_event(node, "surgery", args["text"])
+        return
+    try:
+        await link.request("judge", run_root=link.run_root, ask="cordon", args=args,
+                           timeout=30)
+    except AgentError as exc:
+        ctl.state.add_event(node, "surgery", "%s (the judge did not hear of it: %s)"
+                            % (args["text"], exc))
+
+
+async def finish(ctl, entry: dict, outcome: str) -> dict:
+    """The surgery's outcome: an event (through the judge), and the run record's
+    ``surgeries``, saved."""
+    entry["outcome"] = outcome
+    await tell_judge(ctl, {"node": entry["node"], "who": entry["who"], "action": "outcome",
+                           "text": "%s: %s" % (entry["what"], outcome)})
+    if ctl.record:
+        ctl.record.setdefault("surgeries", []).append(entry)
+        ctl.history.save(ctl.record)
+    return entry

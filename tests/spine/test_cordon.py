@@ -1,0 +1,124 @@
+"""Node surgery with real torchrun (docs/SURGERY.md): 5 local hosts, 4 in the run and one
+spare that hosts the rendezvous store and the judge. A rank on node2 hangs; cordoning node2
+puts the spare in and every rank steps again from the checkpoint; node0 goes out next and the
+elastic run (--nnodes 3:4) shrinks; a third cordon would go below 3 and is refused with
+nothing changed; uncordon makes node2 a spare again."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent import procs
+from console.cordon import cordon, uncordon
+from console.history import History
+from console.run import LaunchSpec, RunController
+from console.transport.local import LocalTransport
+
+from tests.waits import wait_for
+
+from .helpers import (TINY, TRAINER, assert_arrived_once, collect_lines, local_inventory,
+                      node_dir, processes_of, rank_log_files, wind_down)
+
+pytestmark = pytest.mark.e2e
+TIMEOUT = 300
+
+
+def seen(st) -> str:
+    """What the run looked like, for a wait that timed out."""
+    return "world %s; ranks %s; nodes %s; events %s" % (
+        st.world_size, [(r.rank, r.node, r.state, r.step) for r in st.ranks.values()],
+        {n: ns.state for n, ns in st.nodes.items()},
+        [(e.node, e.kind, e.text[:80]) for e in list(st.events)[-25:]])
+
+
+def of_node(run_id: str, node: str) -> list:
+    """The live processes marked as ``node``'s of the run (the agent's kill marker)."""
+    return [(pid, cmd) for pid, cmd in processes_of(run_id)
+            if procs.environ(pid).get(procs.MARKER) == "%s/%s" % (run_id, node)]
+
+
+async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
+    work = tmp_path / "work"
+    inv = local_inventory(work, n=5)
+    inv.hosts[4].spare = True
+    ctl = RunController(inv, LocalTransport(), History())
+    st = ctl.state
+    got = collect_lines(ctl)
+    try:
+        await ctl.launch(LaunchSpec(script=TRAINER, nnodes="3:4", max_restarts=5, grace=3,
+                                    stall_after=6.0,
+                                    args=TINY + ["--steps", "100000", "--ckpt-every", "4",
+                                                 "--hang-at-step", "6", "--hang-rank", "2",
+                                                 "--pg-timeout", "600",
+                                                 # shared, as a spare needs: the hang's
+                                                 # fired marker is seen on every node
+                                                 "--ckpt-dir", str(work / "ckpt")]),
+                         preflight=False)
+        # the store and the judge live on the spare, which runs no torchrun
+        assert ctl.record["rdzv_host"] == "node4" and ctl.judge_host() == "node4"
+        assert st.nodes["node4"].state == "spare"
+        await wait_for(lambda: len(st.ranks) == 4 and all(
+            r.state == "stalled" for r in st.ranks.values()), TIMEOUT,
+            "every rank stalled behind the hung rank 2")
+        hung = st.ranks[2].node
+        await wait_for(lambda: st.checkpoints.last_complete() is not None, TIMEOUT,
+                       "the step-4 checkpoint complete")
+
+        plan = ctl.cordon_plan(hung)
+        assert plan.refusal is None and plan.spare == "node4" and plan.ranks_out == [2]
+        assert "step 4" in "\n".join(plan.lines())
+        entry = await cordon(ctl, plan, who="tester@laptop")
+        assert entry["outcome"] == "done" and entry["left"] == [], entry
+        assert st.nodes[hung].state == "cordoned"
+        assert not of_node(ctl.run_id, hung), of_node(ctl.run_id, hung)
+
+        await wait_for(lambda: st.world_size == 4 and any(
+            r.node == "node4" for r in st.ranks.values()) and all(
+            r.state == "running" and (r.step or 0) > 8 for r in st.ranks.values()), TIMEOUT,
+            lambda: "4 ranks, one on the spare, stepping past the hang: " + seen(st))
+        assert st.checkpoints.resumed["node4"].step == 4, st.checkpoints.resumed
+        assert not of_node(ctl.run_id, hung)
+        # fenced: a restart of the cordoned node is refused, by the console and by its agent
+        res = await ctl.restart(hung)
+        assert "cordoned" in str(res[hung])
+        with pytest.raises(Exception, match="cordoned"):
+            await ctl.links[hung].request("restart", run_root=ctl.links[hung].run_root,
+                                          node=hung, spec={"run_id": ctl.run_id})
+        surgeries = History().load(ctl.run_id)["surgeries"]
+        assert [(s["who"], s["outcome"]) for s in surgeries] == [("tester@laptop", "done")]
+        await wait_for(lambda: any(e.kind == "surgery" and "done" in e.text
+                                   for e in st.events), TIMEOUT, "the judge's surgery event")
+
+        # node0 out with no spare left: the run shrinks to 3 and goes on
+        plan = ctl.cordon_plan("node0")
+        assert plan.refusal is None and plan.shrink and plan.active_after == 3
+        assert (await cordon(ctl, plan))["outcome"] == "done"
+        steps = {r.rank: r.step for r in st.ranks.values()}
+        await wait_for(lambda: st.world_size == 3 and len(
+            [r for r in st.ranks.values() if r.state == "running" and r.rank < 3 and
+             (r.step or 0) > (steps.get(r.rank) or 0)]) == 3, TIMEOUT,
+            lambda: "3 ranks stepping without node0: " + seen(st))
+
+        # one more would leave 2 of --nnodes 3:4: refused, nothing changes
+        live = [n for n, ns in st.nodes.items() if ns.role == "active"]
+        plan = ctl.cordon_plan(live[0])
+        assert plan.refusal and "--nnodes 3:4 needs 3" in plan.refusal
+        assert [n for n, ns in st.nodes.items() if ns.role == "active"] == live
+        assert not os.path.exists(os.path.join(node_dir(work, ctl.run_id, live[0]),
+                                               "fenced.json"))
+
+        entry = await uncordon(ctl, hung)
+        assert entry["outcome"] == "done" and st.nodes[hung].state == "spare"
+        assert not os.path.exists(os.path.join(node_dir(work, ctl.run_id, hung),
+                                               "fenced.json"))
+        await ctl.stop()
+        await ctl.caught_up()
+    finally:
+        left = await wind_down(ctl)
+    assert left == [], "processes left behind: %s" % left
+    # every line of the cordoned node and of the spare arrived once, in order
+    for node in (hung, "node4"):
+        for path in rank_log_files(work, ctl.run_id, node):
+            assert_arrived_once(got, node, path)

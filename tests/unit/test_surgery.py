@@ -1,0 +1,124 @@
+"""Node surgery decided before anything is done (console/surgery.py), spares and the store's
+host in the inventory (inventory/loader.py), and the verbs' refusals (console/cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from console.cli import main
+from console.state import RankState, RunState
+from console.surgery import plan_cordon, ranks_text, store_host
+from inventory.loader import load_inventory
+from inventory.model import Host, Inventory, InventoryError
+
+
+def inventory(n=5, spares=(4,)) -> Inventory:
+    hosts = [Host(name="node%d" % i, addr="127.0.0.%d" % (i + 2), slots=2, spare=i in spares)
+             for i in range(n)]
+    return Inventory(path="<test>", hosts=hosts, transport="local")
+
+
+def run_state(inv: Inventory) -> RunState:
+    st = RunState("run1", [(h.name, h.addr) for h in inv.hosts])
+    for h in inv.spares:
+        st.set_role(h.name, "spare")
+    for i, h in enumerate(inv.active):
+        for local in range(2):
+            st.ranks[2 * i + local] = RankState(2 * i + local, h.name, local)
+    return st
+
+
+def test_a_spare_takes_the_nodes_place_and_the_preview_says_what_moves():
+    inv = inventory()
+    plan = plan_cordon(run_state(inv), inv, "4", "node2", store="node4")
+    assert (plan.refusal, plan.spare, plan.shrink, plan.ranks_out) == (None, "node4", False, [4, 5])
+    text = "\n".join(plan.lines())
+    assert "ranks 4-5 leave node2" in text and "node4 (spare, 2 process(es))" in text
+    assert "no complete checkpoint seen yet" in text
+
+
+def test_without_a_spare_a_static_run_refuses_and_an_elastic_one_shrinks():
+    inv = inventory(4, spares=())
+    st = run_state(inv)
+    refused = plan_cordon(st, inv, "4", "node1")
+    assert refused.refusal and "--nnodes 4 needs 4 node(s)" in refused.refusal
+    assert refused.lines()[0] == "cordon node1: not possible, nothing was done:"
+    assert [ns.role for ns in st.nodes.values()] == ["active"] * 4  # nothing changed
+    shrink = plan_cordon(st, inv, "3:4", "node1")
+    assert (shrink.refusal, shrink.shrink, shrink.active_after) == (None, True, 3)
+    assert plan_cordon(st, inv, "4:4", "node0").refusal  # N:N is no room either
+
+
+def test_what_cannot_be_cordoned_or_put_in_is_refused_with_the_reason():
+    inv = inventory()
+    st = run_state(inv)
+    assert "no node 'node9'" in plan_cordon(st, inv, "4", "node9").refusal
+    assert "node1 is in the run, not a spare" in plan_cordon(
+        st, inv, "4", "node2", replace_with="node1").refusal
+    st.set_role("node3", "cordoned")
+    assert "cordoned already" in plan_cordon(st, inv, "4", "node3").refusal
+    assert "cordoned, not a spare" in plan_cordon(st, inv, "4", "node2",
+                                                  replace_with="node3").refusal
+
+
+def test_a_spare_or_cordoned_node_shows_its_role_and_the_run_ends_without_it():
+    inv = inventory()
+    st = run_state(inv)
+    st.set_node("node4", "connected")  # what a connect says: the role stays shown
+    assert st.nodes["node4"].state == "spare"
+    st.set_role("node2", "cordoned")
+    for name in ("node0", "node1", "node3"):
+        st.set_node(name, "exited")
+    assert st.run_state() == "succeeded"
+
+
+def test_the_store_lives_on_the_store_host_else_the_first_spare_else_the_first_host():
+    inv = inventory()
+    assert store_host(inv, inv.hosts).name == "node4"
+    inv.store = "node1"
+    assert store_host(inv, inv.hosts).name == "node1"
+    assert store_host(inventory(3, spares=()), inventory(3, spares=()).hosts).name == "node0"
+
+
+def test_ranks_in_words():
+    assert (ranks_text([3]), ranks_text([5, 4]), ranks_text([1, 3])) == (
+        "rank 3", "ranks 4-5", "ranks 1,3")
+
+
+def load(tmp_path: Path, text: str) -> Inventory:
+    path = tmp_path / "inv.yaml"
+    path.write_text(text)
+    return load_inventory(path, {})
+
+
+HOSTS = """transport: local
+hosts:
+  - {name: node0, addr: 127.0.0.2}
+  - name: node1
+    addr: 127.0.0.3
+    spare: %s
+"""
+
+
+def test_inventory_spares_and_store(tmp_path):
+    inv = load(tmp_path, HOSTS % "true" + "store: node1\n")
+    assert [h.name for h in inv.spares] == ["node1"] and inv.store == "node1"
+    with pytest.raises(InventoryError, match=r"inv.yaml:6: host 'node1': spare must be true "
+                       r"or false, got 'yes'"):
+        load(tmp_path, HOSTS % "'yes'")
+    with pytest.raises(InventoryError, match=r"inv.yaml:7: store names host 'node9', which is "
+                       r"not in hosts"):
+        load(tmp_path, HOSTS % "false" + "store: node9\n")
+    with pytest.raises(InventoryError, match="every host is a spare"):
+        load(tmp_path, "transport: local\nhosts:\n  - {name: a, addr: 127.0.0.2, spare: true}\n")
+
+
+def test_launch_spares_must_name_hosts_of_the_inventory(tmp_path, capsys):
+    path = tmp_path / "inv.yaml"
+    path.write_text(HOSTS % "false")
+    code = main(["launch", "-i", str(path), "--spares", "node7", "--detach", "train.py"])
+    assert code == 2 and "--spares: no host node7" in capsys.readouterr().err
+    code = main(["launch", "-i", str(path), "--spares", "node0,node1", "--detach", "train.py"])
+    assert code == 2 and "leaves no host to train on" in capsys.readouterr().err
