@@ -1,11 +1,12 @@
-"""Node surgery with real torchrun (docs/SURGERY.md): 5 local hosts, 4 in the run and one
-spare that hosts the rendezvous store and the judge. A rank on node2 hangs; cordoning node2
-puts the spare in and every rank steps again from the checkpoint; node0 goes out next and the
-elastic run (--nnodes 3:4) shrinks; a third cordon would go below 3 and is refused with
-nothing changed; uncordon makes node2 a spare again."""
+"""Node surgery with real torchrun and the real TUI (docs/SURGERY.md): 5 local hosts, 4 in
+the run and one spare that hosts the rendezvous store and the judge. A rank on node2 hangs;
+`c` on node2's row and `y` put the spare in and every rank steps again from the checkpoint;
+node0 goes out next and the elastic run (--nnodes 3:4) shrinks; a third cordon would go
+below 3 and is refused with nothing changed; uncordon makes node2 a spare again."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -15,14 +16,18 @@ from console.cordon import cordon, uncordon
 from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
+from console.tui.app import RankdeckApp
+from console.tui.confirm import ConfirmScreen
 
-from tests.waits import wait_for
+from tests.waits import wait_until
 
 from .helpers import (TINY, TRAINER, assert_arrived_once, collect_lines, local_inventory,
                       node_dir, processes_of, rank_log_files, wind_down)
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
+SIZE = (160, 48)
+until = functools.partial(wait_until, timeout=TIMEOUT, every=0.2)  # real runs: slower
 
 
 def seen(st) -> str:
@@ -46,75 +51,83 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
     ctl = RunController(inv, LocalTransport(), History())
     st = ctl.state
     got = collect_lines(ctl)
+    spec = LaunchSpec(script=TRAINER, nnodes="3:4", max_restarts=5, grace=3, stall_after=6.0,
+                      args=TINY + ["--steps", "100000", "--ckpt-every", "4",
+                                   "--hang-at-step", "6", "--hang-rank", "2",
+                                   "--pg-timeout", "600",
+                                   # shared, as a spare needs: the hang's fired marker is
+                                   # seen on every node
+                                   "--ckpt-dir", str(work / "ckpt")])
+    app = RankdeckApp(ctl, lambda: ctl.launch(spec, preflight=False))
     try:
-        await ctl.launch(LaunchSpec(script=TRAINER, nnodes="3:4", max_restarts=5, grace=3,
-                                    stall_after=6.0,
-                                    args=TINY + ["--steps", "100000", "--ckpt-every", "4",
-                                                 "--hang-at-step", "6", "--hang-rank", "2",
-                                                 "--pg-timeout", "600",
-                                                 # shared, as a spare needs: the hang's
-                                                 # fired marker is seen on every node
-                                                 "--ckpt-dir", str(work / "ckpt")]),
-                         preflight=False)
-        # the store and the judge live on the spare, which runs no torchrun
-        assert ctl.record["rdzv_host"] == "node4" and ctl.judge_host() == "node4"
-        assert st.nodes["node4"].state == "spare"
-        await wait_for(lambda: len(st.ranks) == 4 and all(
-            r.state == "stalled" for r in st.ranks.values()), TIMEOUT,
-            "every rank stalled behind the hung rank 2")
-        hung = st.ranks[2].node
-        await wait_for(lambda: st.checkpoints.last_complete() is not None, TIMEOUT,
-                       "the step-4 checkpoint complete")
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(st.ranks) == 4 and all(
+                r.state == "stalled" for r in st.ranks.values()),
+                what="every rank stalled behind the hung rank 2")
+            # the store and the judge live on the spare, which runs no torchrun
+            assert ctl.record["rdzv_host"] == "node4" and ctl.judge_host() == "node4"
+            assert st.nodes["node4"].state == "spare"
+            hung = st.ranks[2].node
+            await until(pilot, lambda: st.checkpoints.last_complete() is not None,
+                        what="the step-4 checkpoint complete")
 
-        plan = ctl.cordon_plan(hung)
-        assert plan.refusal is None and plan.spare == "node4" and plan.ranks_out == [2]
-        assert "step 4" in "\n".join(plan.lines())
-        entry = await cordon(ctl, plan, who="tester@laptop")
-        assert entry["outcome"] == "done" and entry["left"] == [], entry
-        assert st.nodes[hung].state == "cordoned"
-        assert not of_node(ctl.run_id, hung), of_node(ctl.run_id, hung)
+            app.nodes.focus()
+            app.nodes.move_to("n:" + hung)
+            await pilot.press("c")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="preview")
+            preview = app.screen.body
+            assert "node4 (spare" in preview and "rank 2 leave " + hung in preview, preview
+            assert "step 4" in preview, preview
+            await pilot.press("y")
+            await until(pilot, lambda: any(s.get("outcome") != "started" for s in
+                                           ctl.record.get("surgeries", [])),
+                        what="the cordon's outcome")
+            entry = ctl.record["surgeries"][0]
+            assert entry["outcome"] == "done" and entry["left"] == [], entry
+            assert "@" in entry["who"]
+            assert st.nodes[hung].state == "cordoned"
+            assert not of_node(ctl.run_id, hung), of_node(ctl.run_id, hung)
 
-        await wait_for(lambda: st.world_size == 4 and any(
-            r.node == "node4" for r in st.ranks.values()) and all(
-            r.state == "running" and (r.step or 0) > 8 for r in st.ranks.values()), TIMEOUT,
-            lambda: "4 ranks, one on the spare, stepping past the hang: " + seen(st))
-        assert st.checkpoints.resumed["node4"].step == 4, st.checkpoints.resumed
-        assert not of_node(ctl.run_id, hung)
-        # fenced: a restart of the cordoned node is refused, by the console and by its agent
-        res = await ctl.restart(hung)
-        assert "cordoned" in str(res[hung])
-        with pytest.raises(Exception, match="cordoned"):
-            await ctl.links[hung].request("restart", run_root=ctl.links[hung].run_root,
-                                          node=hung, spec={"run_id": ctl.run_id})
-        surgeries = History().load(ctl.run_id)["surgeries"]
-        assert [(s["who"], s["outcome"]) for s in surgeries] == [("tester@laptop", "done")]
-        await wait_for(lambda: any(e.kind == "surgery" and "done" in e.text
-                                   for e in st.events), TIMEOUT, "the judge's surgery event")
+            await until(pilot, lambda: st.world_size == 4 and any(
+                r.node == "node4" for r in st.ranks.values()) and all(
+                r.state == "running" and (r.step or 0) > 8 for r in st.ranks.values()),
+                what=lambda: "4 ranks, one on the spare, stepping past the hang: " + seen(st))
+            assert st.checkpoints.resumed["node4"].step == 4, st.checkpoints.resumed
+            assert not of_node(ctl.run_id, hung)
+            # fenced: a restart of the cordoned node is refused, by the console and its agent
+            res = await ctl.restart(hung)
+            assert "cordoned" in str(res[hung])
+            with pytest.raises(Exception, match="cordoned"):
+                await ctl.links[hung].request("restart", run_root=ctl.links[hung].run_root,
+                                              node=hung, spec={"run_id": ctl.run_id})
+            assert History().load(ctl.run_id)["surgeries"][0]["outcome"] == "done"
+            await until(pilot, lambda: any(e.kind == "surgery" and "done" in e.text
+                                           for e in st.events), what="the surgery event")
 
-        # node0 out with no spare left: the run shrinks to 3 and goes on
-        plan = ctl.cordon_plan("node0")
-        assert plan.refusal is None and plan.shrink and plan.active_after == 3
-        assert (await cordon(ctl, plan))["outcome"] == "done"
-        steps = {r.rank: r.step for r in st.ranks.values()}
-        await wait_for(lambda: st.world_size == 3 and len(
-            [r for r in st.ranks.values() if r.state == "running" and r.rank < 3 and
-             (r.step or 0) > (steps.get(r.rank) or 0)]) == 3, TIMEOUT,
-            lambda: "3 ranks stepping without node0: " + seen(st))
+            # node0 out with no spare left: the run shrinks to 3 and goes on
+            plan = ctl.cordon_plan("node0")
+            assert plan.refusal is None and plan.shrink and plan.active_after == 3
+            assert (await cordon(ctl, plan, who="tester@laptop"))["outcome"] == "done"
+            steps = {r.rank: r.step for r in st.ranks.values()}
+            await until(pilot, lambda: st.world_size == 3 and len(
+                [r for r in st.ranks.values() if r.state == "running" and r.rank < 3 and
+                 (r.step or 0) > (steps.get(r.rank) or 0)]) == 3,
+                what=lambda: "3 ranks stepping without node0: " + seen(st))
 
-        # one more would leave 2 of --nnodes 3:4: refused, nothing changes
-        live = [n for n, ns in st.nodes.items() if ns.role == "active"]
-        plan = ctl.cordon_plan(live[0])
-        assert plan.refusal and "--nnodes 3:4 needs 3" in plan.refusal
-        assert [n for n, ns in st.nodes.items() if ns.role == "active"] == live
-        assert not os.path.exists(os.path.join(node_dir(work, ctl.run_id, live[0]),
-                                               "fenced.json"))
+            # one more would leave 2 of --nnodes 3:4: refused, nothing changes
+            live = [n for n, ns in st.nodes.items() if ns.role == "active"]
+            plan = ctl.cordon_plan(live[0])
+            assert plan.refusal and "--nnodes 3:4 needs 3" in plan.refusal
+            assert [n for n, ns in st.nodes.items() if ns.role == "active"] == live
+            assert not os.path.exists(os.path.join(node_dir(work, ctl.run_id, live[0]),
+                                                   "fenced.json"))
 
-        entry = await uncordon(ctl, hung)
-        assert entry["outcome"] == "done" and st.nodes[hung].state == "spare"
-        assert not os.path.exists(os.path.join(node_dir(work, ctl.run_id, hung),
-                                               "fenced.json"))
-        await ctl.stop()
-        await ctl.caught_up()
+            entry = await uncordon(ctl, hung)
+            assert entry["outcome"] == "done" and st.nodes[hung].state == "spare"
+            assert not os.path.exists(os.path.join(node_dir(work, ctl.run_id, hung),
+                                                   "fenced.json"))
+            await ctl.stop()
+            await ctl.caught_up()
     finally:
         left = await wind_down(ctl)
     assert left == [], "processes left behind: %s" % left
