@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 
 from .errors import AgentError
-from .surgery import ACTIVE, CORDONED, SPARE, CordonPlan, operator
+from .surgery import ACTIVE, CORDONED, SPARE, CordonPlan
 
 
 async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
@@ -32,7 +32,7 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
     why``), ``left`` (processes of the node still alive: none when done)."""
     if plan.refusal:
         raise ValueError("a refused plan is not carried out: %s" % plan.refusal)
-    who = who or operator()
+    who = who or ctl.me.who  # user@laptop (console/consoles.py)
     what = "cordon %s, %s" % (plan.node, "spare %s in" % plan.spare if plan.spare else
                               "the run shrinks to %d node(s)" % plan.active_after
                               if plan.shrink else "a spare fenced")
@@ -91,7 +91,7 @@ async def put_in(ctl, spare: str) -> str | None:
 
 async def uncordon(ctl, node: str, who: str | None = None) -> dict:
     """``node`` (cordoned) becomes a spare again: its fence is lifted; it starts nothing."""
-    who = who or operator()
+    who = who or ctl.me.who  # user@laptop (console/consoles.py)
     entry = {"who": who, "what": "uncordon %s (a spare again)" % node, "when": time.time(),
              "node": node, "spare": None, "outcome": "started", "left": []}
     link = ctl.links[node]

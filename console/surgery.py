@@ -9,8 +9,6 @@ an operator can cordon any node. Plain code over RunState: no I/O, no asyncio.
 
 from __future__ import annotations
 
-import getpass
-import socket
 from dataclasses import dataclass, field
 
 from inventory.model import Host, Inventory
@@ -28,15 +26,6 @@ def store_host(inventory: Inventory, hosts: list[Host]) -> Host:
         return names[inventory.store]
     spares = [h for h in hosts if h.spare]
     return spares[0] if spares else hosts[0]
-
-
-def operator() -> str:
-    """``user@laptop``: who did a surgery, as its event says."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container)
-        user = "unknown"
-    return "%s@%s" % (user, socket.gethostname())
 
 
 def nnodes_range(nnodes: str | None, active: int) -> tuple[int, int]:
@@ -99,6 +88,13 @@ def ranks_text(ranks: list[int]) -> str:
     return "ranks " + ",".join(str(r) for r in ranks)
 
 
+def current_ranks(state: RunState, node: str) -> list[int]:
+    """The global ranks ``node`` runs now: the newest started of those last seen there, at most
+    its processes (after a membership change a rank that moved on may not have said so yet)."""
+    ranks = sorted(state.ranks_of(node), key=lambda r: r.started or 0, reverse=True)
+    return sorted(r.rank for r in ranks[:max(1, state.nodes[node].slots)])
+
+
 def plan_cordon(state: RunState, inventory: Inventory, nnodes: str | None, node: str,
                 replace_with: str | None = None, store: str | None = None) -> CordonPlan:
     """What cordoning ``node`` would do now (``replace_with``: this spare, else the first
@@ -121,7 +117,7 @@ def plan_cordon(state: RunState, inventory: Inventory, nnodes: str | None, node:
             plan.refusal = "%s is a spare, not in the run: nothing to replace" % node
         plan.active_after = len(active)  # fencing a spare: it will not be put in
         return plan
-    plan.ranks_out = [r.rank for r in state.ranks_of(node)]
+    plan.ranks_out = current_ranks(state, node)
     spares = [h.name for h in inventory.hosts if roles.get(h.name) == SPARE]
     if replace_with is not None:
         if replace_with not in roles:

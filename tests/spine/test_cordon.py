@@ -76,7 +76,8 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="preview")
             preview = app.screen.body
-            assert "node4 (spare" in preview and "rank 2 leave " + hung in preview, preview
+            assert "node4 (spare" in preview and "rank 2 leave " + hung in preview, (
+                preview, seen(st))
             assert "step 4" in preview, preview
             await pilot.press("y")
             await until(pilot, lambda: any(s.get("outcome") != "started" for s in
