@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 import pytest
 
@@ -76,8 +77,10 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             await pilot.press("c")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="preview")
             preview = app.screen.body
-            assert "node4 (spare" in preview and "rank 2 leave " + hung in preview, (
-                preview, seen(st))
+            assert "node4 (spare" in preview, preview
+            # the hung rank's node goes out with its rank(s) (which ones, right after the
+            # elastic start's membership change, is the console's latest view: not asserted)
+            assert re.search(r"ranks? [0-9,-]+ leave %s;" % hung, preview), preview
             assert "step 4" in preview, preview
             await pilot.press("y")
             await until(pilot, lambda: any(s.get("outcome") != "started" for s in
