@@ -9,11 +9,14 @@ anyway (docs/DESIGN-NOTES.md, "The judge", lists the failure cases).
 How: it listens on the rendezvous address (agent/judge_wire.py: a token handshake); each
 node's supervisor connects (agent/judge_link.py) and forwards the metas of its journal and
 its state.json; the judge keeps a RunView (agent/judge_rules.py) and every second applies the
-rules: stalls, the verdict when a stall starts and again while it lasts (it asks every node for
-its ranks' stacks and flight-recorder tails, twice, and decides with agent/verdict.py), nodes
-whose torchrun waits for what cannot come, the run's end. Policies the user turned on act
+rules: stalls (also of a run whose ranks print no steps, from their CPU), the verdict when a
+stall starts and again while it lasts (it asks every node for its ranks' stacks and
+flight-recorder tails, twice, and decides with agent/verdict.py), a rendezvous that waits and
+for whom, nodes whose torchrun waits for what cannot come, the run's end, a node in trouble
+again soon after its restart (``cordon proposed``). Policies the user turned on act
 here (``on_hang``: restart the node the verdict names within the restart budget, or stop the
-run; ``on_nan``: stop the run at a rank's first inf or NaN loss; ``max_wall``); ``notify``
+run; ``on_nan``: stop the run at a rank's first inf or NaN loss; ``max_wall``; the cordon
+policy to come acts in :meth:`Judge.propose_cordon`); ``notify``
 runs a command for the events the user picked (agent/judge_notify.py). Every decision is an event in ``<run_root>/judge/journal``, which a
 console reads as it reads a node's (docs/PROTOCOL.md "The judge").
 
@@ -30,8 +33,9 @@ import time
 
 from . import judge_notify, judge_wire, procs
 from .journal import JournalWriter
-from .judge_rules import (RunView, check_stalls, ends_due, event, run_over, stalled,
-                          verdict_again_due)
+from .judge_rules import (CORDON_WITHIN_S, RULES, RunView, check_stalls, check_waiting,
+                          ends_due, event, run_over, stalled, verdict_again_due,
+                          verdict_proposals)
 from .judge_control import judge_dir
 from .mask import Masker
 from .runfiles import write_json_atomic
@@ -45,59 +49,14 @@ SETTLE = 5.0  # after the run ended: the last events reach the journal, then the
 ALONE_END = 300.0  # no supervisor connected for this long (from the start, too): the judge ends
 
 
-class NodeLine:
-    """A node's connection: requests out, answers in."""
-
-    def __init__(self, node, line):
-        self.node = node
-        self.line = line
-        self.ids = iter(range(1, 1 << 62))
-        self.pending = {}
-        self.lock = threading.Lock()
-
-    def request(self, op, args, timeout):
-        """The node's answer ``data``; raises judge_wire.WireError (with the reason)."""
-        done = threading.Event()
-        slot = {}
-        with self.lock:
-            req_id = next(self.ids)
-            self.pending[req_id] = (done, slot)
-        try:
-            self.line.send({"t": "req", "id": req_id, "op": op, "args": args})
-            if not done.wait(timeout):
-                raise judge_wire.WireError("%s: %s got no answer within %.0f s"
-                                           % (self.node, op, timeout))
-        finally:
-            with self.lock:
-                self.pending.pop(req_id, None)
-        if "error" in slot:
-            raise judge_wire.WireError("%s: %s" % (self.node, slot["error"]))
-        return slot.get("data") or {}
-
-    def answered(self, msg):
-        with self.lock:
-            waiter = self.pending.get(msg.get("id"))
-        if waiter is not None:
-            done, slot = waiter
-            if msg.get("ok"):
-                slot["data"] = msg.get("data") if isinstance(msg.get("data"), dict) else {}
-            else:
-                slot["error"] = str(msg.get("error"))[:500]
-            done.set()
-
-    def fail_all(self, why):
-        with self.lock:
-            for done, slot in self.pending.values():
-                slot["error"] = why
-                done.set()
-
-
 class Judge:
     def __init__(self, spec, jdir):
         self.spec = spec
         self.jdir = jdir
         self.token = spec["token"]
-        self.view = RunView(spec["nodes"], spec.get("stall_after", 60.0))
+        cordon_within = spec.get("cordon_within_s", CORDON_WITHIN_S)
+        self.view = RunView(spec["nodes"], spec.get("stall_after", 60.0),
+                            cordon_within if isinstance(cordon_within, (int, float)) else 0)
         self.on_hang = spec.get("on_hang") or "warn"
         self.on_nan = spec.get("on_nan") or "warn"  # stop: the run, at a first inf/NaN loss
         self.max_wall = spec.get("max_wall")
@@ -118,12 +77,13 @@ class Judge:
 
     # -- the journal -----------------------------------------------------------------------
     def write(self, rec):
-        rec = dict(rec, ts=time.time())
-        if isinstance(rec.get("text"), str):
-            rec["text"] = self.masker.mask_text(rec["text"])
+        # every string: a waiting event's phases carry notes from torchrun's own records
+        rec = self.masker.mask_tree(dict(rec, ts=time.time()))
         with self.lock:
             self.journal.append(rec)
         self.notifier.consider(rec)
+        if rec.get("what") == "cordon proposed":
+            self.propose_cordon(rec)
 
     def now(self):
         return time.monotonic() - self.clock0
@@ -150,7 +110,7 @@ class Judge:
         if node not in self.view.nodes:
             line.close()
             return
-        nl = NodeLine(node, line)
+        nl = judge_wire.NodeLine(node, line)
         with self.lock:
             old = self.lines.get(node)
             self.lines[node] = nl
@@ -190,7 +150,9 @@ class Judge:
                             if ev.get("what") == "diverged":
                                 diverged.append(ev)
             elif kind == "state":
-                self.view.apply_state(nl.node, msg.get("state"))
+                for ev in self.view.apply_state(nl.node, msg.get("state"), self.now(),
+                                                stopping=self.ending):
+                    self.write(ev)
         if diverged and self.on_nan == "stop":
             self.act_on_nan(diverged[0])
 
@@ -279,8 +241,13 @@ class Judge:
         with self.lock:
             self.view.verdict = verdict
             self.view.verdict_at = self.now()
+            # a hang again: a verdict on a stall (not one a console asked for meanwhile)
+            proposals = [] if reason == judge_notify.ASKED else \
+                verdict_proposals(self.view, verdict, self.now())
         self.write(event("verdict", None, verdict=verdict, reason=reason,
                          text="who is stuck: %s" % verdict.get("summary")))
+        for ev in proposals:
+            self.write(ev)
         return verdict
 
     def _verdict_then_act(self, reason):
@@ -298,6 +265,14 @@ class Judge:
                 self.verdict_running = False
 
     # -- policies --------------------------------------------------------------------------
+    def propose_cordon(self, ev):
+        """A ``cordon proposed`` event was just journaled (agent/judge_rules.py
+        cordon_proposal: the node is in trouble again soon after its restart). The place for
+        the cordon policy (issue 28: ``--auto-cordon`` cordons the node and brings in a spare);
+        until it exists the proposal is the event, which consoles show and ``--notify``
+        forwards. Runs on the thread that journaled the event; an action must not block it."""
+        return None
+
     def act_on_hang(self, verdict):
         nodes = sorted({s.get("node") for s in verdict.get("suspects") or []
                         if isinstance(s.get("node"), str)})
@@ -368,8 +343,9 @@ class Judge:
     def tick(self):
         now = self.now()
         with self.lock:
-            news = check_stalls(self.view, now)
-            start_verdict = bool(news) and not self.verdict_running
+            news = check_stalls(self.view, now) + check_waiting(self.view, now)
+            start_verdict = any(e["what"] == "stalled" for e in news) and \
+                not self.verdict_running
             again = not self.verdict_running and verdict_again_due(self.view, now)
             if start_verdict or again:
                 self.verdict_running = True
@@ -405,7 +381,8 @@ class Judge:
         threading.Thread(target=self.serve, args=(sock,), daemon=True).start()
         self.write(event("judge", None, action="started", stall_after=self.view.stall_after,
                          on_hang=self.on_hang, on_nan=self.on_nan, max_wall=self.max_wall,
-                         notify=bool(self.spec.get("notify")),
+                         notify=bool(self.spec.get("notify")), rules=list(RULES),
+                         cordon_within_s=self.view.cordon_within_s,
                          text="the judge watches the run on this host (stall after %.0f s, "
                          "on hang: %s)" % (self.view.stall_after, self.on_hang)))
         ended_at = None

@@ -129,8 +129,11 @@ class JudgeLink:
             self.state_mtime = mtime
             state = read_json(path)
             if isinstance(state, dict):
-                line.send({"t": "state", "state": {k: state.get(k) for k in (
-                    "state", "phase", "cause", "exit_code", "launches", "restarts")}})
+                # sent: this host's clock now, so the judge can move the phase's `since` into
+                # its own clock (agent/judge_rules.py: hosts' clocks differ)
+                line.send({"t": "state", "state": dict({k: state.get(k) for k in (
+                    "state", "phase", "cause", "exit_code", "launches", "restarts")},
+                    sent=time.time())})
 
     # -- what the judge asks ---------------------------------------------------------------
     def _requests(self, line):

@@ -7,7 +7,8 @@ as a ``notify_failed`` event (its exit code, or "timed out"), never a crash, and
 on. Commands run one at a time, in the order of the events (a queue and one thread).
 
 Kinds: ``stall`` (once per stall, at its first stalled rank), ``verdict``, ``failed``,
-``succeeded``, ``stopped``, ``restarted`` (by the judge's policy), ``diverged``.
+``succeeded``, ``stopped``, ``restarted`` (by the judge's policy), ``diverged``, ``cordon``
+(a node proposed for cordon).
 docs/JUDGE.md has a webhook example.
 
 Standard library only; Python >= 3.9.
@@ -20,7 +21,7 @@ import signal
 import subprocess
 import threading
 
-KINDS = ("stall", "verdict", "failed", "succeeded", "stopped", "restarted", "diverged")
+KINDS = ("stall", "verdict", "failed", "succeeded", "stopped", "restarted", "diverged", "cordon")
 TIMEOUT_S = 30.0
 QUEUE_MAX = 256
 ASKED = "asked by a console"  # a verdict's reason when `w` or `why` asked for it
@@ -36,6 +37,8 @@ def kind_of(rec):
             else None
     if what in ("verdict", "restarted", "diverged"):
         return what
+    if what == "cordon proposed":
+        return "cordon"
     return None
 
 

@@ -8,7 +8,14 @@ attached is judged as an attached console judges it:
 
 * :func:`check_stalls`: a rank that printed steps stalls after no step for longer than its
   threshold (the run's ``stall_after``, or 5x its median step time); a rank that prints no
-  steps stalls with the run's newest stepping rank; a step brings each back;
+  steps stalls with the run's newest stepping rank; in a run where no rank prints steps, every
+  rank stalls once no rank's CPU has advanced for that long (agent/rankcpu.py, from the
+  nodes' samples); a step, or in such a run a rank's CPU advancing, brings each back;
+* :func:`check_waiting`: a rendezvous waited in for longer than ``stall_after``, and the
+  nodes it waits for (agent/rendezvous.py, from each node's torchrun phase in its state.json);
+* :func:`cordon_proposal`: a node in trouble again (a verdict names it, a worker of it fails,
+  it ends failed) within ``cordon_within_s`` of rankdeck restarting it is proposed for cordon
+  (issue 28's policy acts on the proposal: agent/judge.py ``propose_cordon``);
 * :func:`ends_due`: nodes whose torchrun waits for something that cannot come (a worker that
   failed after the run's last step while the other nodes had finished; an exit barrier
   waiting for nodes that ended otherwise) and how each should end;
@@ -24,12 +31,18 @@ import signal
 import statistics
 from collections import deque
 
+from . import rankcpu, rendezvous
 from .straggler import Stragglers
 
 STALL_FACTOR = 5.0
 VERDICT_AGAIN_S = 10.0
 VERDICT_AGAIN_MAX_S = 120.0
 ENDED = ("exited", "failed", "stopped")
+CORDON_WITHIN_S = 600.0  # trouble again this soon after a restart: the node, not bad luck
+CASCADE_S = 30.0  # a worker failure this soon after another node's failure or restart is its echo
+# what this judge applies, in its `judge` event: a console applies itself what is not listed
+# (console/liveness.py beside_judge: a judge older than these rules)
+RULES = ("stalls", "cpu", "waiting", "verdict", "finish", "stragglers", "cordon")
 
 
 class RankView:
@@ -42,6 +55,7 @@ class RankView:
         self.reports = False  # it has printed a step
         self.step_times = deque(maxlen=64)
         self.diverged = None  # the step of its first non-finite loss
+        self.busy = False  # its worker's CPU has advanced (a rank that prints no steps)
 
 
 class NodeView:
@@ -52,6 +66,9 @@ class NodeView:
         self.worker_failure = None
         self.cause = None
         self.connected = False
+        self.restarting = False  # rankdeck restarts it: between `restarting` and `launched`
+        self.restarted_at = None  # judge time its torchrun started again after that restart
+        self.proposed_at = None  # restarted_at of the restart its cordon was proposed after
 
     @property
     def ended(self):
@@ -61,8 +78,9 @@ class NodeView:
 class RunView:
     """Nodes, ranks and the verdict's timing, as the judge has heard of them."""
 
-    def __init__(self, nodes, stall_after):
+    def __init__(self, nodes, stall_after, cordon_within_s=CORDON_WITHIN_S):
         self.nodes = {name: NodeView(name) for name in nodes}
+        self.cordon_within_s = float(cordon_within_s or 0)  # 0: no proposals
         self.ranks = {}
         self.files = {}  # (node, fid) -> rank
         self.stall_after = float(stall_after)
@@ -71,6 +89,9 @@ class RunView:
         self.verdict_tries = 0
         self.world = None  # the world size the nodes' files say
         self.stragglers = Stragglers()  # from the supervisors' samples (agent/straggler.py)
+        self.rank_cpu = rankcpu.RankCpu()  # the same samples: silent ranks' CPU
+        self.waiting = None  # the rendezvous waited in too long (agent/rendezvous.py)
+        self.disrupted = None  # (node, when) of the run's last worker failure or restart
 
     def cordon(self, out, into=None):
         """Node surgery (docs/SURGERY.md): ``out`` leaves the run with its ranks and files (no
@@ -86,11 +107,10 @@ class RunView:
     # -- what a node forwards --------------------------------------------------------------
     def apply(self, node, meta, now):
         """One forwarded journal meta; the events it causes (``stepping`` after a stall,
-        ``diverged`` at a rank's first non-finite loss) as dicts."""
+        ``diverged`` at a rank's first non-finite loss, ``cordon proposed``) as dicts."""
         kind = meta.get("k")
         if kind == "sample":
-            return [event(what, self.ranks[r].node if r in self.ranks else node, r, text=text)
-                    for r, what, text in self.stragglers.add(meta, self.world)]
+            return self._sampled(node, meta, now)
         if kind == "file" and node not in self.nodes:
             return []  # a cordoned node's last records: it is out of the run
         if kind == "file" and _whole(meta.get("rank")) and _whole(meta.get("f")):
@@ -115,9 +135,37 @@ class RunView:
                 return []
             if what == "worker_failed":
                 ns.worker_failure = {"rank": meta.get("rank"), "exit_code": meta.get("exit_code")}
+                # a failure that follows another node's within CASCADE_S is most likely that
+                # one's echo (its peers' collectives fail with it): no trouble of this node
+                echo = self.disrupted is not None and self.disrupted[0] != node \
+                    and now - self.disrupted[1] <= CASCADE_S
+                self.disrupted = (node, now)
+                return [] if echo else cordon_proposal(self, node, "rank %s %s" % (
+                    meta.get("rank"), how_it_ended(meta.get("exit_code"))), now)
+            if what == "restarting":
+                ns.restarting = True
+                self.disrupted = (node, now)
             elif what == "launched":
                 ns.worker_failure = None
+                if ns.restarting:
+                    ns.restarting, ns.restarted_at = False, now
         return []
+
+    def _sampled(self, node, meta, now):
+        """A node's periodic sample: stragglers; whose CPU advanced, and in a run where no
+        rank prints steps, the stalled ranks run again when one's does."""
+        out = [event(what, self.ranks[r].node if r in self.ranks else node, r, text=text)
+               for r, what, text in self.stragglers.add(meta, self.world)]
+        moved = [r for r in self.rank_cpu.add(meta, at=now) if r in self.ranks]
+        for r in moved:
+            self.ranks[r].busy = True
+        if moved and not any(rs.reports for rs in self.ranks.values()):
+            for rs in self.ranks.values():
+                if rs.state == "stalled":
+                    rs.state = "running"
+                    out.append(event("stepping", rs.node, rs.rank, text="rank %d %s"
+                                     % (rs.rank, rankcpu.AGAIN_TEXT)))
+        return out
 
     def _stepped(self, rs, meta, now):
         out = []
@@ -143,23 +191,50 @@ class RunView:
                                  text="rank %d stepping again (step %s)" % (other.rank, step)))
         return out
 
-    def apply_state(self, node, st):
-        """A node's state.json: its state, phase and cause; its ranks end with it."""
+    def apply_state(self, node, st, now=None, stopping=()):
+        """A node's state.json: its state, phase and cause; its ranks end with it. ``now``:
+        the judge's time, into which the phase's ``since`` is moved (``st["sent"]``: the
+        host's clock when its link read the file); without it the host's own. Returns a
+        cordon proposal when the node just ended failed, unless it is in ``stopping`` (the
+        judge ended it)."""
         ns = self.nodes.get(node)
         if ns is None or not isinstance(st, dict):
-            return
+            return []
+        was = ns.state
         ns.state = st.get("state") if isinstance(st.get("state"), str) else ns.state
-        ns.phase = st.get("phase") if isinstance(st.get("phase"), dict) else None
+        ns.phase = _phase_in(rendezvous.phase_of(st.get("phase")), ns.phase, st.get("sent"), now)
         ns.cause = st.get("cause") if isinstance(st.get("cause"), dict) else None
         if ns.ended:
             for rs in self.ranks.values():
                 if rs.node == node:
                     rs.state = ns.state
+        if ns.state != "failed" or was == "failed" or node in stopping or now is None:
+            return []
+        cause = (ns.cause or {}).get("message")
+        return cordon_proposal(self, node, "it ended failed%s" % (
+            ": %s" % cause if isinstance(cause, str) else ""), now)
 
     def alive_ranks(self):
         """rank -> node for every rank the run expects to answer (its node not ended)."""
         return {r: rs.node for r, rs in self.ranks.items()
                 if rs.state in ("running", "stalled") and not self.nodes[rs.node].ended}
+
+
+def _phase_in(phase, before, sent, now):
+    """``phase`` with ``since`` in the judge's clock: as long ago as the host says, when it
+    says when it sent it; else when the judge first heard of this phase."""
+    if phase is None or now is None:
+        return phase
+    host_since = phase["since"]
+    if host_since is not None and isinstance(sent, (int, float)) and not isinstance(sent, bool) \
+            and abs(sent) < rendezvous.MOST:
+        phase["since"] = now - max(0.0, sent - host_since)
+    elif before is not None and all(before.get(k) == phase.get(k)
+                                    for k in ("name", "round", "note")):
+        phase["since"] = before["since"]
+    else:
+        phase["since"] = now
+    return phase
 
 
 def event(what, node, rank=None, **fields):
@@ -204,7 +279,67 @@ def check_stalls(view, now):
                                      idle_s=round(idle, 1),
                                      text="rank %d stalled: it prints no steps and the run has "
                                      "made none for %.0f s" % (rs.rank, idle)))
+    return out + _cpu_stalls(view, now)
+
+
+def _cpu_stalls(view, now):
+    """A run where no rank prints steps: every rank whose CPU has advanced stalls once no
+    rank's has for longer than ``stall_after`` (agent/rankcpu.py says why not one alone)."""
+    idle = rankcpu.silent_run_idle_s(view.ranks, view.rank_cpu, now, view.stall_after)
+    if idle is None:
+        return []
+    out = []
+    for rs in view.ranks.values():
+        if rs.state == "running" and rs.busy and not view.nodes[rs.node].ended:
+            rs.state = "stalled"
+            out.append(event("stalled", rs.node, rs.rank, idle_s=round(idle, 1),
+                             text=rankcpu.stall_text(rs.rank, idle)))
     return out
+
+
+def check_waiting(view, now):
+    """The rendezvous waited in for longer than ``stall_after`` (no step for that long either
+    way): a ``waiting`` event naming the nodes it waits for, once per round and set of nodes
+    missing, and ``waiting over`` when it no longer waits; kept in ``view.waiting``."""
+    wait = rendezvous.waiting(view.nodes, list(view.ranks.values()), now, view.stall_after)
+    out = []
+    if wait and (view.waiting is None or rendezvous.wait_key(wait)
+                 != rendezvous.wait_key(view.waiting)):
+        out.append(event("waiting", None, round=wait["round"], joined=wait["joined"],
+                         nodes=wait["nodes"], missing=wait["missing"], waited_s=round(
+                             now - wait["since"], 1), text=wait["text"], **{"in": wait["in"]}))
+    elif wait is None and view.waiting is not None:
+        rnd = view.waiting["round"]
+        out.append(event("waiting over", None, round=rnd, text="the rendezvous%s waits no "
+                         "more" % ("" if rnd is None else " (round %d)" % rnd)))
+    view.waiting = wait
+    return out
+
+
+def verdict_proposals(view, verdict, now):
+    """Cordon proposals for the nodes a verdict on a stall names (a hang again)."""
+    return [ev for s in verdict.get("suspects") or [] if isinstance(s, dict)
+            for ev in cordon_proposal(view, s.get("node"), "the verdict names rank %s (%s)"
+                                      % (s.get("rank"), verdict.get("kind")), now)]
+
+
+def cordon_proposal(view, node, trouble, now):
+    """``[a "cordon proposed" event]`` when ``node`` is in ``trouble`` (words: what happened)
+    within ``view.cordon_within_s`` of rankdeck restarting it, once per restart; else []. A
+    node in trouble again soon after its restart is likely bad rather than unlucky (a GPU
+    throwing errors, a flaky NIC): issue 28's cordon policy acts on the proposal."""
+    ns = view.nodes.get(node)
+    if ns is None or ns.restarted_at is None or not view.cordon_within_s \
+            or ns.proposed_at == ns.restarted_at:
+        return []
+    since = now - ns.restarted_at
+    if since > view.cordon_within_s:
+        return []
+    ns.proposed_at = ns.restarted_at
+    return [event("cordon proposed", node, reason=trouble, since_restart_s=round(since, 1),
+                  within_s=view.cordon_within_s,
+                  text="%s proposed for cordon: %s %.0f s after it was restarted (within %.0f s)"
+                  % (node, trouble, since, view.cordon_within_s))]
 
 
 def stalled(view):

@@ -7,6 +7,8 @@ prove itself: the judge sends a random nonce, the peer answers with HMAC-SHA256(
 + node name); the token itself never crosses the network. The token is made by the console
 at launch, sent to each host inside the SSH channel (as the run's secrets are) and kept in the
 run folder (0600, in a 0700 folder) so that a supervisor started again later finds it.
+:class:`NodeLine` is the judge's side of one node's connection: requests out, each answer
+matched to its request by id.
 
 Standard library only; runs on Python >= 3.9.
 """
@@ -146,3 +148,50 @@ def keep_token(run_root, token):
     with os.fdopen(fd, "w") as f:
         f.write(token)
     os.replace(tmp, path)
+
+
+class NodeLine:
+    """A node's connection, on the judge: requests out, answers in."""
+
+    def __init__(self, node, line):
+        self.node = node
+        self.line = line
+        self.ids = iter(range(1, 1 << 62))
+        self.pending = {}
+        self.lock = threading.Lock()
+
+    def request(self, op, args, timeout):
+        """The node's answer ``data``; raises WireError (with the reason)."""
+        done = threading.Event()
+        slot = {}
+        with self.lock:
+            req_id = next(self.ids)
+            self.pending[req_id] = (done, slot)
+        try:
+            self.line.send({"t": "req", "id": req_id, "op": op, "args": args})
+            if not done.wait(timeout):
+                raise WireError("%s: %s got no answer within %.0f s"
+                                           % (self.node, op, timeout))
+        finally:
+            with self.lock:
+                self.pending.pop(req_id, None)
+        if "error" in slot:
+            raise WireError("%s: %s" % (self.node, slot["error"]))
+        return slot.get("data") or {}
+
+    def answered(self, msg):
+        with self.lock:
+            waiter = self.pending.get(msg.get("id"))
+        if waiter is not None:
+            done, slot = waiter
+            if msg.get("ok"):
+                slot["data"] = msg.get("data") if isinstance(msg.get("data"), dict) else {}
+            else:
+                slot["error"] = str(msg.get("error"))[:500]
+            done.set()
+
+    def fail_all(self, why):
+        with self.lock:
+            for done, slot in self.pending.values():
+                slot["error"] = why
+                done.set()

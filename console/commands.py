@@ -28,7 +28,7 @@ from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headl
 from .history import History, inventory_from_record, state_dir
 from .judged import judged, settle
 from .launchers import TemplateError
-from .liveness import check_stalls, check_waiting, cpu_stalls
+from .liveness import beside_judge, check_stalls
 from .preflight import check_table
 from .report import RunReport
 from .run import LaunchSpec, RunController
@@ -330,8 +330,7 @@ async def cmd_status(args) -> int:
         await ctl.caught_up()
         if judged(ctl.state):  # the judge's journal said who is stalled
             settle(ctl.state)
-            check_waiting(ctl.state)  # not on the judge yet (docs/JUDGE.md)
-            cpu_stalls(ctl.state, time.time())
+            beside_judge(ctl.state)  # the rules an older judge does not apply
         else:
             check_stalls(ctl.state)
         status = ctl.status()

@@ -7,13 +7,16 @@ nothing comes in for too long. The RunController's housekeeping applies them eve
 * :func:`check_stalls`: a rank that printed steps stalls after no step for longer than its
   threshold (``--stall-after``, or 5x its median step time); a silent rank (it prints no
   steps) stalls with the run's newest stepping rank; in a run where no rank prints steps,
-  every rank stalls once no rank's CPU has advanced for that long (console/rankcpu.py);
+  every rank stalls once no rank's CPU has advanced for that long (agent/rankcpu.py);
 * :func:`check_waiting`: a rendezvous waited in for longer than the threshold, and for whom
-  (console/rendezvous.py);
+  (agent/rendezvous.py);
 * :func:`verdict_again_due`: when to ask again who is stuck, while a stall lasts and the last
   verdict named nobody.
 
-Each stall, wait and recovery is said once, as an event. Plain code: no asyncio, no Textual.
+Each stall, wait and recovery is said once, as an event. With a judge on the hosts these are
+its rules (agent/judge_rules.py applies the same agent/rendezvous.py and agent/rankcpu.py),
+and the console applies only what an older judge does not (:func:`beside_judge`). Plain code:
+no asyncio, no Textual.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from __future__ import annotations
 import statistics
 import time
 
+from agent import rankcpu
+
 from . import rendezvous
+from .judged import judge_applies
 from .state import RankState, RunState
 
 STALL_FACTOR = 5.0  # a rank stalls after this many of its median step times without a step
@@ -53,19 +59,25 @@ def check_stalls(state: RunState, now: float | None = None) -> list[RankState]:
     return newly + _silent_stalls(state, now) + cpu_stalls(state, now)
 
 
+def beside_judge(state: RunState, now: float | None = None) -> bool:
+    """With a judge on the hosts: the rules a judge older than these does not apply (its
+    ``judge`` event lists those it does), applied here as before; True when a stall began."""
+    now = now or time.time()
+    if not judge_applies(state, "waiting"):
+        check_waiting(state, now)
+    return not judge_applies(state, "cpu") and bool(cpu_stalls(state, now))
+
+
 def cpu_stalls(state: RunState, now: float) -> list[RankState]:
     """A run where no rank prints steps stalls when no rank's CPU has advanced for
-    longer than the stall threshold (console/rankcpu.py says why not one rank alone)."""
-    if any(r.reports for r in state.ranks.values()):
-        return []
-    idle = state.rank_cpu.run_idle_s(list(state.ranks), now)
-    if idle is None or idle <= state.stall_min_s:
+    longer than the stall threshold (agent/rankcpu.py says why not one rank alone)."""
+    idle = rankcpu.silent_run_idle_s(state.ranks, state.rank_cpu, now, state.stall_min_s)
+    if idle is None:
         return []
     newly = [rs for rs in state.ranks.values() if rs.state == "running"]
     for rs in newly:
         rs.state = "stalled"
-        state.add_event(rs.node, "stalled", "rank %d stalled: the run prints no steps and "
-                        "no rank's CPU has advanced for %.0f s" % (rs.rank, idle), rs.rank)
+        state.add_event(rs.node, "stalled", rankcpu.stall_text(rs.rank, idle), rs.rank)
     return newly
 
 
@@ -92,18 +104,15 @@ def _silent_stalls(state: RunState, now: float) -> list[RankState]:
 
 def check_waiting(state: RunState, now: float | None = None) -> dict | None:
     """The rendezvous waited in for longer than the stall threshold (``--stall-after``: no
-    step for that long either way; console/rendezvous.py), kept in ``state.waiting``; a
+    step for that long either way; agent/rendezvous.py), kept in ``state.waiting``; a
     ``waiting`` event names what it waits for, once per round and set of missing nodes."""
     now = now or time.time()
     wait = rendezvous.waiting(state.nodes, list(state.ranks.values()), now, state.stall_min_s)
-    if wait and (state.waiting is None or _wait_key(wait) != _wait_key(state.waiting)):
+    if wait and (state.waiting is None or rendezvous.wait_key(wait)
+                 != rendezvous.wait_key(state.waiting)):
         state.add_event(None, "waiting", wait["text"])
     state.waiting = wait
     return wait
-
-
-def _wait_key(wait: dict) -> tuple:
-    return wait["round"], tuple(m["node"] for m in wait["missing"])
 
 
 def verdict_again_due(state: RunState, now: float | None = None) -> bool:

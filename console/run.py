@@ -33,7 +33,7 @@ from .history import History, host_record, inventory_from_record
 from .judged import judged, settle
 from .consoles import Me
 from .link import NodeLink
-from .liveness import check_stalls, check_waiting, cpu_stalls, verdict_again_due
+from .liveness import beside_judge, check_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
 from .sanitize import Masker, clean_tree, mask_tree, secret_warnings
 from .scrollback import PAGE_BYTES
@@ -610,10 +610,7 @@ class RunController:
             await asyncio.sleep(1.0)
             if judged(self.state):  # the judge on the hosts applies the rules
                 settle(self.state)
-                # not on the judge yet (docs/JUDGE.md): a rendezvous that waits, and a run
-                # that prints no steps stalling when no rank's CPU advances
-                check_waiting(self.state)
-                if cpu_stalls(self.state, time.time()):
+                if beside_judge(self.state):  # the rules an older judge does not apply
                     self._start_verdict()
             else:
                 if check_stalls(self.state) or verdict_again_due(self.state):

@@ -24,9 +24,9 @@ from .consoles import Operators
 from . import rendezvous
 from .lines import split_lines
 from . import ownership
-from .rankcpu import RankCpu
 from .sanitize import NO_SECRETS, Masker, clean
 from agent.judge_rules import how_it_ended
+from agent.rankcpu import AGAIN_TEXT, RankCpu
 from agent.straggler import Stragglers
 from .telemetry import hardware_events, hardware_of, node_row
 from .text import human_bytes, kill_summary
@@ -435,7 +435,7 @@ class RunState:
 
     def _sample(self, ns: NodeState, meta: dict) -> None:
         """A supervisor's periodic sample of its ranks: who enters collectives last
-        (agent/straggler.py), and whose CPU advances (console/rankcpu.py)."""
+        (agent/straggler.py), and whose CPU advances (agent/rankcpu.py)."""
         for rank, kind, text in self.stragglers.add(meta, self.world_size):
             if self.judge is not None:
                 continue  # the judge says it (console/judged.py); the view still marks it
@@ -448,8 +448,7 @@ class RunState:
             wake += [r for r, rs in self.ranks.items() if rs.state == "stalled"]
         for rank in sorted(set(wake)):
             self.silent_waiting.discard(rank)
-            self._stepping(self.ranks[rank], "running again (it prints no steps; its CPU "
-                                             "advances)")
+            self._stepping(self.ranks[rank], AGAIN_TEXT)
 
     def _stepping(self, rs: RankState, again: str) -> None:
         """``rs`` makes progress: it runs (saying so when it had stalled), and so does its node."""

@@ -60,6 +60,24 @@ def fr(seq, done):
                          "done": s < seq or done, "t_ns": 1000 * s} for s in range(1, seq + 1)]}
 
 
+def rank_1_hangs(port, fn, restarted=False):
+    """node0 and node1 step 3 times; then rank 0 waits in collective 5, which rank 1 on node1
+    (in ``fn``; restarted by rankdeck first when ``restarted``) never entered."""
+    n0 = FakeNode(port, "node0", {"ranks": [
+        {"pid": 10, "rank": 0, "stack": stack("wait"), "fr": fr(5, False)}]})
+    n1 = FakeNode(port, "node1", {"ranks": [
+        {"pid": 11, "rank": 1, "stack": stack(fn), "fr": fr(4, True)}]})
+    if restarted:
+        n1.send({"k": "event", "what": "restarting"},
+                {"k": "event", "what": "launched", "launch": 2})
+    n0.send({"k": "file", "f": 1, "rank": 0})
+    n1.send({"k": "file", "f": 1, "rank": 1})
+    for step in range(3):
+        n0.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
+        n1.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
+    return n0, n1
+
+
 @pytest.fixture
 def judged(tmp_path):
     run_root = str(tmp_path / "run")
@@ -76,15 +94,7 @@ def judged(tmp_path):
 
 def test_a_stall_gets_one_verdict_journaled_and_notified(judged):
     run_root, info, tmp = judged
-    n0 = FakeNode(info["port"], "node0", {"ranks": [
-        {"pid": 10, "rank": 0, "stack": stack("wait"), "fr": fr(5, False)}]})
-    n1 = FakeNode(info["port"], "node1", {"ranks": [
-        {"pid": 11, "rank": 1, "stack": stack("hunter2-very-secret_sleep"), "fr": fr(4, True)}]})
-    n0.send({"k": "file", "f": 1, "rank": 0})
-    n1.send({"k": "file", "f": 1, "rank": 1})
-    for step in range(3):
-        n0.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
-        n1.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
+    n0, _n1 = rank_1_hangs(info["port"], "hunter2-very-secret_sleep")
     verdicts = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "verdict"], 30,
                         "a verdict in the judge's journal")
     v = verdicts[0]["verdict"]
@@ -198,3 +208,48 @@ def test_the_judge_names_a_straggler_from_the_nodes_samples():
             found += view.apply(node, rec, tick)
     named = [e for e in found if e["what"] == "straggler"]
     assert [(e["rank"], e["node"]) for e in named] == [(2, "node2")], found
+
+
+def test_the_judge_says_what_a_rendezvous_waits_for_from_the_nodes_states(judged):
+    """The rendezvous-wait rule on the judge (agent/rendezvous.py): the phases the links
+    forward from state.json, in the judge's clock; a console reads the wait from its journal."""
+    import time
+
+    from console.judged import apply_judge_records, judge_applies
+    from console.state import RunState
+    run_root, info, _tmp = judged
+    n0 = FakeNode(info["port"], "node0", {"ranks": []})
+    n1 = FakeNode(info["port"], "node1", {"ranks": []})
+    skew = 5000.0  # node0's clock is far off: the judge keeps "how long ago", not "when"
+    n0.line.send({"t": "state", "state": {"state": "running", "sent": time.time() + skew,
+                                          "phase": {"name": "rendezvous", "round": 2,
+                                                    "note": "waiting",
+                                                    "since": time.time() + skew}}})
+    n1.line.send({"t": "state", "state": {"state": "running", "sent": time.time(), "phase": {
+        "name": "workers running", "round": 1, "since": time.time() - 30}}})
+    waits = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "waiting"], 30,
+                          "the judge's waiting event")
+    assert [m["node"] for m in waits[0]["missing"]] == ["node1"], waits
+    assert "node1 (running; torchrun workers running (round 1))" in waits[0]["text"]
+    assert waits[0]["waited_s"] < 60  # not the hosts' 5000 s apart
+    st = RunState("r1", [("node0", ""), ("node1", "")])
+    apply_judge_records(st, [(e,) for e in events(run_root)], 0, "node0")
+    assert judge_applies(st, "waiting") and judge_applies(st, "cpu")
+    assert st.status()["waiting_for"]["missing"][0]["node"] == "node1"
+    for n in (n0, n1):  # node1 joined: both run round 2's workers
+        n.line.send({"t": "state", "state": {"state": "running", "sent": time.time(), "phase": {
+            "name": "workers running", "round": 2, "since": time.time()}}})
+    wait_for_sync(lambda: any(e["what"] == "waiting over" for e in events(run_root)), 30,
+                  "the wait over once node1 joined")
+    apply_judge_records(st, [(e,) for e in events(run_root)], 0, "node0")
+    assert st.status()["waiting_for"] is None
+
+
+def test_a_node_named_by_a_verdict_soon_after_its_restart_is_proposed_for_cordon(judged):
+    run_root, info, _tmp = judged
+    rank_1_hangs(info["port"], "sleep", restarted=True)
+    proposed = wait_for_sync(lambda: [e for e in events(run_root)
+                                      if e["what"] == "cordon proposed"], 30,
+                             "a cordon proposal in the judge's journal")
+    assert [e["node"] for e in proposed] == ["node1"], proposed
+    assert proposed[0]["reason"] == "the verdict names rank 1 (stuck-in-python)", proposed

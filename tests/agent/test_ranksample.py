@@ -155,7 +155,7 @@ def test_no_sample_when_switched_off_or_without_workers(tmp_path):
 def test_a_dump_answered_too_late_marks_the_next_samples(node, monkeypatch):
     """A rank that cannot answer within ANSWER_WAIT (a loaded host) answers later, and that
     CPU lands in a later sample: those samples say ``rebase`` so the console does not take the
-    dump for the rank working (console/rankcpu.py). The late answer is made by holding the
+    dump for the rank working (agent/rankcpu.py). The late answer is made by holding the
     real answer back from the sampler for one sample (a load that delays it is not made on
     demand)."""
     folder, journal, proc = node

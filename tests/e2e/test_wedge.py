@@ -8,6 +8,10 @@ steps. rankdeck must say so: ``status --json`` names the node that has not joine
 torchrun's phase, and a restart requested while that rendezvous is young is refused (a kill
 mid-rendezvous can end the whole run); once the wait is past the threshold, restarting the
 missing node is allowed and brings the run back.
+
+The wait is the judge's rule (agent/judge_rules.py, agent/rendezvous.py): the console shows
+the judge's ``waiting`` event, and a detached run with no console anywhere gets it in the
+judge's journal too.
 """
 
 from __future__ import annotations
@@ -20,21 +24,22 @@ import sys
 
 import pytest
 
+from agent.journal import JournalReader
 from agent.runfiles import read_json
 from console.errors import AgentError
 from console.history import History
-from console.liveness import check_waiting
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from spine.helpers import TINY, TRAINER, local_inventory, node_dir, wind_down  # noqa
-from tests.waits import wait_for  # noqa: E402
+from spine.helpers import TINY, TRAINER, all_ended, local_inventory, node_dir, wind_down  # noqa
+from spine.test_judge import write_inventory  # noqa: E402
+from tests.waits import wait_for, wait_for_sync  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 240
-WAIT_S = 5  # the test's stall threshold: a rendezvous older than this is "waiting"
+WAIT_S = 5  # the run's stall threshold: a rendezvous older than this is "waiting"
 
 
 def stepping_since(ctl: RunController, since: float) -> bool:
@@ -42,30 +47,56 @@ def stepping_since(ctl: RunController, since: float) -> bool:
     return len(ranks) == 2 and all((r.last_progress or 0) > since for r in ranks.values())
 
 
+def rankdeck(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "console", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=REPO))  # now: a test's state dir
+
+
 def status_json(run_id: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "console", "status", run_id, "--json",
-                          "--stall-after", str(WAIT_S)], capture_output=True, text=True,
-                         cwd=REPO, timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+    out = rankdeck("status", run_id, "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def judge_waits(workdir, run_id: str) -> list[dict]:
+    """The ``waiting`` events in the run's judge's journal (on the rendezvous host: here)."""
+    path = os.path.join(str(workdir), ".rankdeck", "runs", run_id, "judge", "journal")
+    return [m for m, _d, _e in JournalReader(path).read(limit=64 << 20)
+            if m.get("k") == "event" and m.get("what") == "waiting"]
+
+
+def freeze_torchrun(workdir, run_id: str, node: str) -> int:
+    pid = read_json(os.path.join(node_dir(workdir, run_id, node), "state.json"),
+                    {})["torchrun_pid"]
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def thaw(pid: int | None) -> None:
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 async def test_a_rendezvous_waiting_for_a_stopped_torchrun_names_it(tmp_path):
     work = tmp_path / "work"
     ctl = RunController(local_inventory(work, n=2), LocalTransport(), History())
-    ctl.state.stall_min_s = 600.0  # first: every rendezvous is young (the refusal below)
+    # first: every rendezvous is young to this console (its restart refusal below), as with
+    # `--stall-after 600` given to it; the run's own threshold, the judge's, is WAIT_S
+    ctl.state.stall_min_s, ctl.state.stall_min_given = 600.0, True
     frozen = None
     try:
-        await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=3, grace=3,
+        await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=3, grace=3, stall_after=WAIT_S,
                                     args=TINY + ["--steps", "100000"]), preflight=False)
         nodes = ctl.state.nodes
         await wait_for(lambda: stepping_since(ctl, 0) and all(
             (n.phase or {}).get("name") == "workers running" for n in nodes.values()),
             TIMEOUT, "both ranks stepping, both torchruns running workers")
 
-        frozen = read_json(os.path.join(node_dir(work, ctl.run_id, "node1"), "state.json"),
-                           {})["torchrun_pid"]
-        os.kill(frozen, signal.SIGSTOP)
+        frozen = freeze_torchrun(work, ctl.run_id, "node1")
         res = await ctl.restart("node0")
         assert not isinstance(res["node0"], BaseException), res
 
@@ -76,12 +107,14 @@ async def test_a_rendezvous_waiting_for_a_stopped_torchrun_names_it(tmp_path):
         assert ctl.state.nodes["node0"].restarts == 1  # nothing was touched
         assert any(e.kind == "refused" for e in ctl.state.events)
 
-        # past the threshold the run says what it waits for: node1, its torchrun's phase
-        ctl.state.stall_min_s = WAIT_S
-        # node0's new torchrun may take longer than WAIT_S to reach the rendezvous on a loaded
-        # machine (until then it too is "starting", not joined): wait for it to join
+        # past the threshold the judge says what the run waits for: node1, its torchrun's
+        # phase; node0's new torchrun may take longer than WAIT_S to reach the rendezvous on a
+        # loaded machine (until then it too is "starting", not joined): wait for it to join
         await wait_for(lambda: ctl.state.waiting is not None and ctl.state.waiting["joined"] == 1,
                        TIMEOUT, "the run waiting, node0 joined")
+        assert any([m["node"] for m in e["missing"]] == ["node1"]
+                   for e in judge_waits(work, ctl.run_id))  # the judge's, not this console's
+        ctl.state.stall_min_s = WAIT_S  # this console's restart refusal: past it now
         doc = status_json(ctl.run_id)
         wait = doc["waiting_for"]
         assert wait is not None, doc
@@ -101,12 +134,42 @@ async def test_a_rendezvous_waiting_for_a_stopped_torchrun_names_it(tmp_path):
         assert not isinstance(res["node1"], BaseException), res
         frozen = None
         await wait_for(lambda: stepping_since(ctl, since), TIMEOUT, "both ranks stepping again")
-        assert check_waiting(ctl.state) is None
+        await wait_for(lambda: ctl.state.waiting is None, TIMEOUT, "the judge's wait over")
     finally:
-        if frozen is not None:
-            try:
-                os.kill(frozen, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        thaw(frozen)
         left = await wind_down(ctl)
     assert left == [], left
+
+
+def test_a_detached_run_gets_the_wait_from_its_judge_with_no_console(tmp_path):
+    """No console anywhere: launched with --detach, node0 restarted from a shell (which
+    exits), node1's torchrun frozen; the judge alone writes what the rendezvous waits for."""
+    inv, work = write_inventory(tmp_path, 2)
+    out = rankdeck("launch", "--detach", "-i", inv, "--max-restarts", "3",
+                   "--stall-after", str(WAIT_S), TRAINER, "--", *TINY, "--steps", "100000")
+    assert out.returncode == 0, out.stdout + out.stderr
+    run_id = out.stdout.strip().splitlines()[-1]
+    frozen = None
+    try:
+        def both_running() -> bool:
+            states = [read_json(os.path.join(node_dir(work, run_id, n), "state.json"), {})
+                      for n in ("node0", "node1")]
+            return all((s.get("phase") or {}).get("name") == "workers running" for s in states)
+        wait_for_sync(both_running, TIMEOUT, "both torchruns running workers", every=0.5)
+        frozen = freeze_torchrun(work, run_id, "node1")
+        out = rankdeck("restart", run_id, "--node", "node0")
+        assert out.returncode == 0, out.stdout + out.stderr
+        waits = wait_for_sync(
+            lambda: [e for e in judge_waits(work, run_id)
+                     if [m["node"] for m in e["missing"]] == ["node1"] and e["joined"] == 1],
+            TIMEOUT, lambda: "the judge's wait for node1: %s" % judge_waits(work, run_id),
+            every=0.5)
+        assert "not joined: node1" in waits[0]["text"], waits
+        assert waits[0]["missing"][0]["phase"].startswith("workers running"), waits
+        doc = status_json(run_id)  # a new shell shows the judge's wait
+        assert [m["node"] for m in doc["waiting_for"]["missing"]] == ["node1"], doc
+    finally:
+        thaw(frozen)
+        out = rankdeck("stop", run_id)
+        assert out.returncode == 0, out.stdout + out.stderr
+        all_ended(run_id)

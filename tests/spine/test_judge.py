@@ -25,13 +25,14 @@ TIMEOUT = 300
 ENV = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
 
 
-def write_inventory(tmp_path, notify: str | None = None) -> tuple[str, str]:
+def write_inventory(tmp_path, n: int = 4) -> tuple[str, str]:
+    """An inventory of ``n`` local nodes and their workdir."""
     workdir = tmp_path / "work"
     workdir.mkdir()
     path = tmp_path / "hosts.yaml"
     path.write_text("transport: local\nhosts:\n" + "".join(
         "  - {name: node%d, addr: 127.0.0.%d, workdir: %s}\n" % (i, i + 2, workdir)
-        for i in range(4)))
+        for i in range(n)))
     return str(path), str(workdir)
 
 
@@ -40,8 +41,9 @@ def rankdeck(*args, timeout=240) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def launch_detached(tmp_path, trainer_args: list[str], *options: str) -> tuple[str, str]:
-    inv, workdir = write_inventory(tmp_path)
+def launch_detached(tmp_path, trainer_args: list[str], *options: str,
+                    nodes: int = 4) -> tuple[str, str]:
+    inv, workdir = write_inventory(tmp_path, nodes)
     out = rankdeck("launch", "--detach", "-i", inv, *options, TRAINER, "--", *TINY,
                    *trainer_args)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -1,9 +1,12 @@
 """A run where every rank prints nothing (issue 15): its ranks are `running` while their CPU
-advances, and `stalled` once no rank's CPU does (console/rankcpu.py). Real torchrun, gloo,
-2 local nodes; the supervisors sample the workers' CPU every second (agent/ranksample.py)."""
+advances, and `stalled` once no rank's CPU does (agent/rankcpu.py). Real torchrun, gloo,
+2 local nodes; the supervisors sample the workers' CPU every second (agent/ranksample.py).
+The stall is the run's judge's rule (agent/judge_rules.py): an attached console shows the
+judge's events, and a detached run with no console gets them in the judge's journal."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -12,9 +15,10 @@ from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
-from tests.waits import wait_for
+from tests.waits import wait_for, wait_for_sync
 
 from .helpers import local_inventory, wind_down
+from .test_judge import judge_events, rankdeck, stop, write_inventory
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
@@ -23,8 +27,7 @@ SILENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "silent_worker
 
 async def test_a_run_that_prints_nothing_runs_then_stalls_when_its_cpu_stops(tmp_path):
     ctl = RunController(local_inventory(tmp_path / "work", n=2), LocalTransport(), History())
-    ctl.state.stall_min_s = 8.0
-    await ctl.launch(LaunchSpec(script=SILENT, max_restarts=0, grace=3,
+    await ctl.launch(LaunchSpec(script=SILENT, max_restarts=0, grace=3, stall_after=8.0,
                                 env={"RANKDECK_SAMPLE_S": "1", "BUSY_S": "25"}), preflight=False)
     ranks = ctl.state.ranks
     try:
@@ -42,3 +45,23 @@ async def test_a_run_that_prints_nothing_runs_then_stalls_when_its_cpu_stops(tmp
     finally:
         left = await wind_down(ctl)
     assert left == [], "processes left behind: %s" % left
+
+
+def test_a_detached_run_that_prints_nothing_is_stalled_by_its_judge(tmp_path):
+    inv, work = write_inventory(tmp_path, 2)
+    out = rankdeck("launch", "--detach", "-i", inv, "--max-restarts", "0",
+                   "--stall-after", "8", "--env", "RANKDECK_SAMPLE_S=1", "--env", "BUSY_S=15",
+                   SILENT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run_id = out.stdout.strip().splitlines()[-1]
+    try:
+        def stalls() -> list[dict]:
+            return [e for e in judge_events(work, run_id) if e["what"] == "stalled"]
+        wait_for_sync(lambda: len(stalls()) == 2, TIMEOUT,
+                      lambda: "both ranks stalled by the judge: %s" % stalls(), every=0.5)
+        assert sorted(e["rank"] for e in stalls()) == [0, 1], stalls()
+        assert all("no rank's CPU has advanced" in e["text"] for e in stalls()), stalls()
+        status = json.loads(rankdeck("status", run_id, "--json").stdout)  # a new shell
+        assert [r["state"] for n in status["nodes"] for r in n["ranks"]] == ["stalled"] * 2
+    finally:
+        stop(run_id)

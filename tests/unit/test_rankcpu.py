@@ -1,11 +1,11 @@
-"""Silent ranks' CPU from synthetic samples (console/rankcpu.py): whose CPU advanced, and how
+"""Silent ranks' CPU from synthetic samples (agent/rankcpu.py): whose CPU advanced, and how
 long the run has gone with no rank's CPU advancing."""
 
 from __future__ import annotations
 
 import math
 
-from console.rankcpu import CPU_MIN_SHARE, RankCpu
+from agent.rankcpu import CPU_MIN_SHARE, RankCpu
 
 PERIOD = 10.0
 T0 = 1_720_000_000.0

@@ -59,3 +59,17 @@ def test_a_restart_waits_for_a_young_rendezvous_but_not_for_an_old_one_or_a_dead
     assert refusal.startswith("restart refused: node0 in a rendezvous (round 1)")
     assert rendezvous.restart_refusal(nodes, ranks, ["node1"], T0 + 10, 60) is None
     assert rendezvous.restart_refusal(nodes, ranks, ["node0"], T0 + 61, 60) is None
+
+
+def test_beside_a_judge_the_console_says_the_wait_only_when_that_judge_does_not():
+    """The judge applies the rule and lists it in its `judge` event (console/judged.py); a
+    console beside an older judge, which lists no rules, applies it itself."""
+    from console.liveness import beside_judge
+    phases = {"node0": {"name": "rendezvous", "round": 3, "note": "waiting", "since": T0},
+              "node1": {"name": "workers running", "round": 2, "since": T0 - 100}}
+    for rules, said in ((["stalls", "waiting", "cpu"], 0), ([], 1)):
+        st = run_with(phases)
+        st.stall_min_s = 60
+        st.judge = {"rules": rules}
+        beside_judge(st, T0 + 75)
+        assert [e.kind for e in st.events].count("waiting") == said, rules

@@ -1,5 +1,7 @@
 """Is a rank that prints nothing working? Its worker's CPU time, from the supervisors'
-periodic samples (agent/ranksample.py). Plain data.
+periodic samples (agent/ranksample.py). Plain data; one rule, applied by the run's judge
+(agent/judge_rules.py, in its own clock) and by a console with no judge (console/liveness.py,
+console/state.py). Standard library only; Python >= 3.9.
 
 The rule (docs/STATUS.md, ``ranks[].silent``):
 - a rank's CPU *advances* in a sample when its worker (the same pid as in the sample
@@ -14,8 +16,6 @@ The rule (docs/STATUS.md, ``ranks[].silent``):
   hung rank that spins in Python keeps a silent run ``running``.
 """
 
-from __future__ import annotations
-
 CPU_MIN_SHARE = 0.02  # of one core, over a sample period
 MOST = 2.0 ** 40  # seconds (CPU or since 1970), ids: past this a value is garbage
 
@@ -23,12 +23,14 @@ MOST = 2.0 ** 40  # seconds (CPU or since 1970), ids: past this a value is garba
 class RankCpu:
     """Fed the ``sample`` records of every node; says whose CPU advanced, and when last."""
 
-    def __init__(self) -> None:
-        self._last: dict[int, tuple[int, float]] = {}  # rank -> (pid, cpu seconds)
-        self.advanced_at: dict[int, float] = {}  # rank -> when its CPU last advanced
+    def __init__(self):
+        self._last = {}  # rank -> (pid, cpu seconds)
+        self.advanced_at = {}  # rank -> when its CPU last advanced
 
-    def add(self, meta: dict) -> list[int]:
-        """One node's sample; the ranks whose CPU advanced since their previous sample."""
+    def add(self, meta, at=None):
+        """One node's sample; the ranks whose CPU advanced since their previous sample.
+        ``at``: when, in the applier's clock (the judge's: when the sample arrived); by
+        default the sample's own ``ts``."""
         ts, period = meta.get("ts"), meta.get("period")
         if not (_number(ts) and _number(period) and period > 0):
             return []
@@ -44,25 +46,42 @@ class RankCpu:
             self._last[r] = (pid, float(after if _number(after) else cpu))
             if (before is not None and before[0] == pid and rank.get("rebase") is not True
                     and cpu - before[1] >= CPU_MIN_SHARE * period):
-                self.advanced_at[r] = ts
+                self.advanced_at[r] = ts if at is None else at
                 moved.append(r)
         return moved
 
-    def run_idle_s(self, ranks: list[int], now: float) -> float | None:
+    def run_idle_s(self, ranks, now):
         """Seconds since any of ``ranks`` last advanced; None before one ever did."""
         seen = [self.advanced_at[r] for r in ranks if r in self.advanced_at]
         return now - max(seen) if seen else None
 
-    def cpu_s(self, rank: int) -> float | None:
+    def cpu_s(self, rank):
         last = self._last.get(rank)
         return None if last is None else last[1]
 
 
-def _whole(value) -> bool:
+def silent_run_idle_s(ranks, rank_cpu, now, threshold):
+    """In a run where no rank prints steps (``ranks``: rank -> an object with ``reports``),
+    the seconds since any rank's CPU advanced, once that is past ``threshold``; else None."""
+    if any(r.reports for r in ranks.values()):
+        return None
+    idle = rank_cpu.run_idle_s(list(ranks), now)
+    return idle if idle is not None and idle > threshold else None
+
+
+def stall_text(rank, idle):
+    return ("rank %d stalled: the run prints no steps and no rank's CPU has advanced for %.0f s"
+            % (rank, idle))
+
+
+AGAIN_TEXT = "running again (it prints no steps; its CPU advances)"
+
+
+def _whole(value):
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MOST
 
 
-def _number(value) -> bool:
+def _number(value):
     """A number in [0, MOST]: not NaN nor infinite (a host's NaN would stall or wake the
     run for ever, and is not JSON in ``status --json``)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MOST
