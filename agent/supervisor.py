@@ -375,14 +375,15 @@ class Supervisor:
     def stop_end(self):
         """How this stop ends the node: ``stopped``, or what the console found the node's run
         had come to (a ``stop`` with ``end``, which agent/node.py leaves in STOP_END before
-        it signals; console/finish.py says when and why)."""
+        it signals; console/finish.py says when and why), or ``stopped`` with the reason the
+        run's judge stopped it (``--max-wall``, ``--on-nan stop``)."""
         path = os.path.join(self.node_dir, STOP_END)
         end = read_json(path, None)
         try:
             os.unlink(path)
         except OSError:
             pass
-        if not isinstance(end, dict) or end.get("state") not in ("exited", "failed"):
+        if not isinstance(end, dict) or end.get("state") not in ("exited", "failed", "stopped"):
             return {"state": "stopped", "cause": None}
         cause = end.get("cause")
         if isinstance(cause, dict) and isinstance(cause.get("message"), str):

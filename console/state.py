@@ -513,7 +513,7 @@ class RunState:
                     bad.state = "failed"
             known = ns.exit_code is not None  # a node rankdeck ended has none (console/finish.py)
             text = {"exited": "exited %s" % ns.exit_code if known else "exited",
-                    "stopped": "stopped"}.get(
+                    "stopped": "stopped: %s" % ns.cause if ns.cause else "stopped"}.get(
                 state, "failed%s: %s" % (" (exit %s)" % ns.exit_code if known else "", ns.cause))
             self.add_event(ns.name, state, text, cause.get("rank") if cause else None, ts=ts)
 

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from agent.journal import JournalReader
+from agent.runfiles import read_json
 
 from tests.waits import wait_for_sync
 
@@ -155,5 +156,30 @@ def test_a_detached_run_whose_rank_aborts_after_the_last_step_ends_failed_and_no
                       "the end notified", every=0.5)
         kinds = [json.loads(line)["kind"] for line in notified.read_text().splitlines()]
         assert kinds == ["failed"], kinds  # once, and only the kinds asked for
+    finally:
+        stop(run_id)
+
+
+def test_max_wall_stops_a_detached_run_at_its_limit_with_the_cause_and_nothing_left(tmp_path):
+    """`--max-wall`: the judge alone stops the run that long after it started; the run ends
+    `stopped` with the limit as every node's cause, and no process of the run is left (the
+    supervisors, torchrun and its workers, the store, the judge)."""
+    run_id, workdir = launch_detached(tmp_path, ["--steps", "100000", "--ckpt-every", "0"],
+                                      "--max-wall", "20", nodes=2)
+    try:
+        policy = wait_for_event(workdir, run_id, lambda e: e["what"] == "policy", "the limit")
+        assert policy[0]["action"] == "stop", policy
+        assert policy[0]["text"] == "--max-wall 20 s reached: stopping the run", policy
+        ended = wait_for_event(workdir, run_id, lambda e: e["what"] == "run_ended", "the end")
+        assert ended[0]["state"] == "stopped", ended
+        # at the limit, not before: from the judge's start (its state.json, on its host)
+        judge = read_json(os.path.join(workdir, ".rankdeck", "runs", run_id, "judge",
+                                       "state.json"))
+        assert policy[0]["ts"] >= judge["started"] + 20, (judge, policy)
+        all_ended(run_id)  # nothing of the run is left, with no console to stop anything
+        status = json.loads(rankdeck("status", run_id, "--json").stdout)
+        assert status["state"] == "stopped", status["state"]
+        causes = [n["cause"] for n in status["nodes"]]
+        assert all("--max-wall 20 s reached" in str(c) for c in causes), causes
     finally:
         stop(run_id)
