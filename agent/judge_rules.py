@@ -285,7 +285,7 @@ def check_stalls(view, now):
 def _cpu_stalls(view, now):
     """A run where no rank prints steps: every rank whose CPU has advanced stalls once no
     rank's has for longer than ``stall_after`` (agent/rankcpu.py says why not one alone)."""
-    idle = rankcpu.silent_run_idle_s(view.ranks, view.rank_cpu, now, view.stall_after)
+    idle = rankcpu.silent_run_idle_s(view.ranks, view.rank_cpu, view.stall_after)
     if idle is None:
         return []
     out = []

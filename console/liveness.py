@@ -71,7 +71,7 @@ def beside_judge(state: RunState, now: float | None = None) -> bool:
 def cpu_stalls(state: RunState, now: float) -> list[RankState]:
     """A run where no rank prints steps stalls when no rank's CPU has advanced for
     longer than the stall threshold (agent/rankcpu.py says why not one rank alone)."""
-    idle = rankcpu.silent_run_idle_s(state.ranks, state.rank_cpu, now, state.stall_min_s)
+    idle = rankcpu.silent_run_idle_s(state.ranks, state.rank_cpu, state.stall_min_s)
     if idle is None:
         return []
     newly = [rs for rs in state.ranks.values() if rs.state == "running"]

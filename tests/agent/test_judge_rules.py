@@ -53,9 +53,10 @@ def test_a_phase_without_the_hosts_clock_is_timed_from_when_the_judge_heard_of_i
 
 
 def sample(node_ranks, cpu, period=1.0):
+    """One node's sample (agent/ranksample.py): its ranks have entered collective 7."""
     return {"k": "sample", "ts": HOST, "tick": 1, "period": period,
-            "ranks": [{"rank": r, "pid": 100 + r, "cpu_s": cpu, "state": "S"}
-                      for r in node_ranks]}
+            "ranks": [{"rank": r, "pid": 100 + r, "cpu_s": cpu, "state": "S",
+                       "fr": [["0", 7, 1000]]} for r in node_ranks]}
 
 
 def test_a_run_that_prints_no_steps_stalls_when_no_ranks_cpu_advances_and_runs_again():
@@ -69,6 +70,8 @@ def test_a_run_that_prints_no_steps_stalls_when_no_ranks_cpu_advances_and_runs_a
         view.apply("node0", sample([0], 3.0), t)
         view.apply("node1", sample([1], 3.0), t)
         assert check_stalls(view, t) == [], t  # not past 5 s with no CPU yet
+    assert check_stalls(view, 30) == []  # samples are the evidence, not the judge's clock
+    view.apply("node0", sample([0], 3.0), 8)
     stalls = check_stalls(view, 8)
     assert sorted(e["rank"] for e in stalls) == [0, 1], stalls
     assert all("no rank's CPU has advanced" in e["text"] for e in stalls)
@@ -83,6 +86,7 @@ def test_a_rank_whose_cpu_never_advanced_is_not_stalled_by_it():
     view.apply("node0", sample([0], 1.0), 0)
     view.apply("node0", sample([0], 2.0), 1)  # rank 0 busy once
     view.apply("node0", {"k": "file", "f": 2, "rank": 1}, 2)  # rank 1 starts, never busy
+    view.apply("node0", sample([0, 1], 2.0), 20)
     stalls = check_stalls(view, 20)
     assert [e["rank"] for e in stalls] == [0], stalls
     # a run whose ranks print steps is judged on its steps, not on CPU

@@ -12,11 +12,12 @@ T0 = 1_720_000_000.0
 
 
 def sample(tick: int, cpu: dict[int, float], pid: dict[int, int] | None = None,
-           after: dict[int, float] | None = None) -> dict:
+           after: dict[int, float] | None = None, fr: list | None = None) -> dict:
+    """``fr``: the collectives each rank lists (default: one, the run is past its start)."""
     ranks = []
     for rank, cpu_s in cpu.items():
         row = {"rank": rank, "pid": (pid or {}).get(rank, 100 + rank), "cpu_s": cpu_s,
-               "state": "R"}
+               "state": "R", "fr": [["0", 1, 5]] if fr is None else fr}
         if after and rank in after:
             row["cpu_after_s"] = after[rank]
         ranks.append(row)
@@ -31,18 +32,33 @@ def test_a_rank_whose_cpu_advances_is_named_and_an_idle_one_is_not():
     idle = 1.0 + CPU_MIN_SHARE * PERIOD / 2
     assert rc.add(sample(1, {0: busy, 1: idle})) == [0]
     assert rc.cpu_s(0) == busy and rc.cpu_s(1) == idle and rc.cpu_s(5) is None
-    assert rc.run_idle_s([0, 1], T0 + 3 * PERIOD) == 2 * PERIOD
+    rc.add(sample(3, {0: busy, 1: idle}))
+    assert rc.sampled_idle_s([0, 1]) == 2 * PERIOD
 
 
-def test_the_run_is_idle_since_its_last_rank_advanced():
+def test_the_run_is_idle_from_its_last_rank_advancing_to_its_newest_sample():
     rc = RankCpu()
-    assert rc.run_idle_s([0, 1], T0) is None  # no rank ever advanced: nothing to say
+    assert rc.sampled_idle_s([0, 1]) is None  # no rank ever advanced: nothing to say
     rc.add(sample(0, {0: 1.0, 1: 1.0}))
     rc.add(sample(1, {0: 5.0, 1: 1.0}))
     rc.add(sample(2, {0: 5.0, 1: 5.0}))
-    rc.add(sample(3, {0: 5.0, 1: 5.0}))
-    assert rc.run_idle_s([0, 1], T0 + 5 * PERIOD) == 3 * PERIOD
-    assert rc.run_idle_s([0], T0 + 5 * PERIOD) == 4 * PERIOD
+    assert rc.sampled_idle_s([0, 1]) == 0  # between samples the clock says nothing
+    rc.add(sample(5, {0: 5.0, 1: 5.0}))
+    assert rc.sampled_idle_s([0, 1]) == 3 * PERIOD
+    assert rc.sampled_idle_s([0]) == 4 * PERIOD
+
+
+def test_a_run_not_past_its_start_is_not_idle_but_a_rank_that_cannot_tell_counts():
+    """Ranks idle in the rendezvous before their first collective are starting, not stuck;
+    a rank without the flight-recorder hook has only its CPU to show."""
+    rc = RankCpu()
+    for tick, cpu in enumerate((1.0, 5.0, 5.0, 5.0)):
+        rc.add(sample(tick, {0: cpu}, fr=[]))
+    assert rc.sampled_idle_s([0]) is None
+    row = {"rank": 0, "pid": 100, "cpu_s": 5.0, "state": "S",
+           "fr_error": "no flight-recorder hook in this rank"}
+    rc.add(dict(sample(4, {}), ranks=[row]))
+    assert rc.sampled_idle_s([0]) == 3 * PERIOD
 
 
 def test_the_flight_recorder_dump_is_not_counted_as_the_rank_working():
