@@ -12,7 +12,7 @@ One ``k: sample`` journal record a period (``RANKDECK_SAMPLE_S`` in the run's en
                 "fr_error": why (absent when "fr" is there)}]}
 
 The console reads it for stragglers (agent/straggler.py: who enters collectives last) and
-for ranks that print nothing (console/rankcpu.py: is their CPU advancing).
+for ranks that print nothing (agent/rankcpu.py: is their CPU advancing).
 
 Samples are taken on wall-clock ticks (``tick = int(time.time() // period)``), so every node
 samples within a few tens of milliseconds of the others and their newest collectives are
