@@ -110,7 +110,7 @@ class RunView:
         ``diverged`` at a rank's first non-finite loss, ``cordon proposed``) as dicts."""
         kind = meta.get("k")
         if kind == "sample":
-            return self._sampled(node, meta, now)
+            return self._sampled(node, meta, now) if node in self.nodes else []
         if kind == "file" and node not in self.nodes:
             return []  # a cordoned node's last records: it is out of the run
         if kind == "file" and _whole(meta.get("rank")) and _whole(meta.get("f")):
