@@ -41,6 +41,7 @@ class EventsLog(RichLog):
         self._steps_shown: set[str] = set()  # checkpoint steps with a line already
         self._alerts: list[Event] = []
         self._width = 0
+        self._written: list[tuple] = []  # what each line shows (_key), in order
 
     @property
     def events(self) -> list[Event]:
@@ -63,8 +64,9 @@ class EventsLog(RichLog):
 
     def on_resize(self) -> None:
         width = self.scrollable_content_region.width
-        if width != self._width:  # lines are cut to the width when written
+        if width != self._width:  # lines are cut to the width when written: all again
             self._width = width
+            self._written = []
             self._schedule_redraw()
 
     def add(self, ev: Event) -> None:
@@ -81,11 +83,12 @@ class EventsLog(RichLog):
         step = checkpoint_step(ev)
         if late or self._redraw_pending or step in self._steps_shown:
             self._schedule_redraw()  # an earlier line, or a step's line, changes
-        elif step is not None:
-            self._steps_shown.add(step)
-            self.write(item_text((step, [ev]), self.state, self.secrets))
         else:
-            self.write(item_text((None, [ev]), self.state, self.secrets))
+            item = (step, [ev])
+            if step is not None:
+                self._steps_shown.add(step)
+            self.write(item_text(item, self.state, self.secrets))
+            self._written.append(_key(item))
 
     def _schedule_redraw(self) -> None:
         if not self._redraw_pending:  # one redraw for a burst of events
@@ -93,15 +96,36 @@ class EventsLog(RichLog):
             self.call_after_refresh(self._redraw)
 
     def _redraw(self) -> None:
+        """The lines from the first that changed on: a step's line changes as each node's
+        save comes in, and rewriting the whole pane for each (2,000 events) took 150-400 ms
+        of the event loop, a key's wait at a 64-node save. Every item is one line (no wrap),
+        so line i is item i; when that does not hold (not sized yet), all is written again."""
         self._redraw_pending = False
-        self.clear()
         items = folded(self.events)
+        keys = [_key(item) for item in items]
+        same = 0
+        if len(self.lines) == len(self._written):
+            while same < min(len(keys), len(self._written)) and keys[same] == self._written[same]:
+                same += 1
+        else:
+            self.clear()
+        if same < len(self.lines):  # the lines after those that stay, taken off
+            del self.lines[same:]
+            self._line_cache.clear()
+        self._written = keys[:same]
         self._steps_shown = {step for step, _evs in items if step is not None}
-        for item in items:
+        for item, key in zip(items[same:], keys[same:]):
             self.write(item_text(item, self.state, self.secrets))
+            self._written.append(key)
 
     def action_details(self) -> None:
         self.app.push_screen(EventsScreen(self.events, self.secrets))
+
+
+def _key(item: tuple) -> tuple:
+    """What a line shows: a step and how many of its events, or the one event."""
+    step, events = item
+    return (step, len(events)) if step is not None else (None, id(events[0]))
 
 
 def full_text(ev: Event, secrets=()) -> Text:

@@ -20,7 +20,7 @@ from textual.dom import DOMNode
 from textual.screen import Screen
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import Footer
+from textual.widgets import Footer, RichLog
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,9 @@ TEXTUAL_INTERNALS = (
     Internal(DOMNode, "_bindings", "readonly.py",
              "the same map: a read-only console takes the keys that change the run out of it, "
              "so no footer, help or key press finds them (Textual cannot unbind a key)"),
+    Internal(RichLog, "_line_cache", "events.py",
+             "the lines RichLog drew; EventsLog takes its last lines off (RichLog.lines is "
+             "public) to write a changed checkpoint line again, and empties it with them"),
     Internal(Strip, "_divide_cache", "lru.py",
              "where Strip.divide caches a strip inside itself; the patched divide empties it "
              "to leave no reference cycle"),

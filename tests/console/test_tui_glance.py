@@ -155,3 +155,38 @@ async def test_a_crash_stays_pinned_under_the_events_while_saves_come_in(tmp_pat
         assert "node2/r3 failed" in events.pinned  # a newer save does not bury it
         pinned = str(events.border_subtitle)  # what the pane's lower border shows
         assert pinned.count("⚠") == 1 and "node2/r3" in pinned and "failed (exit 1)" in pinned
+
+
+async def test_a_steps_line_is_written_again_from_where_it_changed_not_the_whole_pane():
+    """A save's events come in node by node: the pane rewrites the lines from the step's
+    on (they read as the events say), the lines before stay as drawn."""
+    from textual.app import App
+
+    from console.tui.events import EventsLog
+    from tests.waits import wait_until
+
+    state = RunState("r", [("node%d" % i, "h") for i in range(1, 4)])
+
+    class One(App):
+        def compose(self):
+            yield EventsLog(state, id="events")
+
+    app = One()
+    async with app.run_test(size=(100, 20)) as pilot:
+        log = app.query_one(EventsLog)
+        for i in range(5):
+            log.add(ev("launched", "torchrun started (pid %d)" % i, ts=1000.0 + i))
+        log.add(ev("checkpoint", "checkpoint step 10 saved: /c/n1 (1.0 GiB)", "node1", ts=1010))
+        log.add(ev("launched", "torchrun started (pid 9)", ts=1011.0))
+
+        def drawn() -> list[str]:
+            return [strip.text.rstrip() for strip in log.lines]
+        await wait_until(pilot, lambda: len(drawn()) == 7, what="7 lines")
+        first = list(log.lines[:5])
+        for i in (2, 3):
+            log.add(ev("checkpoint", "checkpoint step 10 saved: /c/n%d (1.0 GiB)" % i,
+                       "node%d" % i, ts=1010.0 + i / 10))
+        await wait_until(pilot, lambda: "3 nodes" in " ".join(drawn()), what="folded")
+        assert drawn() == log.shown and len(drawn()) == 7
+        assert "ckpt 10 … 3 nodes" in drawn()[5] and "pid 9" in drawn()[6]
+        assert all(a is b for a, b in zip(first, log.lines[:5]))  # not drawn again
