@@ -76,8 +76,11 @@ async def by_cordon(work: str) -> float:
         t0 = time.monotonic()
         entry = await cordon(ctl, plan, who="bench@cordon")
         assert entry["outcome"] == "done", entry
+        done = time.monotonic() - t0
         nodes = {"node0", "node1", "node2", "node3", "node4"} - {hung}
         await wait_for(lambda: stepping_past(ctl.state, CKPT_STEP, nodes), TIMEOUT, "stepping")
+        print("  cordon: fenced in %.1f s, spare started at %.1f s" % (entry["fence_s"], done),
+              flush=True)
         return time.monotonic() - t0
     finally:
         await wind_down(ctl)
@@ -104,14 +107,22 @@ async def by_hand(work: str) -> float:
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--only", choices=("cordon", "hand"), help="one side only")
     args = p.parse_args()
     cut, hand = [], []
     for rep in range(args.reps):
         with tempfile.TemporaryDirectory(prefix="rankdeck-cordon-") as tmp:
-            cut.append(await by_cordon(os.path.join(tmp, "a")))
-            hand.append(await by_hand(os.path.join(tmp, "b")))
+            if args.only != "hand":
+                cut.append(await by_cordon(os.path.join(tmp, "a")))
+            if args.only != "cordon":
+                hand.append(await by_hand(os.path.join(tmp, "b")))
+        if args.only:
+            print("rep %d: %.1f s" % (rep + 1, (cut or hand)[-1]), flush=True)
+            continue
         print("rep %d: cordon %.1f s, stop + relaunch %.1f s" % (rep + 1, cut[-1], hand[-1]),
               flush=True)
+    if args.only:
+        return
     c, h = statistics.median(cut), statistics.median(hand)
     print("median: cordon %.1f s, stop + relaunch by hand %.1f s, ratio %.2f" % (c, h, c / h))
 

@@ -41,12 +41,14 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
     await tell_judge(ctl, {"out": plan.node, "in": plan.spare, "who": who, "action": "cordon",
                            "text": "%s: started by %s" % (what, who)})
     link = ctl.links[plan.node]
+    began = time.monotonic()
     try:
         res = await link.request("fence", run_root=link.run_root, node=plan.node,
                                  fence={"who": who, "why": "cordoned by %s" % who},
                                  timeout=ctl.stop_timeout())
     except AgentError as exc:
         return await finish(ctl, entry, "failed: %s could not be fenced: %s" % (plan.node, exc))
+    entry["fence_s"] = round(time.monotonic() - began, 2)  # the stop, confirmed
     entry["left"] = [list(p) if isinstance(p, (list, tuple)) else p
                      for p in res.get("left") or []]
     ctl.state.set_role(plan.node, CORDONED)

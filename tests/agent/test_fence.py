@@ -1,0 +1,31 @@
+"""A cordoned node's fence (agent/node.py): once fenced, nothing of the run starts on it
+again (start, restart, the judge's restart through its link) until it is unfenced."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent import node
+from agent.protocol import RequestError
+
+
+def args(tmp_path, **more) -> dict:
+    return dict(run_root=str(tmp_path / "run"), node="node2", **more)
+
+
+def test_a_fenced_node_refuses_start_and_restart_until_unfenced(tmp_path):
+    done = node.fence(args(tmp_path, fence={"who": "alice@laptop", "why": "cordoned"}))
+    # a spare that never ran: fenced, nothing to stop, nothing left
+    assert done == {"state": "missing", "left": [], "fenced": True}
+    spec = {"run_id": "r1", "argv": ["true"]}
+    for op in (node.start, node.restart):
+        with pytest.raises(RequestError) as err:
+            op(args(tmp_path, spec=spec))
+        assert err.value.kind == "fenced" and "uncordon" in str(err.value)
+    assert not os.path.exists(os.path.join(str(tmp_path / "run"), "node2", "state.json"))
+
+    assert node.unfence(args(tmp_path)) == {"unfenced": True}
+    node.refuse_if_fenced(node.node_dir(args(tmp_path)))  # no longer raises
+    assert node.unfence(args(tmp_path)) == {"unfenced": False}
