@@ -1,4 +1,4 @@
-"""rankdeck's command line: launch, demo, attach, watch, status, export, logs, stop, restart,
+"""rankdeck's command line: launch, submit, demo, attach, watch, status, export, logs, stop, restart,
 cordon, uncordon, stacks, why, actions, check, ls. Only the arguments and the exit code of an error live here; what a verb does is in
 commands.py, the exit codes in errors.py (0 success, 1 the run failed, 2 bad input or usage,
 3 could not reach a host).
@@ -120,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "each host's workdir)")
     la.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script after --")
     run_opts(la)
+
+    sb = sub.add_parser("submit", help="submit a Slurm job holding the nodes, say why it "
+                        "waits while pending, then launch in it (docs/SLURM.md)")
+    sb.add_argument("--nodes", type=bounded(int, 1), required=True)
+    sb.add_argument("--time", required=True, metavar="TIME", help="the job's time limit, "
+                    "as sbatch takes it (00:30:00)")
+    sb.add_argument("--partition")
+    sb.add_argument("--gpus-per-node", type=bounded(int, 0))
+    sb.add_argument("--dry-run", action="store_true", help="print the sbatch script only")
+    for action in la._actions:  # noqa: SLF001 (launch's options, the same objects)
+        if action.dest not in ("help", "slurm", "dry_run"):
+            sb._add_action(action)  # noqa: SLF001
 
     de = sub.add_parser("demo", help="the reference trainer on 4 local nodes (no SSH)")
     de.add_argument("--steps", type=bounded(int, 1), default=2000)

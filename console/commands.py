@@ -18,7 +18,7 @@ import trainer
 from agent.judge_notify import KINDS as NOTIFY_KINDS
 from inventory.loader import load_inventory
 from inventory.model import Inventory
-from . import slurm
+from . import slurm, slurm_submit
 from .actions import action_rows, run_actions
 from .cordon import cordon, uncordon, uncordon_refusal
 from .dryrun import render as render_dry_run
@@ -189,6 +189,43 @@ def mark_spares(inv: Inventory, names: str) -> None:
     inv.mark_spares(wanted)
     if not inv.active:
         raise UsageError("--spares %s leaves no host to train on" % names)
+
+
+async def cmd_submit(args) -> int:
+    """`rankdeck submit`: a batch job that holds the nodes, followed while it is pending, then a
+    run in it as `launch --slurm` (console/slurm_submit.py); the job ends with the run."""
+    script = slurm_submit.batch_script(args.nodes, args.time, args.partition,
+                                       args.gpus_per_node)
+    if args.dry_run:
+        print(script, end="")
+        return EXIT_OK
+    path = os.path.abspath(args.inventory)
+    login = slurm.login_host(load_inventory(path))
+    transport = make_transport(slurm.TRANSPORT_PREFIX + "0",
+                               getattr(args, "accept_new_host_keys", False))
+    job, launched = None, False
+    try:
+        job = await slurm_submit.submit(transport, login, script)
+        say = lambda line: print("rankdeck: " + line, file=sys.stderr, flush=True)  # noqa: E731
+        say("submitted Slurm job %s (%d nodes, --time %s)" % (job, args.nodes, args.time))
+        await slurm_submit.wait_running(transport, login, job, say)
+        args.slurm = job
+        code = await cmd_launch(args)
+        launched = True
+    except HostUnreachable as exc:
+        raise LaunchError("cannot reach the login host: %s" % exc, EXIT_UNREACHABLE) from None
+    finally:
+        if job is not None and not (launched and getattr(args, "detach", False)):
+            print("rankdeck: " + await slurm_submit.cancel(transport, login, job),
+                  file=sys.stderr)  # the run it held is over, or never started
+        await transport.close()
+    if launched:
+        history = History()
+        for record in history.list():
+            if record.get("transport") == slurm.TRANSPORT_PREFIX + job:
+                record["slurm_submitted"] = {"job": job, "script": script}
+                history.save(record)
+    return code
 
 
 def judge_settings(args, inv: Inventory) -> dict:
@@ -436,6 +473,13 @@ async def cmd_stop(args) -> int:
             return EXIT_FAILED
         print("Slurm job %s: %s" % (job, "no step of rankdeck left (squeue -s)" if left == []
                                     else "squeue did not answer; steps not checked"))
+        if record.get("slurm_submitted"):  # rankdeck made the job: it ends it too
+            transport = make_transport(record["transport"])
+            try:
+                print(await slurm_submit.cancel(transport, inventory_from_record(record)
+                                                .hosts[0], job))
+            finally:
+                await transport.close()
     return code
 
 
@@ -547,6 +591,7 @@ COMMANDS = {
     "launch": cmd_launch, "demo": cmd_demo, "check": cmd_check, "attach": cmd_attach,
     "status": cmd_status, "export": cmd_export, "report": cmd_report, "logs": cmd_logs, "stop": cmd_stop,
     "restart": cmd_restart, "cordon": cmd_cordon, "uncordon": cmd_uncordon,
+    "submit": cmd_submit,
     "stacks": cmd_stacks, "why": cmd_why, "ls": cmd_ls,
     "watch": cmd_watch, "actions": cmd_actions,
 }

@@ -117,17 +117,22 @@ async def read_job(transport, login: Host, job: str) -> SlurmJob:
     return parse_job(job, out)
 
 
-async def job_inventory(inv: Inventory, job_id: str, transport) -> Inventory:
-    """The run's Inventory on job ``job_id``'s nodes (see the module docstring). ``inv`` names
-    the login host (its one host); UsageError/LaunchError say what to fix."""
+def login_host(inv: Inventory) -> Host:
+    """The one host of a Slurm inventory, the login host; UsageError otherwise."""
     if len(inv.hosts) != 1 or inv.transport != "ssh":
-        raise UsageError("%s: with --slurm the inventory names one host, the login host where "
+        raise UsageError("%s: on Slurm the inventory names one host, the login host where "
                          "srun and scontrol run (its ssh:, and the nodes' python, workdir and "
                          "env); it has %d host%s%s" % (
                              inv.path, len(inv.hosts), "" if len(inv.hosts) == 1 else "s",
                              "" if inv.transport == "ssh" else " and transport: %s"
                              % inv.transport))
-    login = inv.hosts[0]
+    return inv.hosts[0]
+
+
+async def job_inventory(inv: Inventory, job_id: str, transport) -> Inventory:
+    """The run's Inventory on job ``job_id``'s nodes (see the module docstring). ``inv`` names
+    the login host (its one host); UsageError/LaunchError say what to fix."""
+    login = login_host(inv)
     job = await read_job(transport, login, job_id)
     if job.state != "RUNNING":
         raise UsageError("Slurm job %s is %s%s: launch --slurm runs inside a running "

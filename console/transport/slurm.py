@@ -66,6 +66,7 @@ class SlurmTransport(SshTransport):
         return await super().run_command(host, step_command(self.job, host.name, command,
                                                             "rankdeck-cmd"), timeout, input)
 
-    async def on_login(self, login, argv, timeout: float = 60) -> tuple[int, str, str]:
-        """``argv`` on the login host itself (scontrol, squeue, scancel)."""
-        return await super().run_command(login, argv, timeout)
+    async def on_login(self, login, argv, timeout: float = 60,
+                       input: str | None = None) -> tuple[int, str, str]:
+        """``argv`` on the login host itself (scontrol, squeue, sbatch, scancel)."""
+        return await super().run_command(login, argv, timeout, input)

@@ -145,11 +145,12 @@ class SlurmCluster:
     def login(self) -> str:
         return [h for h in self.hosts.names if h not in self.nodes][0]
 
-    def hold(self, count: int | None = None, minutes: int = 5) -> str:
+    def hold(self, count: int | None = None, minutes: int = 5, exclusive: bool = False) -> str:
         """A job holding ``count`` nodes (default all) with no shell, as the login user
-        (``salloc --no-shell``); its id once it runs."""
-        out = self.as_user("salloc --no-shell -N %d -t %d -J rankdeck-hold 2>&1"
-                           % (count or len(self.nodes), minutes))
+        (``salloc --no-shell``; ``exclusive``: no other job shares them); its id once it runs."""
+        out = self.as_user("salloc --no-shell -N %d -t %d -J rankdeck-hold %s2>&1"
+                           % (count or len(self.nodes), minutes,
+                              "--exclusive " if exclusive else ""))
         job = next((w for w in out.split() if w.isdigit()), None)
         if job is None:
             raise RuntimeError("salloc gave no job id: %s" % out)

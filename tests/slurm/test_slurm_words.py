@@ -83,3 +83,25 @@ def test_time_left_in_seconds():
 
     assert [time_left_s(t) for t in ("4:32", "1:02:03", "2-01:00:00", "UNLIMITED", "")] == \
         [272, 3723, 176400, None, None]
+
+
+def test_a_pending_job_in_words():
+    from console.slurm_submit import pending_line
+
+    job = {"job": "9", "state": "PENDING", "reason": "Resources"}
+    assert pending_line(job, "2026-11-26T05:00:00") == \
+        "Slurm job 9 PENDING: waiting for free nodes (Resources); expected start 2026-11-26T05:00:00"
+    assert "held by you" in pending_line(dict(job, reason="JobHeldUser"))
+    assert "quota" in pending_line(dict(job, reason="QOSMaxNodePerUserLimit"), "N/A")
+    assert pending_line(dict(job, reason="Licenses")) == "Slurm job 9 PENDING: Licenses"
+
+
+def test_the_batch_script_holds_the_nodes_and_says_so():
+    from console.slurm_submit import batch_script
+
+    script = batch_script(4, "00:30:00", "gpu", 8)
+    for line in ("#SBATCH --nodes=4", "#SBATCH --time=00:30:00", "#SBATCH --partition=gpu",
+                 "#SBATCH --gpus-per-node=8", "exec sleep infinity"):
+        assert line in script.splitlines()
+    with pytest.raises(UsageError, match="--time"):
+        batch_script(4, "half an hour")
