@@ -210,6 +210,21 @@ class SshHosts:
         return subprocess.run(["ip", "netns", "exec", self[ns].ns, *argv],
                               capture_output=True, text=True, **kw)
 
+    def processes(self, name: str) -> list[str]:
+        """Host ``name``'s processes, as ``PID ARGS`` lines: those in its network namespace
+        only (``ps -u USER`` sees the user's processes of every test on this machine)."""
+        pids = subprocess.run(["ip", "netns", "pids", self[name].ns], capture_output=True,
+                              text=True).stdout.split()
+        found = []
+        for pid in pids:
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    args = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue  # it ended meanwhile
+            found.append("%s %s" % (pid, args))
+        return found
+
     def link_down(self, name: str) -> None:
         _run(["ip", "-n", self[name].ns, "link", "set", "eth0", "down"])
 

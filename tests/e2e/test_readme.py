@@ -232,8 +232,10 @@ def test_readme_use_it_on_four_realistic_hosts(ssh_hosts, readme_project, monkey
         # nothing left on any host: no process of the run, and every node's record stopped
         assert processes_of(run_id) == []
         for name in ssh_hosts.names:
-            ps = ssh_hosts.sh(name, "ps -u %s -o pid=,args=" % ssh_hosts.user)
-            assert run_id not in ps and "train.py" not in ps, (name, ps)
+            here = ssh_hosts.processes(name)
+            assert any("sshd" in p for p in here), (name, here)  # the look sees the host
+            left = [p for p in here if run_id in p or "train.py" in p]
+            assert left == [], (name, left)
             state = ssh_hosts.local_path(name, "~/proj/.rankdeck/runs/%s/%s/state.json"
                                          % (run_id, name))
             with open(state) as f:
