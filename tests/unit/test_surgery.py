@@ -39,6 +39,13 @@ def test_a_spare_takes_the_nodes_place_and_the_preview_says_what_moves():
     assert "no complete checkpoint seen yet" in text
 
 
+def test_the_preview_warns_when_the_store_lives_on_the_node_going_out():
+    inv = inventory(4, spares=())
+    plan = plan_cordon(run_state(inv), inv, "3:4", "node0", store="node0")
+    assert "the rendezvous store and the judge stay on node0's host" in "\n".join(plan.lines())
+    assert plan_cordon(run_state(inv), inv, "3:4", "node1", store="node0").store_note is None
+
+
 def test_without_a_spare_a_static_run_refuses_and_an_elastic_one_shrinks():
     inv = inventory(4, spares=())
     st = run_state(inv)
