@@ -289,7 +289,7 @@ async def test_collapse_identical_lines_from_many_ranks(tmp_path):
         # the older kept lines come in after the first paint
         await wait_until(pilot, lambda: "ranks 0-7: using device cuda:0, world size 8" in
                          merged.lines_text(), what="the backfill")
-        await pilot.press("c")
+        await pilot.press("1", "c")  # from a log pane: on a node row `c` cordons the node
         lines = node1.lines_text()
         assert "r0: using device cuda:0, world size 8" in lines
         assert "r1: using device cuda:0, world size 8" in lines
