@@ -46,10 +46,11 @@ def rankdeck(*args, check=True, timeout=TIMEOUT) -> subprocess.CompletedProcess:
     return res
 
 
-def launch(login: str, job: str, project, steps: int) -> str:
+def launch(login: str, job: str, project, steps: int, restarts: int = 0, *extra) -> str:
     """`launch --slurm JOB --detach` of the reference trainer; the run id."""
     res = rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync", str(project),
-                   "--max-restarts", "0", "trainer/train.py", *TINY, "--steps", str(steps))
+                   "--max-restarts", str(restarts), "trainer/train.py", *TINY, "--steps",
+                   str(steps), *extra)
     return res.stdout.split()[-1]
 
 
@@ -174,3 +175,34 @@ def test_submit_waits_pending_with_the_reason_then_runs_and_stop_cancels_its_job
             proc.kill()
             proc.communicate()
         slurm.cmd(["scancel", blocker] + ([job] if job else []), check=False)
+
+
+def steps_of(st: dict) -> dict:
+    """{rank: step} of every rank that has stepped."""
+    return {r["rank"]: r.get("step") or 0 for n in st.get("nodes") or () for r in n["ranks"]}
+
+
+def test_restart_of_one_node_inside_the_job_rejoins_and_training_goes_on(slurm, login, project):
+    job = slurm.hold()
+    try:
+        run_id = launch(login, job, project, 5000, 3, "--ckpt-every", "10",
+                        "--pg-timeout", "300")
+        wait_for_sync(lambda: len(steps_of(status(run_id))) == 4 and min(
+            steps_of(status(run_id)).values()) >= 12, TIMEOUT,
+            lambda: "every rank past its first checkpoint: %s" % status(run_id))
+        rankdeck("restart", run_id, "--node", "node2")
+        before = max(steps_of(status(run_id)).values())
+
+        def rejoined():
+            st = status(run_id)
+            node2 = [n for n in st["nodes"] if n["name"] == "node2"][0]
+            return (node2["restarts_used"] >= 1 and node2["state"] == "running"
+                    and len(steps_of(st)) == 4 and min(steps_of(st).values()) > before)
+        wait_for_sync(rejoined, TIMEOUT, lambda: "node2 restarted and every rank past step "
+                      "%d: %s" % (before, status(run_id)))
+        rankdeck("stop", run_id)
+        wait_for_sync(lambda: not run_left_on_nodes(slurm) and not slurm.steps(job), 60,
+                      lambda: "nothing of the run left: %s, steps %s"
+                      % (run_left_on_nodes(slurm), slurm.steps(job)))
+    finally:
+        slurm.cmd(["scancel", job], check=False)
