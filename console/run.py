@@ -37,7 +37,7 @@ from .liveness import beside_judge, check_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
 from .sanitize import Masker, clean_tree, mask_tree, secret_warnings
 from .scrollback import PAGE_BYTES
-from .spec import LaunchSpec, new_run_id, node_commands, run_root  # LaunchSpec: callers' too
+from .spec import STATIC_WORLD, LaunchSpec, new_run_id, node_commands, run_root  # LaunchSpec: callers' too
 from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
 from .state import RUN_ENDED, RunState
 from .surgery import ACTIVE, SPARE, CordonPlan, plan_cordon, store_host
@@ -465,7 +465,10 @@ class RunController:
 
     def check_restartable(self, node: str | None = None) -> None:
         """UsageError (exit 2) when a secret of the run is not known in this shell, so that
-        ``node`` (None: every node) would restart without it; says which and how to fix it."""
+        ``node`` (None: every node) would restart without it; says which and how to fix it.
+        Also under DeepSpeed's launcher, whose world cannot be restarted (docs/LAUNCHERS.md)."""
+        if self.spec is not None and self.spec.launch_with in STATIC_WORLD:
+            raise UsageError(STATIC_WORLD[self.spec.launch_with] % self.run_id)
         names = [node] if node else [h.name for h in self.inventory.hosts]
         why = []
         for name in names:

@@ -51,6 +51,15 @@ class LaunchSpec:
     notify_on: list[str] | None = None  # the kinds of events notified (None: all)
 
 
+# launchers whose ranks form one static world (no rendezvous to rejoin), and why `restart`
+# refuses them: {launcher: message with the run id}
+STATIC_WORLD = {"deepspeed": (
+    "cannot restart run %s: DeepSpeed's launcher starts one static world (no rendezvous a "
+    "restarted node could rejoin), and a world started again would meet the last one's keys "
+    "in the run's store, the one master port of the run; nothing was stopped or restarted. "
+    "Stop the run and launch it again: the trainer resumes from its newest checkpoint")}
+
+
 def new_run_id() -> str:
     """Time, then 48 random bits: the id is the run's marker on every host (``RANKDECK_RUN``,
     what `stop` kills by), so two launches in the same second must never share one."""
@@ -70,7 +79,7 @@ def node_commands(hosts: list[Host], spec: LaunchSpec, run_id: str, endpoint: st
     if spec.launcher:  # a raw argv (benchmarks): no template, the script and its args
         return {h.name: NodeCommand(list(spec.launcher) + [spec.script] + list(spec.args), {})
                 for h in hosts}
-    check_launcher_spec(spec.launch_with, spec.nnodes, nprocs)
+    check_launcher_spec(spec.launch_with, spec.nnodes, nprocs, spec.on_hang)
     at = places(hosts, spec.nproc_per_node, spec.nnodes, endpoint, run_id,
                 lambda h: os.path.join(root_of(h), h.name))
     roster = [(h.name, n) for h, n in zip(hosts, nprocs)]

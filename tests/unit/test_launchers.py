@@ -89,6 +89,13 @@ def test_an_elastic_node_count_is_torchruns_only(tmp_path):
         commands(tmp_path, "deepspeed", nnodes="1:2")
 
 
+def test_a_static_world_is_never_restarted_by_the_judge(tmp_path):
+    with pytest.raises(TemplateError, match="--on-hang restart: DeepSpeed's launcher starts "
+                                            "one static world"):
+        commands(tmp_path, "deepspeed", on_hang="restart")
+    assert commands(tmp_path, "accelerate", on_hang="restart")  # elastic: fine
+
+
 def test_inventory_launcher_is_checked_with_its_line(tmp_path):
     assert load_inventory(inventory(tmp_path, "accelerate")).launcher == "accelerate"
     with pytest.raises(InventoryError, match=r"inv.yaml:2: launcher must be one of .*"
