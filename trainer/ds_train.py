@@ -14,6 +14,7 @@ Run it with ``rankdeck launch --launcher deepspeed ... trainer/ds_train.py``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
@@ -32,7 +33,15 @@ TAG = "step_%08d"
 
 
 def join(args) -> None:
-    """DeepSpeed joins the process group (gloo on CPU), with --pg-timeout for collectives."""
+    """DeepSpeed joins the process group (gloo on CPU), with --pg-timeout for collectives.
+
+    On CPU, DeepSpeed's communication backend first compiles a shared-memory all-reduce op
+    (C++, at first use; minutes on a loaded machine, and a compiler on every host): left out
+    here, the ranks' collectives go through gloo alone."""
+    if args.device != "cuda":
+        # by its module's name: `import deepspeed.comm.torch as m` finds deepspeed.comm's
+        # `torch` attribute, which is torch itself
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo" if args.device != "cuda" else "nccl",
                                timeout=timedelta(seconds=args.pg_timeout))
 
