@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from collections import defaultdict
@@ -38,11 +39,13 @@ def node_dir(workdir, run_id, node) -> str:
 
 
 def rank_log_files(workdir, run_id, node) -> list[str]:
+    """Every per-rank file of ``node``: torchrun's (and accelerate's) stdout/stderr.log, or
+    DeepSpeed's ``<time>_rank<R>.log`` (docs/LAUNCHERS.md)."""
     base = os.path.join(node_dir(workdir, run_id, node), "torchrun")
     out = []
     for root, _dirs, files in os.walk(base):
         for name in files:
-            if name in ("stdout.log", "stderr.log"):
+            if name in ("stdout.log", "stderr.log") or re.search(r"_rank\d+\.log$", name):
                 out.append(os.path.join(root, name))
     return sorted(out)
 

@@ -1,0 +1,124 @@
+"""The spine checks under accelerate and DeepSpeed, with the real packages on CPU/gloo: two
+local nodes of two ranks each, the reference trainer's Accelerate and DeepSpeed scripts.
+
+One run per launcher: every rank named from its file's first byte and every byte of every
+per-rank file delivered exactly once, checkpoints seen, a restart of one node (under
+DeepSpeed, a static world: refused with the reason, the run untouched), who-is-stuck on a
+rank hung in Python, and a stop that leaves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+
+import pytest
+
+from agent.protocol import text_to_bytes
+from console.errors import UsageError
+from console.history import History
+from console.run import LaunchSpec, RunController
+from console.transport.local import LocalTransport
+from tests.waits import wait_for
+
+from .helpers import REPO, TINY, local_inventory, processes_of, rank_log_files, wind_down
+
+pytestmark = pytest.mark.e2e
+TIMEOUT = 300
+# DeepSpeed's and Accelerate's imports in 4 ranks and 2 launchers: minutes on a loaded 2-core
+# machine before the first step
+START_TIMEOUT = 600
+SCRIPTS = {"accelerate": "accel_train.py", "deepspeed": "ds_train.py"}
+DS_ENV = {"DS_ACCELERATOR": "cpu"}
+
+
+def exactly_once(got, workdir, ctl) -> None:
+    for node in ctl.state.nodes:
+        files = rank_log_files(workdir, ctl.run_id, node)
+        assert files, node
+        for path in files:
+            with open(path, "rb") as f:
+                on_disk = f.read()
+            chunks = got.get((node, path), [])
+            offset = 0
+            for start, data, _rank in chunks:
+                assert start == offset, (path, start, offset)  # nothing skipped or sent twice
+                offset += len(data)
+            assert b"".join(d for _o, d, _r in chunks) == on_disk, path
+            # named from the first byte: the rank printed in the file is the one its lines carry
+            said = re.search(rb"^rank=(\d+) local_rank=", on_disk, re.M)
+            if said:
+                assert {r for _o, _d, r in chunks} == {int(said.group(1))}, (path, chunks[:1])
+
+
+pytest.importorskip("accelerate")
+
+
+DS_PENDING = pytest.mark.skip(reason=(
+    "not yet passing in the suite: on the loaded 2-core machine the DeepSpeed run trained, "
+    "saved, refused the restart and hung rank 3 as planned, and `rankdeck why` from a shell "
+    "named rank 3 on node1 at trainer/faults.py:87, but this test's wait for every rank "
+    "stalled plus ctl.why() had not returned after 5 minutes (docs/LAUNCHERS.md)"))
+
+
+@pytest.mark.parametrize("launcher", ["accelerate", pytest.param("deepspeed",
+                                                                 marks=DS_PENDING)])
+async def test_spine_under_the_launcher(tmp_path, launcher):
+    if launcher == "deepspeed":
+        pytest.importorskip("deepspeed")
+    work = tmp_path / "work"
+    ctl = RunController(local_inventory(work, n=2), LocalTransport(), History())
+    ctl.state.stall_min_s = 6.0
+    got = defaultdict(list)
+    ctl.state.line_listeners.append(lambda b: got[(b.node, b.path)].append(
+        (b.offset, text_to_bytes(b.text), b.rank)))
+    events = []
+    ctl.state.event_listeners.append(events.append)
+    script = os.path.join(REPO, "trainer", SCRIPTS[launcher])
+    try:
+        await ctl.launch(LaunchSpec(
+            script=script, nproc_per_node=2, max_restarts=2, grace=5, launch_with=launcher,
+            env=DS_ENV if launcher == "deepspeed" else {},
+            args=TINY + ["--steps", "100000", "--ckpt-every", "3", "--idle-s", "0.05",
+                         "--hang-at-step", "40", "--hang-rank", "3", "--pg-timeout", "600"]),
+            preflight=False)
+        ranks = ctl.state.ranks
+        await wait_for(lambda: len(ranks) == 4 and all((r.step or 0) >= 4 for r in ranks.values()),
+                       START_TIMEOUT, "4 ranks past the step-3 checkpoint")
+        assert any(e.kind == "checkpoint" and "step 3" in e.text for e in events), \
+            [(e.kind, e.text) for e in events][-20:]
+
+        if launcher == "deepspeed":  # a static world: refused, with the way out, untouched
+            with pytest.raises(UsageError, match="DeepSpeed's launcher starts one static world"):
+                await ctl.restart("node1")
+        else:
+            res = await ctl.restart("node1")
+            assert res["node1"]["launches"] == 2, res
+
+            def resumed():
+                text = b"".join(d for chunks in got.values() for _o, d, _r in chunks).decode(
+                    "utf-8", "replace")
+                return re.findall(r"resumed step=(\d+)", text)
+
+            # every rank: the others' workers restart on the membership change
+            await wait_for(lambda: len(resumed()) >= 4, TIMEOUT, "the ranks resumed")
+
+        # rank 3 hangs at step 40 (in Python, trainer/faults.py): the verdict names it
+        await wait_for(lambda: all(r.state == "stalled" for r in ranks.values()), TIMEOUT,
+                       "every rank stalled")
+        verdict = await ctl.why()
+        assert verdict["kind"] == "stuck-in-python", verdict
+        assert [s["rank"] for s in verdict["suspects"]] == [3], verdict
+        assert verdict["suspects"][0]["node"] == ctl.state.ranks[3].node
+
+        results = await ctl.stop()
+        assert all(not isinstance(r, BaseException) for r in results.values()), results
+        assert all(r["state"] == "stopped" and r["left"] == [] for r in results.values()), \
+            results
+        assert processes_of(ctl.run_id) == []
+        await ctl.stop_store()
+        exactly_once(got, work, ctl)
+    finally:
+        left = await wind_down(ctl)
+    assert left == [], "processes left behind: %s" % left
