@@ -40,7 +40,7 @@ EOF
 # is an NCCL error; one GPU host cannot run it on cuda)
 for pair in torchrun:trainer/train.py deepspeed:trainer/ds_train.py; do
     launcher=${pair%%:*}; script=${pair#*:}
-    timeout 150 python3 -m console launch -i /tmp/gpu-inv.yaml --launcher "$launcher" --no-tui \
+    timeout 150 python3 -m console launch -i /tmp/gpu-inv.yaml --launcher "$launcher" --env PYTHONPATH=/tmp/site --no-tui \
         "$script" -- --steps "$STEPS" --device cuda --ckpt-every 50 >"$OUT/$launcher.log" 2>&1
     echo "== launch $launcher: rc $?"
     grep -E "step [0-9]+ .*loss" "$OUT/$launcher.log" | tail -2
