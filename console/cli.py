@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "host for each event picked by --notify-on, the event as JSON on stdin "
                     "(default: the inventory's notify:; docs/JUDGE.md)")
     la.add_argument("--notify-on", metavar="KINDS", help="comma-separated: stall, verdict, "
-                    "failed, succeeded, stopped, restarted, diverged (default: all)")
+                    "failed, succeeded, stopped, restarted, diverged, cordon (default: all)")
     la.add_argument("--launcher", choices=LAUNCHERS, default=None,
                     help="what starts each node's ranks (default: the inventory's launcher:, "
                     "else torchrun; docs/LAUNCHERS.md)")
