@@ -218,8 +218,8 @@ def with_job(status: dict, job: dict) -> dict:
              "COMPLETING": "is ending"}.get(state, "ended %s" % state)
     status["slurm"]["ended"] = "Slurm job %s %s%s" % (
         job["job"], words, " (%s)" % job["reason"] if job["reason"] else "")
-    if status.get("state") not in ("succeeded", "failed", "stopped"):
-        status["state"] = JOB_ENDS.get(state, "stopped")
+    if state != "COMPLETING" and status.get("state") not in ("succeeded", "failed", "stopped"):
+        status["state"] = JOB_ENDS.get(state, "stopped")  # (ending: its end state comes next)
     return status
 
 

@@ -136,8 +136,9 @@ def test_scancel_from_outside_ends_the_run_cancelled_with_the_reason_and_nothing
                 slurm.hosts.local_path(node, host_workdir), run_id, node),
                 "state.json")).read())
             assert state["state"] == "stopped" and "cancelled" in state["cause"]["message"]
-        final = status(run_id)
-        assert final["state"] == "cancelled", final
+        final = wait_for_sync(lambda: status(run_id).get("state") == "cancelled"
+                              and status(run_id), 60, lambda: "status says cancelled: %s"
+                              % status(run_id))  # COMPLETING first, while Slurm cleans up
         assert "Slurm job %s was cancelled" % job in final["slurm"]["ended"]
         assert not slurm.steps(job)
     finally:

@@ -105,3 +105,15 @@ def test_the_batch_script_holds_the_nodes_and_says_so():
         assert line in script.splitlines()
     with pytest.raises(UsageError, match="--time"):
         batch_script(4, "half an hour")
+
+
+def test_a_run_its_job_outlived_ends_with_it_once_slurm_says_how():
+    from console.slurm import with_job
+
+    job = {"job": "9", "state": "COMPLETING", "reason": "", "time_left_s": None}
+    ending = with_job({"state": "running"}, job)
+    assert ending["state"] == "running" and "is ending" in ending["slurm"]["ended"]
+    over = with_job({"state": "running"}, dict(job, state="CANCELLED"))
+    assert over["state"] == "cancelled" and "was cancelled" in over["slurm"]["ended"]
+    assert with_job({"state": "succeeded"}, dict(job, state="TIMEOUT"))["state"] == "succeeded"
+    assert "ended" not in with_job({"state": "running"}, dict(job, state="RUNNING"))["slurm"]
