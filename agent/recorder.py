@@ -121,12 +121,15 @@ class Recorder:
 
     # -- what was recorded, for the cause of a failure -------------------------------------
     def _is_worker(self, fid):
+        """A rank's file: torchrun's (a local rank) or DeepSpeed's (the global rank its name
+        gives, no local rank: agent/tail.py); not torchrun's or the launcher's own log."""
         info = self.ranks.get(fid)
-        return info is not None and info[1] is not None
+        return info is not None and (info[1] is not None or info[0] is not None)
 
     def files_by_rank(self):
         """{fid: rank} of the workers' files so far (asked from the judge link's thread)."""
-        return {fid: info[0] for fid, info in list(self.ranks.items()) if info[1] is not None}
+        return {fid: info[0] for fid in list(self.ranks) if self._is_worker(fid)
+                for info in (self.ranks[fid],)}
 
     def stderr_of(self, inst, local_rank):
         """(fid, attempt) of ``local_rank``'s newest stderr file in torchrun start ``inst``."""

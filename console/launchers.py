@@ -228,8 +228,9 @@ def _check_accelerate_total(commands: dict[str, NodeCommand]) -> None:
 def check_launcher_spec(launcher: str, nnodes: str | None, hosts_nproc: list[int],
                         on_hang: str = "warn") -> None:
     """TemplateError for a run this launcher cannot express: an elastic ``--nnodes MIN:MAX``
-    (only torchrun's rendezvous admits a changing node count), under accelerate nodes with
-    different process counts (it takes one total and divides it evenly), under DeepSpeed
+    (only torchrun's rendezvous admits a changing node count), under accelerate one process
+    in all or nodes with different process counts (it takes one total and divides it
+    evenly), under DeepSpeed
     ``--on-hang restart`` (its static world cannot be restarted: docs/LAUNCHERS.md)."""
     if launcher == "torchrun":
         return
@@ -241,6 +242,10 @@ def check_launcher_spec(launcher: str, nnodes: str | None, hosts_nproc: list[int
         raise TemplateError("--nnodes %s: an elastic node count is torchrun's; %s starts a "
                             "fixed number of nodes: give --nnodes N or use --launcher torchrun"
                             % (nnodes, launcher))
+    if launcher == "accelerate" and sum(hosts_nproc) < 2:
+        raise TemplateError("accelerate: %d process in all; its multi-machine launch "
+                            "(--multi_gpu) refuses fewer than 2: use --launcher torchrun for "
+                            "one process, or more nodes or slots" % sum(hosts_nproc))
     if launcher == "accelerate" and len(set(hosts_nproc)) > 1:
         raise TemplateError("accelerate: the hosts have different process counts (slots %s); "
                             "accelerate launch divides --num_processes evenly over the nodes: "

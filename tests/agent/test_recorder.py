@@ -106,3 +106,21 @@ def test_a_parser_that_fails_is_logged_and_the_lines_still_journaled(tmp_path):
     assert b"".join(d for m, d in records if m["k"] == "data") == b"step=1 loss=2.0\n"
     assert not [m for m, _d in records if m["k"] == "metric"]
     assert logged == ["metrics parser failed: ValueError('parser bug')"]
+
+
+def test_a_deepspeed_rank_file_is_a_workers_file_its_metrics_and_saves_parsed(tmp_path):
+    # DeepSpeed's --enable_each_rank_log writes <time>_rank<R>.log flat in the log dir: the
+    # rank is its name's, there is no local rank; its lines are a rank's all the same (seen on
+    # an H200: the run's summary had no step or loss under DeepSpeed)
+    recorder, log_dir, _console = make_recorder(tmp_path, [])
+    path = os.path.join(log_dir, "20261126044851_rank3.log")
+    append(path, b"step=7 loss=0.25 lr=1e-3\n"
+                 b"checkpoint saved step=7 path=ckpt/step_7 bytes=10\n")
+    recorder.pump(final=True)
+    recorder.deleted_checkpoints(final=True)
+    records = journaled(str(tmp_path / "journal"))
+    (fid,) = [m["f"] for m, _d in records if m["k"] == "file" and m.get("rank") == 3]
+    metric = next(m for m, _d in records if m["k"] == "metric")
+    assert (metric["f"], metric["step"], metric["loss"]) == (fid, 7, 0.25)
+    assert [m["step"] for m, _d in records if m["k"] == "ckpt_done"] == [7]
+    assert recorder.files_by_rank() == {fid: 3}

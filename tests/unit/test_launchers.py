@@ -89,6 +89,16 @@ def test_an_elastic_node_count_is_torchruns_only(tmp_path):
         commands(tmp_path, "deepspeed", nnodes="1:2")
 
 
+def test_accelerate_with_one_process_in_all_is_refused_before_it_starts(tmp_path):
+    # accelerate itself says "You need to use at least 2 processes to use `--multi_gpu`"
+    # (seen on a one-GPU host); rankdeck says it before anything starts
+    inv = load_inventory(inventory(tmp_path)).resolve_local(str(tmp_path))
+    spec = LaunchSpec(script="train.py", launch_with="accelerate", nproc_per_node=1)
+    with pytest.raises(TemplateError, match="accelerate: 1 process in all"):
+        node_commands(inv.hosts[:1], spec, "RUN", "127.0.0.1:29400", lambda h: "/w/runs/RUN")
+    assert commands(tmp_path, "accelerate", nproc_per_node=1)  # two nodes of one: 2 in all
+
+
 def test_a_static_world_is_never_restarted_by_the_judge(tmp_path):
     with pytest.raises(TemplateError, match="--on-hang restart: DeepSpeed's launcher starts "
                                             "one static world"):
