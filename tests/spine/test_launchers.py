@@ -55,15 +55,7 @@ def exactly_once(got, workdir, ctl) -> None:
 pytest.importorskip("accelerate")
 
 
-DS_PENDING = pytest.mark.skip(reason=(
-    "not yet passing in the suite: on the loaded 2-core machine the DeepSpeed run trained, "
-    "saved, refused the restart and hung rank 3 as planned, and `rankdeck why` from a shell "
-    "named rank 3 on node1 at trainer/faults.py:87, but this test's wait for every rank "
-    "stalled plus ctl.why() had not returned after 5 minutes (docs/LAUNCHERS.md)"))
-
-
-@pytest.mark.parametrize("launcher", ["accelerate", pytest.param("deepspeed",
-                                                                 marks=DS_PENDING)])
+@pytest.mark.parametrize("launcher", ["accelerate", "deepspeed"])
 async def test_spine_under_the_launcher(tmp_path, launcher):
     if launcher == "deepspeed":
         pytest.importorskip("deepspeed")
