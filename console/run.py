@@ -573,8 +573,9 @@ class RunController:
     def cordon_plan(self, node: str, replace_with: str | None = None) -> CordonPlan:
         """What cordoning ``node`` would do now (console/surgery.py); console/cordon.py does it."""
         nnodes = (self.spec.nnodes if self.spec is not None else None) or self.record.get("nnodes")
+        launcher = self.spec.launch_with if self.spec is not None else None
         return plan_cordon(self.state, self.inventory, nnodes, node, replace_with,
-                           self.record.get("rdzv_host"))
+                           self.record.get("rdzv_host"), STATIC_WORLD.get(launcher))
 
     async def restart_refusal(self, names: list[str]) -> str | None:
         """Why restarting ``names`` now must wait (a rendezvous under way: console/rendezvous.py),

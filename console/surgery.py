@@ -96,10 +96,13 @@ def current_ranks(state: RunState, node: str) -> list[int]:
 
 
 def plan_cordon(state: RunState, inventory: Inventory, nnodes: str | None, node: str,
-                replace_with: str | None = None, store: str | None = None) -> CordonPlan:
+                replace_with: str | None = None, store: str | None = None,
+                static_world: str | None = None) -> CordonPlan:
     """What cordoning ``node`` would do now (``replace_with``: this spare, else the first
     spare of the inventory, else a shrink if ``nnodes`` allows it). ``store``: the host of
-    the run's rendezvous store."""
+    the run's rendezvous store. ``static_world``: why the run's launcher cannot restart its
+    world (console/spec.py STATIC_WORLD, with a ``%s`` for the run id), which a node of the
+    run going out needs."""
     plan = CordonPlan(state.run_id, node)
     roles = {name: ns.role for name, ns in state.nodes.items()}
     active = [n for n, r in roles.items() if r == ACTIVE]
@@ -116,6 +119,9 @@ def plan_cordon(state: RunState, inventory: Inventory, nnodes: str | None, node:
         if replace_with:
             plan.refusal = "%s is a spare, not in the run: nothing to replace" % node
         plan.active_after = len(active)  # fencing a spare: it will not be put in
+        return plan
+    if static_world:
+        plan.refusal = "a cordon starts every rank again: " + static_world % state.run_id
         return plan
     plan.ranks_out = current_ranks(state, node)
     spares = [h.name for h in inventory.hosts if roles.get(h.name) == SPARE]

@@ -129,3 +129,13 @@ def test_launch_spares_must_name_hosts_of_the_inventory(tmp_path, capsys):
     assert code == 2 and "--spares: no host node7" in capsys.readouterr().err
     code = main(["launch", "-i", str(path), "--spares", "node0,node1", "--detach", "train.py"])
     assert code == 2 and "leaves no host to train on" in capsys.readouterr().err
+
+
+def test_a_run_deepspeed_started_is_not_cordoned_its_world_cannot_start_again():
+    from console.spec import STATIC_WORLD
+    inv = inventory()
+    plan = plan_cordon(run_state(inv), inv, "4", "node2", store="node4",
+                       static_world=STATIC_WORLD["deepspeed"])
+    assert plan.refusal.startswith("a cordon starts every rank again: cannot restart run ")
+    assert "DeepSpeed's launcher starts one static world" in "\n".join(plan.lines())
+    assert plan.spare is None and plan.ranks_out == []
