@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 
-from . import cause, frhook, procs
+from . import cause, frhook, procs, torch_quirks
 from .gpu import GpuProbe, gpu_pids_memory
 from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
@@ -109,6 +109,7 @@ class Supervisor:
         self.instance_before = set()
         self.requests = []
         self.exiting = []  # old torchruns a restart left exiting (kill, watch_exiting)
+        self.closes = None  # the job's torch closes the rendezvous on SIGTERM (closes_rendezvous)
         self.torchrun_log = TorchrunLog(os.path.join(self.node_dir, "torchrun.log"),
                                         os.path.join(self.node_dir, RANK_RECORD))
         # what torchrun and its workers print, masked, parsed and journaled (agent/recorder.py)
@@ -167,6 +168,7 @@ class Supervisor:
                       os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         devnull = os.open(os.devnull, os.O_RDONLY)
         argv = with_rank_record(self.spec["argv"], os.path.join(self.node_dir, RANK_RECORD))
+        self.job = (argv[0], env)  # what a restart asks about the job's torch
         pid = os.fork()
         if pid == 0:  # child: torchrun in its own process group, output to the file
             try:
@@ -227,8 +229,18 @@ class Supervisor:
         (``watch_exiting``), SIGKILLed past the grace."""
         probe = GpuProbe()
         run_pids = set(procs.run_pids(os.getpid(), self.marker))
-        report = procs.kill_run(os.getpid(), self.marker, grace=grace, first=self.torchrun,
+        first = self.torchrun
+        if leave_torchrun and first is not None and self.closes_rendezvous():
+            # its SIGTERM would close the job's rendezvous (agent/torch_quirks.py): SIGKILL
+            # first, its workers then SIGTERMed directly, as a stop does once torchrun is gone
+            os.kill(first, signal.SIGKILL)
+            killed_first, first, leave_torchrun = first, None, False
+        else:
+            killed_first = None
+        report = procs.kill_run(os.getpid(), self.marker, grace=grace, first=first,
                                 on_wait=self.recorder.pump, leave_first=leave_torchrun)
+        if killed_first:
+            report["torchrun_killed_first"] = killed_first
         self.recorder.pump()
         report["gpu"] = gpu_after_kill(probe, run_pids - {self.torchrun})
         exiting = report.pop("exiting", None)
@@ -237,6 +249,15 @@ class Supervisor:
             report["torchrun_exiting"] = exiting["pid"]
             self.state["exiting"] = [old["pid"] for old in self.exiting]  # saved by launch()
         return report
+
+    def closes_rendezvous(self):
+        """Whether the job's torch closes the rendezvous when its torchrun stops (asked once,
+        at the first restart: agent/torch_quirks.py)."""
+        if self.closes is None:
+            python, env = getattr(self, "job", (None, None))
+            folder = torch_quirks.torch_dir(python, env) if python else None
+            self.closes = torch_quirks.closes_rendezvous_on_stop(folder)
+        return self.closes
 
     def watch_exiting(self):
         """An old torchrun left exiting by a restart: gone is done; past its grace, SIGKILL

@@ -144,10 +144,11 @@ def test_demo_in_a_real_terminal(tmp_path):
     def drawn() -> bool:
         nonlocal screen
         screen = capture(session)
-        side_by_side = any(len(re.findall(r"step=\d+ loss=", row)) >= 2
-                           for row in screen.splitlines())
+        # two panes of steps: side by side from 190 columns, stacked below (console/tui/app.py)
+        panes = set(re.findall(r"rank \d+ @node\d/lr\d", screen))
+        steps = len(re.findall(r"step=\d+ loss=", screen))
         return all(n in screen for n in ("node0", "node1", "node2", "node3")) and \
-            bool(re.search(r"loss\s+\d+\.\d{3}", screen)) and side_by_side
+            bool(re.search(r"loss\s+\d+\.\d{3}", screen)) and len(panes) >= 2 and steps >= 2
 
     try:
         try:
