@@ -216,7 +216,11 @@ class LogPane(Vertical):
         if view.collapse and kind != RANK:
             title.append("  collapsed", "dim")
         # One line, fixed size: no layout pass (a layout of the whole screen is costly).
-        self.query_one(".logpane--title", Static).update(title, layout=False)
+        # None while the pane is being removed (an older-lines answer can come then: seen
+        # as NoMatches in test_tui_real) or not composed yet: nothing to write into.
+        titles = self.query(".logpane--title")
+        if titles:
+            titles.first(Static).update(title, layout=False)
 
     def cycle_kind(self, state: RunState) -> tuple:
         """rank -> its node merged -> every rank merged -> back to the rank."""
