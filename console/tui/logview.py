@@ -385,7 +385,12 @@ class LogView(ScrollView, can_focus=True):
 
     def on_resize(self, event: events.Resize) -> None:
         if self.wrap and self.scrollable_content_region.width != self._wrap_width:
-            self._rebuild()
+            self._rebuild()  # following, it ends at the newest line (_after_change)
+        elif self.follow and not self.is_vertical_scrollbar_grabbed:
+            # a pane made taller or shorter (the panes stack below 190 columns) keeps its
+            # scroll_y: following, the newest line stays at the bottom (the snapshots at
+            # 120x35 and 160x48 showed either, by the order of the lines and the layout)
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
 
     # -- follow / pause ------------------------------------------------------------------
     def watch_follow(self, follow: bool) -> None:
