@@ -269,7 +269,14 @@ def test_preflight_catches_torch_mismatch_and_unreachable_rendezvous(user_ssh, t
     assert "preflight found problems; nothing was started" in launch.stderr
     for node in user_ssh.names:  # the code was sent before the check; nothing ran
         assert os.path.isfile(user_ssh.local_path(node, work + "/" + SCRIPT)), node
-        assert not os.path.exists(user_ssh.local_path(node, work + "/.rankdeck/runs")), node
+        # the run folder holds only the node's action log, with the sync (agent/actions.py):
+        # no state, journal or torchrun log
+        runs = user_ssh.local_path(node, work + "/.rankdeck/runs")
+        kept = [os.path.relpath(os.path.join(d, f), runs)
+                for d, _dirs, files in os.walk(runs) for f in files]
+        assert [os.path.basename(k) for k in kept] == ["actions.jsonl"], (node, kept)
+        with open(os.path.join(runs, kept[0])) as f:
+            assert [json.loads(line)["action"] for line in f] == ["sync"], (node, kept)
 
 
 async def test_cut_link_is_reported_then_streams_resume_exactly_once(user_ssh, tmp_path, secret,
