@@ -121,15 +121,11 @@ class Recorder:
 
     # -- what was recorded, for the cause of a failure -------------------------------------
     def _is_worker(self, fid):
-        """A rank's file: torchrun's (a local rank) or DeepSpeed's (the global rank its name
-        gives, no local rank: agent/tail.py); not torchrun's or the launcher's own log."""
-        info = self.ranks.get(fid)
-        return info is not None and (info[1] is not None or info[0] is not None)
+        return _worker_file(self.ranks.get(fid))
 
     def files_by_rank(self):
         """{fid: rank} of the workers' files so far (asked from the judge link's thread)."""
-        return {fid: info[0] for fid in list(self.ranks) if self._is_worker(fid)
-                for info in (self.ranks[fid],)}
+        return {fid: info[0] for fid, info in list(self.ranks.items()) if _worker_file(info)}
 
     def stderr_of(self, inst, local_rank):
         """(fid, attempt) of ``local_rank``'s newest stderr file in torchrun start ``inst``."""
@@ -150,3 +146,10 @@ class Recorder:
             if lr == local_rank and att == attempt and ins == inst:
                 rank = r
         return rank
+
+
+def _worker_file(info):
+    """A rank's file, by its ``(rank, local_rank, ...)``: torchrun's (a local rank) or
+    DeepSpeed's (the global rank its name gives, no local rank: agent/tail.py); not torchrun's
+    or the launcher's own log."""
+    return info is not None and (info[1] is not None or info[0] is not None)

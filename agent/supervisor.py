@@ -110,6 +110,7 @@ class Supervisor:
         self.requests = []
         self.exiting = []  # old torchruns a restart left exiting (kill, watch_exiting)
         self.closes = None  # the job's torch closes the rendezvous on SIGTERM (closes_rendezvous)
+        self.job = (None, None)  # the launcher's python and environment (launch)
         self.torchrun_log = TorchrunLog(os.path.join(self.node_dir, "torchrun.log"),
                                         os.path.join(self.node_dir, RANK_RECORD))
         # what torchrun and its workers print, masked, parsed and journaled (agent/recorder.py)
@@ -229,14 +230,12 @@ class Supervisor:
         (``watch_exiting``), SIGKILLed past the grace."""
         probe = GpuProbe()
         run_pids = set(procs.run_pids(os.getpid(), self.marker))
-        first = self.torchrun
+        first, killed_first = self.torchrun, None
         if leave_torchrun and first is not None and self.closes_rendezvous():
             # its SIGTERM would close the job's rendezvous (agent/torch_quirks.py): SIGKILL
             # first, its workers then SIGTERMed directly, as a stop does once torchrun is gone
             os.kill(first, signal.SIGKILL)
             killed_first, first, leave_torchrun = first, None, False
-        else:
-            killed_first = None
         report = procs.kill_run(os.getpid(), self.marker, grace=grace, first=first,
                                 on_wait=self.recorder.pump, leave_first=leave_torchrun)
         if killed_first:
@@ -254,7 +253,7 @@ class Supervisor:
         """Whether the job's torch closes the rendezvous when its torchrun stops (asked once,
         at the first restart: agent/torch_quirks.py)."""
         if self.closes is None:
-            python, env = getattr(self, "job", (None, None))
+            python, env = self.job
             folder = torch_quirks.torch_dir(python, env) if python else None
             self.closes = torch_quirks.closes_rendezvous_on_stop(folder)
         return self.closes
