@@ -182,6 +182,10 @@ def start(args):
         raise RequestError("node %s of run %s is already running (supervisor pid %s)"
                            % (args["node"], state.get("run_id"), state.get("pid")),
                            "conflict")
+    if isinstance(args.get("record"), dict):  # for `watch -i` from another laptop (record_of)
+        os.makedirs(ndir, 0o700, exist_ok=True)
+        write_json_atomic(os.path.join(ndir, RECORD), args["record"])
+        os.chmod(os.path.join(ndir, RECORD), 0o600)
     return spawn_supervisor(ndir, args["spec"])
 
 
@@ -237,6 +241,37 @@ def state_of(args):
     except OSError:
         out["journal_size"] = 0
     return out
+
+
+RECORD = "record.json"  # the run's record as the launching laptop kept it, no secret values
+RECORD_MAX = 1 << 20
+
+
+def record_of(args):
+    """The record of run ``run_id`` under ``runs_dir`` that the launching console left on this
+    host (``start``'s ``record``), for a console on another laptop (`rankdeck watch RUN -i`).
+    ``missing`` when no node of that run here has one (a run from an older rankdeck, or a
+    run folder of another login)."""
+    run_id = args.get("run_id")
+    if not isinstance(run_id, str) or not run_id or run_id in (".", "..") or \
+            not all(c.isalnum() or c in "._-" for c in run_id) or len(run_id) > 128:
+        raise RequestError("not a run id: %r" % (str(run_id)[:40],), "usage")
+    root = os.path.join(host_path(args["runs_dir"]), run_id)
+    try:
+        nodes = sorted(os.listdir(root))
+    except OSError:
+        nodes = []
+    for name in nodes:
+        path = os.path.join(root, name, RECORD)
+        try:
+            if os.path.getsize(path) > RECORD_MAX:
+                continue
+        except OSError:
+            continue
+        record = read_json(path)
+        if isinstance(record, dict):
+            return {"record": record, "node": name}
+    raise RequestError("no record of run %s under %s on this host" % (run_id, root), "missing")
 
 
 def runs(args):

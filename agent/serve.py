@@ -44,7 +44,7 @@ IDLE = 1.0  # with a watch: the longest sleep of the stream loop (a dead supervi
 # what a read-only connection may ask: requests that read. Any other (a new op too) is refused.
 # `stacks` and `why` are answered without signalling the ranks (agent/stacks.py).
 READ_ONLY_OPS = frozenset(("ping", "hello", "subscribe", "unsubscribe", "state", "runs",
-                           "scrollback", "stacks", "why", "judge", "actions"))
+                           "scrollback", "stacks", "why", "judge", "actions", "record"))
 READ_ONLY_ASKS = ("why", "ping")  # of the judge (op_judge): not node surgery
 ROLES = ("drive", "watch")
 
@@ -297,6 +297,9 @@ class Server:
 
     def op_runs(self, args):
         return node.runs(args)
+
+    def op_record(self, args):
+        return node.record_of(args)
 
     # -- journals --------------------------------------------------------------------------
     def op_subscribe(self, args):

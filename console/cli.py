@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         at.add_argument("--by-node", action="store_true", help="--no-tui: what was printed "
                         "before, each node's lines together (default: in time order across "
                         "nodes)")
+        at.add_argument("-i", "--inventory", help="a run launched from another laptop: "
+                        "an inventory of its hosts, whose agents keep the run's record "
+                        "(connect as the login that launched it)")
         if verb == "attach":
             at.add_argument("--read-only", action="store_true", help="no key that changes "
                             "the run (kill, restart, stop, cordon, signals, sync); the hosts' "

@@ -26,6 +26,7 @@ from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, LaunchEr
 from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
 from .history import History, inventory_from_record, state_dir
+from .hosted_record import known_or_fetched
 from .judged import judged, settle
 from .launchers import TemplateError
 from .liveness import beside_judge, check_stalls
@@ -324,6 +325,7 @@ async def cmd_check(args) -> int:
 # -- a recorded run ----------------------------------------------------------------------------
 async def cmd_attach(args) -> int:
     tui = wants_tui(args)
+    await known_or_fetched(args.run_id, args.inventory, args.accept_new_host_keys)
     async with recorded_run(args.run_id, args.stall_after) as ctl:
         # said in every connection's hello: the agents list this console, and refuse a
         # read-only one every change (docs/SECURITY.md, "Read-only consoles")

@@ -285,9 +285,12 @@ class RunController:
         await self._start_judge(rdzv, active, spec)
         self.state.add_event(rdzv.name, "rendezvous", "rendezvous store at %s%s" % (
             endpoint, "; " + store["note"][:300] if store.get("note") else ""))
+        # each node keeps the record (no secret values): what `watch RUN -i` on another
+        # laptop reads (console/hosted_record.py)
         started = await self.gather_nodes(
             lambda link: link.request("start", run_root=link.run_root, node=link.name,
-                                      spec=self.node_spec(link.host, spec, endpoint)),
+                                      spec=self.node_spec(link.host, spec, endpoint),
+                                      record=self.record),
             [h.name for h in active])
         bad = {n: r for n, r in started.items() if isinstance(r, BaseException)}
         if bad:

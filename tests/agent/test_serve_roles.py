@@ -165,3 +165,26 @@ def test_a_subscription_gets_the_log_at_once_then_each_new_line(run_root):
     server.pump(server.subscriptions())
     new = [m for m in out.msgs if m["t"] == "actions"][1:]
     assert [(r["who"], r["action"]) for m in new for r in m["recs"]] == [("alice@laptop", "stop")]
+
+
+def test_a_watcher_reads_the_record_a_launch_left_and_nothing_else(tmp_path):
+    """`watch RUN -i` from another laptop (console/hosted_record.py): the agent answers the
+    record kept at start, to a read-only console too, and never a path outside its runs."""
+    runs = tmp_path / "runs"
+    ndir = runs / "20261126-000000-abc" / "node1"
+    ndir.mkdir(parents=True)
+    record = {"run_id": "20261126-000000-abc", "hosts": [{"name": "node1", "addr": "h"}]}
+    (ndir / "record.json").write_text(json.dumps(record))
+    out = Out()
+    server = serve.Server(out=out)
+    assert ask(server, out, "hello", role="watch", who="bob@laptop")["ok"]
+    got = ask(server, out, "record", runs_dir=str(runs), run_id="20261126-000000-abc")
+    assert got["ok"] and got["data"] == {"record": record, "node": "node1"}
+    for bad in ("..", "../runs", "a/b", "", None):
+        res = ask(server, out, "record", runs_dir=str(runs), run_id=bad)
+        assert not res["ok"] and res["kind"] == "usage", (bad, res)
+    res = ask(server, out, "record", runs_dir=str(runs), run_id="20261126-000000-zzz")
+    assert not res["ok"] and res["kind"] == "missing"
+    (ndir / "record.json").write_text("x" * ((1 << 20) + 1))  # too big to be one: not read
+    assert ask(server, out, "record", runs_dir=str(runs),
+               run_id="20261126-000000-abc")["kind"] == "missing"

@@ -236,6 +236,26 @@ def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp
             node["name"]
     assert processes_of(run_id) == []
 
+    # A teammate's laptop (a state folder of its own) watches the run: it has no record of
+    # it, and finds it on the hosts through its inventory (console/hosted_record.py)
+    teammate = dict(os.environ, PYTHONPATH=REPO, XDG_STATE_HOME=str(tmp_path / "laptop2"))
+    unknown = subprocess.run([sys.executable, "-m", "console", "watch", "--no-tui", run_id],
+                             cwd=REPO, env=teammate, capture_output=True, timeout=120)
+    assert unknown.returncode == 2 and b"-i INVENTORY" in unknown.stderr, unknown.stderr
+    watch = subprocess.run([sys.executable, "-m", "console", "watch", "--no-tui", run_id,
+                            "-i", inv], cwd=REPO, env=teammate, capture_output=True,
+                           timeout=TIMEOUT)
+    (tmp_path / "watch.out").write_bytes(watch.stdout + b"\n--- stderr\n" + watch.stderr)
+    assert watch.returncode == 0, watch.stderr.decode()
+    assert secret.encode() not in watch.stdout + watch.stderr
+    watched = console_lines(watch.stdout.decode())
+    for node in status["nodes"]:
+        (rank,) = [r["rank"] for r in node["ranks"]]
+        assert watched[(node["name"], rank)] == disk_lines(user_ssh, work, run_id,
+                                                           node["name"]), node["name"]
+    (copied,) = (tmp_path / "laptop2" / "rankdeck" / "runs").glob(run_id + ".json")
+    assert json.loads(copied.read_text())["copied_from"] in user_ssh.names
+
 
 def test_preflight_catches_torch_mismatch_and_unreachable_rendezvous(user_ssh, tmp_path, secret,
                                                                    host_workdir, project):

@@ -160,12 +160,16 @@ def test_the_suspects_source_line_is_read_on_its_host_and_shown(tmp_path):
     (tmp_path / "fifo").mkdir()
     os.mkfifo(tmp_path / "fifo" / "f.py")  # never opened for a read that blocks
     stack = STUCK_STACK + '  File "%s", line 1 in x\n' % (tmp_path / "fifo" / "f.py")
-    old = os.getcwd()
-    os.chdir(tmp_path)
+    # a rank of its own: in this process a PYTHONPATH holding the repo finds trainer/train.py
+    rank = subprocess.Popen([sys.executable, "-c", "print(1, flush=True); input()"],
+                            cwd=str(tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={})
     try:
-        read = sources(stack, os.getpid())
+        rank.stdout.readline()  # it runs
+        read = sources(stack, rank.pid)
     finally:
-        os.chdir(old)
+        rank.kill()
+        rank.wait()
     assert read == {"trainer/faults.py:87": line.strip()}
     # py-spy shortens a path below a sys.path entry: PYTHONPATH is searched too
     elsewhere = tmp_path / "elsewhere"
