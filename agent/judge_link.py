@@ -12,7 +12,8 @@ seconds; the node's run never waits for it.
 Requests are answered on the link's own threads: ``why`` runs agent/fr_dump.py's node report
 (masked with the run's secrets before it leaves the host); ``restart`` and ``stop`` signal the
 supervisor itself (SIGUSR1, SIGTERM after writing how the node ends), exactly as a console's
-request through ``serve`` does.
+request through ``serve`` does, and are kept in the node's action log as the judge's (``who``
+``judge``), as serve keeps a console's.
 
 Standard library only; Python >= 3.9.
 """
@@ -22,7 +23,7 @@ import signal
 import threading
 import time
 
-from . import judge_wire
+from . import actions, judge_wire
 from .journal import JournalReader
 from .node import STOP_END, refuse_if_fenced
 from .runfiles import read_json, write_json_atomic
@@ -31,6 +32,7 @@ FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples
 POLL = 0.5
 BACKOFF = (1.0, 2.0, 5.0)
 RESTART_WAIT = 180.0
+JUDGE = {"who": "judge", "console": "judge"}  # who the action log names for the judge's asks
 
 
 class JudgeLink:
@@ -153,9 +155,12 @@ class JudgeLink:
             if op == "why":
                 data = self.why()
             elif op == "restart":
-                data = self._restart()
+                data = self._logged("restart", self._restart)
             elif op == "stop":
-                data = self._stop((msg.get("args") or {}).get("end"))
+                end = (msg.get("args") or {}).get("end")
+                detail = "the run is over: %s" % end.get("state") if isinstance(end, dict) \
+                    else None
+                data = self._logged("stop", lambda: self._stop(end), detail)
             else:
                 raise ValueError("unknown request %r" % (op,))
             line.send({"t": "res", "id": req_id, "ok": True, "data": data})
@@ -166,6 +171,25 @@ class JudgeLink:
                 line.send({"t": "res", "id": req_id, "ok": False, "error": str(exc)[:300]})
             except judge_wire.WireError:
                 return
+
+    def _logged(self, op, do, detail=None):
+        """``do()``, kept in the node's action log as the judge's with its outcome (a stop is
+        logged before its SIGTERM: the supervisor may be gone before a later write)."""
+        started = time.time()
+        node = os.path.basename(self.node_dir.rstrip(os.sep))
+        if op == "stop":
+            actions.record(self.node_dir, actions.entry(actions.CHANGES[op], node, JUDGE,
+                                                        started, "ok", detail))
+            return do()
+        try:
+            data = do()
+        except Exception as exc:
+            actions.record(self.node_dir, actions.entry(actions.CHANGES[op], node, JUDGE,
+                                                        started, "error: %s" % exc, detail))
+            raise
+        actions.record(self.node_dir, actions.entry(actions.CHANGES[op], node, JUDGE, started,
+                                                    "ok", detail))
+        return data
 
     def _restart(self):
         refuse_if_fenced(self.node_dir)  # a cordoned node is never restarted

@@ -127,6 +127,10 @@ def test_on_hang_restart_restarts_the_named_node_and_every_rank_steps_again(tmp_
         assert restarted[0]["node"] == node and restarted[0]["reason"] == "on-hang"
         policy = [e for e in judge_events(workdir, run_id) if e["what"] == "policy"]
         assert any("restarting %s" % node in e["text"] for e in policy), policy
+        # kept in the node's action log as the judge's, beside the consoles' (`rankdeck actions`)
+        logged = json.loads(rankdeck("actions", run_id, "--json").stdout)
+        assert any(a["action"] == "restart" and a["node"] == node and a["who"] == "judge"
+                   and a["result"] == "ok" for a in logged), logged
         # every rank steps again past the hang
         steps: list = []
 
