@@ -32,6 +32,7 @@ import threading
 import time
 
 from . import judge_notify, judge_wire, procs
+from .judge_cordon import AutoCordon
 from .journal import JournalWriter
 from .judge_rules import (CORDON_WITHIN_S, RULES, RunView, check_stalls, check_waiting,
                           ends_due, event, run_over, stalled, verdict_again_due,
@@ -74,6 +75,7 @@ class Judge:
         self.ending = set()  # nodes the judge is stopping
         self.over = None
         self.stop = threading.Event()
+        self.surgeon = AutoCordon(self, spec)  # --auto-cordon (agent/judge_cordon.py)
 
     # -- the journal -----------------------------------------------------------------------
     def write(self, rec):
@@ -150,6 +152,7 @@ class Judge:
                             if ev.get("what") == "diverged":
                                 diverged.append(ev)
             elif kind == "state":
+                self.surgeon.node_state(nl.node, msg.get("state"))
                 for ev in self.view.apply_state(nl.node, msg.get("state"), self.now(),
                                                 stopping=self.ending):
                     self.write(ev)
@@ -193,7 +196,9 @@ class Judge:
         self.write(event("surgery", node if isinstance(node, str) else None,
                          who=str(args.get("who") or "")[:200],
                          action=str(args.get("action") or "cordon")[:40],
-                         text=str(args.get("text") or "node surgery")[:600]))
+                         out=out if isinstance(out, str) else None,
+                         text=str(args.get("text") or "node surgery")[:600],
+                         **{"in": into if isinstance(into, str) else None}))
         return {"nodes": sorted(self.view.nodes)}
 
     # -- asking the nodes ------------------------------------------------------------------
@@ -267,11 +272,11 @@ class Judge:
     # -- policies --------------------------------------------------------------------------
     def propose_cordon(self, ev):
         """A ``cordon proposed`` event was just journaled (agent/judge_rules.py
-        cordon_proposal: the node is in trouble again soon after its restart). The place for
-        the cordon policy (issue 28: ``--auto-cordon`` cordons the node and brings in a spare);
-        until it exists the proposal is the event, which consoles show and ``--notify``
-        forwards. Runs on the thread that journaled the event; an action must not block it."""
-        return None
+        cordon_proposal: the node is in trouble again soon after its restart; a GPU's Xid or
+        ECC error). Consoles show it and ``--notify`` forwards it; with ``--auto-cordon`` the
+        judge cordons the node itself (agent/judge_cordon.py), on a thread of its own: this
+        runs on the thread that journaled the event, which must not block."""
+        self.surgeon.consider(ev)
 
     def act_on_hang(self, verdict):
         nodes = sorted({s.get("node") for s in verdict.get("suspects") or []
@@ -383,6 +388,7 @@ class Judge:
                          on_hang=self.on_hang, on_nan=self.on_nan, max_wall=self.max_wall,
                          notify=bool(self.spec.get("notify")), rules=list(RULES),
                          cordon_within_s=self.view.cordon_within_s,
+                         auto_cordon=self.surgeon.on,
                          text="the judge watches the run on this host (stall after %.0f s, "
                          "on hang: %s)" % (self.view.stall_after, self.on_hang)))
         ended_at = None
@@ -408,6 +414,7 @@ class Judge:
         if self.over is None:  # stopped (SIGTERM): say how the run ended, if it has
             time.sleep(0.5)  # the nodes' last states, sent as their supervisors ended
             self.tick()
+        self.surgeon.forget()
         self.notifier.drain()
 
 

@@ -1,6 +1,6 @@
 """A supervisor's line to the run's judge (agent/judge.py): what the node's journal says goes
 to the judge; what the judge asks of the node (its ranks' stacks and flight-recorder tails, a
-restart, a stop) is done here.
+restart, a stop, a fence) is done here.
 
 A thread of the supervisor. It follows the node's own journal from where it stood when the
 supervisor started and forwards the metas of ``file``, ``metric`` and ``event`` records (never
@@ -25,7 +25,7 @@ import time
 
 from . import actions, judge_wire
 from .journal import JournalReader
-from .node import STOP_END, refuse_if_fenced
+from .node import FENCE, STOP_END, refuse_if_fenced
 from .runfiles import read_json, write_json_atomic
 
 FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples: stragglers
@@ -133,9 +133,10 @@ class JudgeLink:
             if isinstance(state, dict):
                 # sent: this host's clock now, so the judge can move the phase's `since` into
                 # its own clock (agent/judge_rules.py: hosts' clocks differ)
+                kill = state.get("kill") if isinstance(state.get("kill"), dict) else {}
                 line.send({"t": "state", "state": dict({k: state.get(k) for k in (
                     "state", "phase", "cause", "exit_code", "launches", "restarts")},
-                    sent=time.time())})
+                    sent=time.time(), left=kill.get("left") or [], gpu=kill.get("gpu"))})
 
     # -- what the judge asks ---------------------------------------------------------------
     def _requests(self, line):
@@ -161,6 +162,10 @@ class JudgeLink:
                 detail = "the run is over: %s" % end.get("state") if isinstance(end, dict) \
                     else None
                 data = self._logged("stop", lambda: self._stop(end), detail)
+            elif op == "fence":
+                args = msg.get("args") or {}
+                data = self._logged("fence", lambda: self._fence(args),
+                                    str(args.get("why") or "")[:200] or None)
             else:
                 raise ValueError("unknown request %r" % (op,))
             line.send({"t": "res", "id": req_id, "ok": True, "data": data})
@@ -174,10 +179,10 @@ class JudgeLink:
 
     def _logged(self, op, do, detail=None):
         """``do()``, kept in the node's action log as the judge's with its outcome (a stop is
-        logged before its SIGTERM: the supervisor may be gone before a later write)."""
+        logged before its SIGTERM, a fence too: the supervisor may be gone before a later write)."""
         started = time.time()
         node = os.path.basename(self.node_dir.rstrip(os.sep))
-        if op == "stop":
+        if op in ("stop", "fence"):
             actions.record(self.node_dir, actions.entry(actions.CHANGES[op], node, JUDGE,
                                                         started, "ok", detail))
             return do()
@@ -202,6 +207,17 @@ class JudgeLink:
                 return {"launches": st.get("launches")}
             time.sleep(0.2)
         raise RuntimeError("the node did not start again within %.0f s" % RESTART_WAIT)
+
+    def _fence(self, args):
+        """The judge's cordon (--auto-cordon): fenced first, as `fence` from a console does
+        (agent/node.py), then stopped; the stop's kill report (``left``: what survived it)
+        reaches the judge in the node's last state."""
+        write_json_atomic(os.path.join(self.node_dir, FENCE),
+                          {"who": str(args.get("who") or "the judge")[:200],
+                           "why": str(args.get("why") or "cordoned by the judge")[:300],
+                           "at": time.time()})
+        return self._stop({"state": "stopped", "cause": {"message": str(
+            args.get("why") or "cordoned by the judge")[:500]}})
 
     def _stop(self, end):
         if isinstance(end, dict):

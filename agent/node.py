@@ -6,6 +6,7 @@ starts detached and then only signals: SIGTERM stops the node, SIGUSR1 restarts 
 Every answer is the node's ``state.json`` plus whether its supervisor still lives.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,10 @@ SPAWN_TIMEOUT = 30.0
 LIVE_STATES = ("starting", "running", "restarting", "stopping")
 STOP_END = "stop-end.json"  # how the next stop ends the node: a `stop` request's `end`
 FENCE = "fenced.json"  # a cordoned node (docs/SURGERY.md): no start or restart until unfenced
+# a spare's start spec under --auto-cordon (docs/SURGERY.md): the run's judge starts the spare
+# from it with no console; it holds the run's env, secrets included, so 0600 and removed once
+# the spare starts or is fenced
+STANDBY = "standby.json"
 DEFAULT_GRACE = 10.0  # seconds between SIGTERM and SIGKILL when a run does not say (--grace)
 JOB_UMASK = None  # the login's umask, for torchrun and the job (see keep_files_private)
 
@@ -158,9 +163,37 @@ def fence(args):
     ndir = node_dir(args)
     os.makedirs(ndir, 0o700, exist_ok=True)
     write_json_atomic(os.path.join(ndir, FENCE), dict(args.get("fence") or {}, at=time.time()))
+    drop_standby(ndir)
     if node_state(ndir) is None:  # a spare that never ran: fenced, nothing to stop
         return {"state": "missing", "left": [], "fenced": True}
     return dict(stop(args), fenced=True)
+
+
+def standby(args):
+    """``launch --auto-cordon``: keep the spare's start ``spec`` in its run folder (0600) so
+    the run's judge on this host can start it in a cordoned node's place without a console
+    (agent/judge_cordon.py). The login's umask for the job goes with it, as a start's does."""
+    ndir = node_dir(args)
+    refuse_if_fenced(ndir)
+    os.makedirs(ndir, 0o700, exist_ok=True)
+    spec = dict(args["spec"])
+    if JOB_UMASK is not None:
+        spec["job_umask"] = JOB_UMASK
+    path = os.path.join(ndir, STANDBY)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    # 0600 from its first byte, whatever this process's umask (the env's secrets are in it)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(spec, f)
+    os.replace(tmp, path)
+    return {"standby": True}
+
+
+def drop_standby(ndir):
+    """The spare's kept spec goes (it started, or it is fenced): no secret stays on disk."""
+    try:
+        os.unlink(os.path.join(ndir, STANDBY))
+    except OSError:
+        pass
 
 
 def unfence(args):
@@ -186,7 +219,9 @@ def start(args):
         os.makedirs(ndir, 0o700, exist_ok=True)
         write_json_atomic(os.path.join(ndir, RECORD), args["record"])
         os.chmod(os.path.join(ndir, RECORD), 0o600)
-    return spawn_supervisor(ndir, args["spec"])
+    started = spawn_supervisor(ndir, args["spec"])
+    drop_standby(ndir)  # a spare put in by a console: the judge must not start it again
+    return started
 
 
 def stop(args):

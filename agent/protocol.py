@@ -43,6 +43,7 @@ OPS = (
     "restart",
     "fence",  # cordon: no start or restart of the node from now on, then stop it
     "unfence",
+    "standby",  # launch --auto-cordon: a spare's start spec, kept for the run's judge
     "runs",
     "state",
     "scrollback",

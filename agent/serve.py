@@ -292,6 +292,9 @@ class Server:
     def op_unfence(self, args):
         return node.unfence(args)
 
+    def op_standby(self, args):
+        return node.standby(args)
+
     def op_state(self, args):
         return node.state_of(args)
 

@@ -104,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--spares", metavar="NODES", help="comma-separated hosts of the inventory "
                     "that wait as spares (as `spare: true`): agent, preflight and code, no "
                     "torchrun until `rankdeck cordon` puts one in")
+    la.add_argument("--auto-cordon", action="store_true",
+                    help="the run's judge cordons a node proposed for cordon itself (a node in "
+                    "trouble again soon after its restart, a GPU's Xid or ECC error): the spare "
+                    "on its host goes in, or the run shrinks (--nnodes MIN:MAX); torchrun "
+                    "only (docs/SURGERY.md)")
+    la.add_argument("--cordon-within", type=bounded(float, 0), metavar="SECONDS", default=600.0,
+                    help="a node in trouble again this soon after its restart is proposed for "
+                    "cordon (default 600; 0: no proposals)")
     la.add_argument("--allow-partial", action="store_true",
                     help="start on the reachable hosts even if some are not")
     la.add_argument("--sync", metavar="DIR", help="send DIR's files (what git tracks, or "

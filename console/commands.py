@@ -157,6 +157,12 @@ async def cmd_launch(args) -> int:
                       checkpoint_dir=args.checkpoint_dir,
                       launch_with=launcher,
                       **judge_settings(args, inv))
+    if spec.auto_cordon and (spec.launch_with != "torchrun" or spec.launcher):
+        # the judge starts a spare from a command made at launch: only torchrun's
+        # rendezvous gives it a node rank then (the others fix each node's at launch)
+        raise UsageError("--auto-cordon: the judge puts a spare in with torchrun's "
+                         "rendezvous only; launcher %s fixes each node's rank at launch: "
+                         "cordon with `rankdeck cordon` instead" % spec.launch_with)
     try:  # the template check, before anything is started (console/launchers.py)
         shown = render_dry_run(inv, spec)
     except TemplateError as exc:
@@ -243,7 +249,9 @@ def judge_settings(args, inv: Inventory) -> dict:
             "on_nan": getattr(args, "on_nan", "warn"),
             "max_wall": getattr(args, "max_wall", None),
             "notify": getattr(args, "notify", None) or getattr(inv, "notify", None),
-            "notify_on": kinds}
+            "notify_on": kinds,
+            "auto_cordon": bool(getattr(args, "auto_cordon", False)),
+            "cordon_within": getattr(args, "cordon_within", 600.0)}
 
 
 def check_nnodes(nnodes: str, hosts: int, inventory: str) -> None:

@@ -86,11 +86,32 @@ def _event(state: RunState, meta: dict) -> None:
         state.waiting = _wait(meta, text)
     elif what == "waiting over":
         state.waiting = None
+    elif what == "surgery" and meta.get("who") == "judge" and meta.get("action") == "outcome":
+        _judge_surgery(state, meta, text)
     elif what == "diverged":
         if rs is None or rs.diverged is not None:
             return  # this console saw it first (console/state.py): said once
         rs.diverged = meta.get("step")
     state.add_event(node, what if what != "judge" else "judge", text, rank, meta.get("ts"))
+
+
+def _judge_surgery(state: RunState, meta: dict, text: str) -> None:
+    """A cordon the judge did itself (``--auto-cordon``, agent/judge_cordon.py): the node is
+    cordoned and the spare in the run, in this console too; kept for the run record."""
+    out, spare = meta.get("out"), meta.get("in")
+    outcome = clean(str(meta.get("outcome") or ""), limit=300)
+    if out not in state.nodes or (spare is not None and spare not in state.nodes):
+        return
+    if meta.get("fenced") is True or outcome.startswith("done"):
+        state.set_role(out, "cordoned")
+    if spare is not None and outcome.startswith("done"):
+        state.set_role(spare, "active")
+    state.judge_surgeries.append({
+        "who": "judge", "what": text.split(": ", 1)[0], "node": out, "spare": spare,
+        "when": meta.get("ts") if isinstance(meta.get("ts"), (int, float)) else time.time(),
+        "outcome": outcome, "gpu": clean(str(meta.get("gpu") or ""), limit=100),
+        "left": [p for p in meta.get("left") or [] if isinstance(p, (int, list))]
+        if isinstance(meta.get("left"), list) else []})
 
 
 def _wait(meta: dict, text: str) -> dict:

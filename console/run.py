@@ -32,6 +32,7 @@ from .finish import ends_due
 from .history import History, host_record, inventory_from_record
 from .judged import judged, settle
 from .consoles import Me
+from .autocordon import follow_judge, keep_spare_spec
 from .link import NodeLink
 from .liveness import beside_judge, check_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
@@ -40,7 +41,7 @@ from .scrollback import PAGE_BYTES
 from .spec import STATIC_WORLD, LaunchSpec, new_run_id, node_commands, run_root  # LaunchSpec: callers' too
 from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
 from .state import RUN_ENDED, RunState
-from .surgery import ACTIVE, SPARE, CordonPlan, plan_cordon, store_host
+from .surgery import ACTIVE, SPARE, CordonPlan, nnodes_range, plan_cordon, store_host
 from .transport.base import HostUnreachable, Transport
 from .why import take_verdict
 
@@ -75,6 +76,7 @@ class RunController:
         self._ending: set[str] = set()  # nodes being stopped by console/finish.py's rules
         self._ending_stops: list[asyncio.Task] = []  # their stop requests
         self._verdict_task: asyncio.Task | None = None
+        self.judge_surgeries_seen = 0  # of state.judge_surgeries, in the record (follow_judge)
         self.secrets = inventory.secrets
         self.state.masker = Masker(self.secrets)
         self.preflight_checks: list[HostCheck] = []
@@ -163,8 +165,10 @@ class RunController:
         roots = (self.record or {}).get("run_roots")
         return [h for h in self.inventory.hosts if not roots or h.name in roots]
 
-    def node_spec(self, host: Host, spec: LaunchSpec, endpoint: str) -> dict:
-        cmd = node_commands(self.run_hosts(), spec, self.run_id, endpoint,
+    def node_spec(self, host: Host, spec: LaunchSpec, endpoint: str,
+                  hosts: list[Host] | None = None) -> dict:
+        """``host``'s start spec; ``hosts``: the run's in node-rank order (default: now's)."""
+        cmd = node_commands(hosts or self.run_hosts(), spec, self.run_id, endpoint,
                             lambda h: self.root_of(h.name))[host.name]
         env = {k: v.value for k, v in host.env.items()}
         env.update(cmd.env)  # the launcher's (console/launchers.py); the user's --env wins
@@ -283,6 +287,8 @@ class RunController:
         endpoint = "%s:%d" % (rdzv.addr, store["port"])
         self.record["rdzv_endpoint"] = endpoint
         await self._start_judge(rdzv, active, spec)
+        if spec.auto_cordon and self.judge_ref and rdzv.spare:
+            await keep_spare_spec(self, rdzv, spec, endpoint)
         self.state.add_event(rdzv.name, "rendezvous", "rendezvous store at %s%s" % (
             endpoint, "; " + store["note"][:300] if store.get("note") else ""))
         # each node keeps the record (no secret values): what `watch RUN -i` on another
@@ -415,7 +421,11 @@ class RunController:
                     "on_nan": spec.on_nan,
                     "max_wall": spec.max_wall, "notify": spec.notify,
                     "notify_on": spec.notify_on, "max_restarts": spec.max_restarts,
-                    "secrets": list(self.secrets)}
+                    "secrets": list(self.secrets),
+                    # node surgery by the judge (agent/judge_cordon.py, docs/SURGERY.md)
+                    "cordon_within_s": spec.cordon_within, "auto_cordon": spec.auto_cordon,
+                    "spares": [h.name for h in self.inventory.spares],
+                    "nnodes_min": nnodes_range(spec.nnodes, len(hosts))[0]}
         try:
             info = await self.links[rdzv.name].request(
                 "judge_start", run_root=self.root_of(rdzv.name), spec=settings, timeout=60)
@@ -617,6 +627,7 @@ class RunController:
             await asyncio.sleep(1.0)
             if judged(self.state):  # the judge on the hosts applies the rules
                 settle(self.state)
+                await follow_judge(self)  # its own surgeries (--auto-cordon)
                 if beside_judge(self.state):  # the rules an older judge does not apply
                     self._start_verdict()
             else:

@@ -49,6 +49,10 @@ class LaunchSpec:
     max_wall: float | None = None  # seconds: the judge stops the run after this long
     notify: str | None = None  # a shell command run on the judge's host, an event on stdin
     notify_on: list[str] | None = None  # the kinds of events notified (None: all)
+    # node surgery by the judge (docs/SURGERY.md): cordon a node proposed for it; a node in
+    # trouble again this soon after its restart is proposed (0: never)
+    auto_cordon: bool = False
+    cordon_within: float = 600.0
 
 
 # launchers whose ranks form one static world (no rendezvous to rejoin), and why `restart`

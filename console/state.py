@@ -197,6 +197,9 @@ class RunState:
         self.judge_offset = 0  # in the judge's journal
         self.stall_min_given = False  # `--stall-after` given to this console: it wins
         self.judge_stalled: set[int] = set()  # ranks the judge says are stalled
+        # surgeries the judge did itself (--auto-cordon): {who, what, when, node, spare,
+        # outcome, left, gpu}; console/cordon.py follow_judge keeps them in the run record
+        self.judge_surgeries: list[dict] = []
         self.stragglers = Stragglers()  # from the supervisors' samples (agent/ranksample.py)
         self.rank_cpu = RankCpu()  # silent ranks' CPU, from the same samples
         self.operators = Operators()  # consoles attached, the action log (console/consoles.py)

@@ -46,6 +46,10 @@ class FakeNode:
             self.asked.append(msg.get("op"))
             data = self.report if msg.get("op") == "why" else {}
             self.line.send({"t": "res", "id": msg["id"], "ok": True, "data": data})
+            self.answered(msg)
+
+    def answered(self, msg):
+        """After the answer to ``msg`` (a node that does more, tests/agent/test_judge_cordon.py)."""
 
     def send(self, *recs):
         self.line.send({"t": "recs", "recs": list(recs)})

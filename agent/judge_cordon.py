@@ -1,0 +1,177 @@
+"""The judge's cordon policy, ``launch --auto-cordon`` (docs/SURGERY.md): a node proposed for
+cordon (agent/judge_rules.py ``cordon_proposal``; agent/gpu.py's Xid and ECC errors) is
+cordoned by the run's judge itself, with no console attached, in a console's order:
+
+1. the node leaves the judge's view and the spare joins it (``Judge.cordon``, the ``surgery``
+   event with who = ``judge``);
+2. the node is fenced, then stopped, through its own supervisor's link (agent/judge_link.py
+   ``fence``: ``fenced.json`` first, then a stop); its last state says which processes
+   survived the stop and whether GPU memory is still held by them;
+3. the spare starts from the start spec the console left on this host at launch
+   (agent/node.py ``standby``, 0600): a spare on the judge's own host, which is the first
+   spare unless the inventory names a ``store:`` host. Without one the run shrinks when
+   ``--nnodes MIN:MAX`` leaves room, else nothing is done and a ``policy`` event says why.
+
+A node whose supervisor already ended (it ended failed) cannot be fenced from here: its last
+state says what was left; the outcome says it was not fenced on its host, and a console that
+attaches fences it (console/cordon.py ``follow_judge``).
+
+Standard library only; Python >= 3.9.
+"""
+
+import os
+import threading
+import time
+
+from . import judge_wire
+from .judge_rules import ENDED, event
+from .node import FENCE, STANDBY, drop_standby, start
+from .protocol import RequestError
+from .runfiles import read_json
+
+WHO = "judge"
+FENCE_WAIT = 180.0  # the fenced node's stop, confirmed in its last state
+
+
+class AutoCordon:
+    """``spec``: the judge's (``auto_cordon``, ``spares`` in the inventory's order,
+    ``nnodes_min``). ``judge``: the Judge it acts for (its lock, lines, view, write)."""
+
+    def __init__(self, judge, spec):
+        self.judge = judge
+        self.on = bool(spec.get("auto_cordon"))
+        self.spares = [s for s in spec.get("spares") or [] if isinstance(s, str)]
+        low = spec.get("nnodes_min")
+        self.nnodes_min = low if isinstance(low, int) and low > 0 else 1
+        self.run_root = os.path.dirname(judge.jdir)
+        self.busy = set()  # nodes cordoned (or being cordoned) by this policy
+        self.ended = threading.Condition(judge.lock)
+        self.last = {}  # node being fenced -> its last forwarded state
+
+    def consider(self, ev):
+        """A ``cordon proposed`` event was journaled: cordon its node (once), on a thread of
+        its own (it waits for the node's stop and the spare's start)."""
+        node = ev.get("node")
+        if not self.on or not isinstance(node, str) or node in self.busy:
+            return
+        self.busy.add(node)
+        threading.Thread(target=self._cordon, args=(node, str(ev.get("reason") or "")),
+                         daemon=True).start()
+
+    def node_state(self, node, st):
+        """A node's forwarded state.json (from the judge's link thread): the last one is what
+        a fenced node's stop left, or what a node that ended on its own left."""
+        if isinstance(st, dict):
+            with self.ended:
+                self.last[node] = st
+                self.ended.notify_all()
+
+    def forget(self):
+        """The run is over (or the judge stops): the spares' kept specs go, secrets with them."""
+        for name in self.spares:
+            drop_standby(os.path.join(self.run_root, name))
+
+    # -- the surgery -----------------------------------------------------------------------
+    def spare_here(self):
+        """The first spare this judge can start: its kept spec on this host, not fenced, not
+        in the run."""
+        for name in self.spares:
+            ndir = os.path.join(self.run_root, name)
+            if name not in self.judge.view.nodes and name not in self.busy and \
+                    os.path.exists(os.path.join(ndir, STANDBY)) and \
+                    not os.path.exists(os.path.join(ndir, FENCE)):
+                return name
+        return None
+
+    def _cordon(self, node, reason):
+        judge = self.judge
+        with judge.lock:
+            if node not in judge.view.nodes:
+                return  # out already (a console's cordon)
+            active = len(judge.view.nodes)
+            nl = judge.lines.get(node)
+            spare = self.spare_here()
+            gone = (judge.view.nodes[node].ended, self.last.get(node))
+        if spare is None and active - 1 < self.nnodes_min:
+            judge.write(event("policy", node, action="none", text=(
+                "--auto-cordon: %s not cordoned: no spare this judge can start (a spare on "
+                "its host, launched with --auto-cordon) and --nnodes needs %d node(s); "
+                "`rankdeck cordon RUN --node %s` from a console" % (node, self.nnodes_min, node))))
+            return
+        what = "cordon %s, %s" % (node, "spare %s in" % spare if spare else
+                                  "the run shrinks to %d node(s)" % (active - 1))
+        if spare:
+            self.busy.add(spare)
+        judge.write(event("policy", node, action="cordon",
+                          text="--auto-cordon: %s (%s)" % (what, reason)))
+        judge.cordon({"out": node, "in": spare, "who": WHO, "action": "cordon",
+                      "text": "%s: started by the judge (--auto-cordon)" % what})
+        began = time.monotonic()
+        outcome, left, gpu = self._fence(node, nl, reason, gone[0])
+        fence_s = round(time.monotonic() - began, 2)
+        if outcome in ("done", "done, not fenced") and spare:
+            failed = self._start(spare)
+            if failed:
+                outcome = "failed: %s fenced, but spare %s did not start: %s" % (
+                    node, spare, failed)
+        fenced = not outcome.startswith("failed") or "fenced, but" in outcome \
+            or "still alive" in outcome or "GPU memory" in outcome
+        judge.write(event("surgery", node, who=WHO, action="outcome", out=node, fenced=fenced,
+                          outcome=outcome, left=left, gpu=gpu, fence_s=fence_s,
+                          text="%s: %s" % (what, outcome), **{"in": spare}))
+
+    def _fence(self, node, nl, reason, ended):
+        """(outcome, left, gpu) of fencing ``node``: ``done``, ``done, not fenced`` (its
+        supervisor had ended: nothing to stop, nothing left) or ``failed: why``."""
+        if ended or nl is None:
+            st = self.last.get(node) or {}
+            left = st.get("left") if isinstance(st.get("left"), list) else []
+            if ended and not left:
+                return "done, not fenced", [], gpu_words(st.get("gpu"))
+            return ("failed: %s is not connected to the judge, so it cannot be fenced from "
+                    "here; `rankdeck cordon` from a console" % node), left, None
+        try:
+            nl.request("fence", {"who": WHO, "why": "cordoned by the judge (--auto-cordon): %s"
+                                 % reason}, FENCE_WAIT)
+        except judge_wire.WireError as exc:
+            return "failed: %s could not be fenced: %s" % (node, exc), [], None
+        deadline = time.monotonic() + FENCE_WAIT
+        with self.ended:
+            while not (self.last.get(node) or {}).get("state") in ENDED:
+                if time.monotonic() >= deadline:
+                    return ("failed: %s was fenced, but its stop was not confirmed within "
+                            "%.0f s" % (node, FENCE_WAIT)), [], None
+                self.ended.wait(1.0)
+            st = self.last[node]
+        left = [p for p in st.get("left") or [] if isinstance(p, (int, list))] \
+            if isinstance(st.get("left"), list) else []
+        gpu = gpu_words(st.get("gpu"))
+        if left:
+            return "failed: %d process(es) of %s still alive after the stop" % (
+                len(left), node), left, gpu
+        if gpu.startswith("held"):
+            return "failed: %s: GPU memory %s" % (node, gpu), left, gpu
+        return "done", left, gpu
+
+    def _start(self, spare):
+        """None, or why ``spare`` (on this host) did not start from its kept spec."""
+        spec = read_json(os.path.join(self.run_root, spare, STANDBY))
+        if not isinstance(spec, dict):
+            return "its start spec is not on the judge's host"
+        try:
+            start({"run_root": self.run_root, "node": spare, "spec": spec})
+        except (RequestError, OSError) as exc:
+            return str(exc)[:300]
+        return None
+
+
+def gpu_words(gpu):
+    """The GPU check of a node's stop (agent/supervisor.py ``gpu_after_kill``), in words:
+    ``freed``, ``held: N MiB by pid(s) ...`` or ``no GPU`` (no NVML figures on the host)."""
+    if not isinstance(gpu, dict):
+        return "no GPU"
+    held = gpu.get("held") if isinstance(gpu.get("held"), int) else 0
+    if not held:
+        return "freed"
+    pids = [p for p in gpu.get("pids") or [] if isinstance(p, int)]
+    return "held: %d MiB by pid(s) %s" % (held >> 20, ",".join(str(p) for p in pids))

@@ -1,0 +1,87 @@
+"""The judge's cordon policy (agent/judge_cordon.py, ``launch --auto-cordon``) on its own: a
+real judge and its journal, nodes spoken for by FakeNode (tests/agent/test_judge.py), and a
+real supervisor started for the spare from the spec kept on the judge's host. The whole path
+with real torchrun is tests/spine/test_auto_cordon.py."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+
+import pytest
+
+from agent import node
+from agent.judge_control import running_judge, start_judge, stop_judge
+from tests.agent.test_judge import TOKEN, FakeNode, events, rank_1_hangs
+from tests.waits import wait_for_sync
+
+
+class FencedNode(FakeNode):
+    """A node whose supervisor, asked to fence, stops and says so in its last state."""
+
+    def answered(self, msg):
+        if msg.get("op") == "fence":
+            self.fenced = msg.get("args")
+            self.line.send({"t": "state", "state": {"state": "stopped", "left": [],
+                                                    "gpu": None, "sent": time.time()}})
+
+
+def judge_with(tmp_path, **settings):
+    run_root = str(tmp_path / "run")
+    os.makedirs(run_root, exist_ok=True)
+    spec = dict({"addr": "127.0.0.1", "token": TOKEN, "nodes": ["node0", "node1"],
+                 "stall_after": 2.0, "auto_cordon": True, "spares": ["node2"],
+                 "nnodes_min": 2}, **settings)
+    return run_root, start_judge(run_root, spec)
+
+
+@pytest.fixture
+def stopped_after(tmp_path):
+    roots = []
+    yield roots
+    for run_root in roots:
+        stop_judge(run_root)
+        wait_for_sync(lambda: running_judge(run_root) is None, 30, "the judge ended")
+        spare = {"run_root": run_root, "node": "node2"}
+        if node.node_state(node.node_dir(spare)):
+            node.stop(dict(spare, timeout=30))
+
+
+def test_auto_cordon_fences_the_node_and_starts_the_spare_from_its_kept_spec(tmp_path,
+                                                                              stopped_after):
+    run_root, info = judge_with(tmp_path)
+    stopped_after.append(run_root)
+    # what the console hands the spare's host at launch (0600: the env's secrets are in it)
+    node.standby({"run_root": run_root, "node": "node2", "spec": {
+        "run_id": "r1", "node": "node2", "cwd": str(tmp_path), "env": {"TOKEN": "s3cret"},
+        "argv": [sys.executable, "-c", "import time; time.sleep(120)"]}})
+    kept = os.path.join(run_root, "node2", node.STANDBY)
+    assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
+    n0 = FencedNode(info["port"], "node0", {"ranks": []})
+    n1 = FencedNode(info["port"], "node1", {"ranks": []})
+    n1.send({"k": "event", "what": "restarting"}, {"k": "event", "what": "launched"})
+    n1.send({"k": "event", "what": "worker_failed", "rank": 1, "exit_code": 1})  # again
+    outcome = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "surgery"
+                                     and e.get("action") == "outcome"], 60, "the outcome")[0]
+    assert outcome["outcome"] == "done" and outcome["who"] == "judge", outcome
+    assert (outcome["out"], outcome["in"], outcome["gpu"]) == ("node1", "node2", "no GPU")
+    assert n1.asked == ["fence"] and "--auto-cordon" in n1.fenced["why"] and "fence" \
+        not in n0.asked
+    started = node.node_state(os.path.join(run_root, "node2"))
+    assert started["alive"] and started["state"] == "running", started
+    assert not os.path.exists(kept)  # the spec is in the supervisor's memory only now
+    texts = [e["text"] for e in events(run_root) if e["what"] in ("policy", "surgery")]
+    assert any("--auto-cordon: cordon node1, spare node2 in (rank 1 " in t for t in texts), texts
+
+
+def test_auto_cordon_without_a_spare_or_room_to_shrink_does_nothing_and_says_why(
+        tmp_path, stopped_after):
+    run_root, info = judge_with(tmp_path)  # no kept spec: no spare this judge can start
+    stopped_after.append(run_root)
+    rank_1_hangs(info["port"], "sleep", restarted=True)
+    said = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "policy"], 60,
+                         "the policy's answer")[0]
+    assert said["action"] == "none" and "--nnodes needs 2" in said["text"], said
+    assert not any(e["what"] == "surgery" for e in events(run_root))
