@@ -7,7 +7,7 @@ The controller is passed in (console/run.py calls these); this module imports no
 from __future__ import annotations
 
 from .errors import AgentError
-from .surgery import ACTIVE, CORDONED
+from .surgery import ACTIVE, CORDONED, SPARE
 
 
 async def follow_judge(ctl) -> None:
@@ -63,3 +63,12 @@ async def keep_spare_spec(ctl, spare, spec, endpoint: str) -> None:
     except AgentError as exc:
         ctl.state.add_event(spare.name, "surgery", "--auto-cordon: the judge cannot put %s in "
                             "(%s); `rankdeck cordon` from a console can" % (spare.name, exc))
+
+
+async def spares_running(ctl) -> list[str]:
+    """The spares whose agent says they run: put in by the judge (``--auto-cordon``) while no
+    console recorded it. A run's stop stops them too."""
+    spares = [n for n, role in ctl.roles().items() if role == SPARE and n in ctl.connected()]
+    states = await ctl.gather_nodes(lambda link: link.request(
+        "state", run_root=link.run_root, node=link.name), spares)
+    return [n for n, st in states.items() if isinstance(st, dict) and st.get("alive")]

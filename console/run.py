@@ -32,7 +32,7 @@ from .finish import ends_due
 from .history import History, host_record, inventory_from_record
 from .judged import judged, settle
 from .consoles import Me
-from .autocordon import follow_judge, keep_spare_spec
+from .autocordon import follow_judge, keep_spare_spec, spares_running
 from .link import NodeLink
 from .liveness import beside_judge, check_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
@@ -538,7 +538,7 @@ class RunController:
     async def stop(self, node: str | None = None) -> dict:
         """Stop one node or, without ``node``, every node (not the spares, which never
         started) and the rendezvous store; {node: the agent's answer or its error}."""
-        names = [node] if node else self.in_run()
+        names = [node] if node else self.in_run() + await spares_running(self)
         results = await self.gather_nodes(
             lambda link: link.request("stop", run_root=link.run_root, node=link.name,
                                       timeout=self.stop_timeout()), names)
