@@ -85,3 +85,25 @@ def test_auto_cordon_without_a_spare_or_room_to_shrink_does_nothing_and_says_why
                          "the policy's answer")[0]
     assert said["action"] == "none" and "--nnodes needs 2" in said["text"], said
     assert not any(e["what"] == "surgery" for e in events(run_root))
+
+
+def test_a_nodes_link_fences_it_before_it_stops(tmp_path, monkeypatch):
+    """The judge's ``fence`` through a node's own link (agent/judge_link.py): fenced.json
+    first (no start or restart from then on), then the supervisor's stop (its own SIGTERM,
+    caught here), ending ``stopped`` with the judge's reason."""
+    import signal
+
+    from agent import judge_link
+    from agent.runfiles import read_json
+    ndir = tmp_path / "run" / "node1"
+    ndir.mkdir(parents=True)
+    link = judge_link.JudgeLink({}, "node1", str(ndir), dict, dict, lambda _t: None)
+    sent = []
+    monkeypatch.setattr(judge_link.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    assert link._fence({"who": "judge", "why": "cordoned by the judge (--auto-cordon): x"}) == {}
+    assert sent == [(os.getpid(), signal.SIGTERM)]
+    assert read_json(str(ndir / node.FENCE))["who"] == "judge"
+    assert read_json(str(ndir / node.STOP_END)) == {"state": "stopped", "cause": {
+        "message": "cordoned by the judge (--auto-cordon): x"}}
+    with pytest.raises(Exception, match="cordoned"):
+        node.refuse_if_fenced(str(ndir))

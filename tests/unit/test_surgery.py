@@ -139,3 +139,29 @@ def test_a_run_deepspeed_started_is_not_cordoned_its_world_cannot_start_again():
     assert plan.refusal.startswith("a cordon starts every rank again: cannot restart run ")
     assert "DeepSpeed's launcher starts one static world" in "\n".join(plan.lines())
     assert plan.spare is None and plan.ranks_out == []
+
+
+def test_a_cordon_the_judge_did_itself_changes_the_roles_a_console_shows():
+    """--auto-cordon (agent/judge_cordon.py): the judge's outcome event, read from its
+    journal (console/judged.py), makes the node cordoned and the spare active, and is kept for
+    the run record; a console's own surgery events change nothing here."""
+    from console.judged import apply_judge_records
+    inv = inventory()
+    st = run_state(inv)
+    console_made = {"k": "event", "what": "surgery", "who": "alice@laptop", "action": "outcome",
+                    "out": "node1", "in": "node4", "text": "cordon node1, spare node4 in: done"}
+    apply_judge_records(st, [(console_made,)], 0, "node4")
+    assert st.nodes["node1"].role == "active" and st.judge_surgeries == []
+    judge_made = dict(console_made, who="judge", outcome="done", fenced=True, left=[],
+                      gpu="no GPU", ts=1700000000.0)
+    apply_judge_records(st, [(judge_made,)], 0, "node4")
+    assert (st.nodes["node1"].role, st.nodes["node4"].role) == ("cordoned", "active")
+    assert st.judge_surgeries == [{
+        "who": "judge", "what": "cordon node1, spare node4 in", "node": "node1",
+        "spare": "node4", "when": 1700000000.0, "outcome": "done", "gpu": "no GPU", "left": []}]
+    # not fenced, the spare not started: nothing changes but the record's line
+    st2 = run_state(inv)
+    apply_judge_records(st2, [(dict(judge_made, outcome="failed: node1 could not be fenced: x",
+                                    fenced=False),)], 0, "node4")
+    assert (st2.nodes["node1"].role, st2.nodes["node4"].role) == ("active", "spare")
+    assert st2.judge_surgeries[0]["outcome"].startswith("failed")
