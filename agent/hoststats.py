@@ -301,6 +301,7 @@ class TelemetryRecorder:
         self._next = None
         self._host = HostSampler(clock=clock)
         self._gpu = GpuProbe()
+        self._ecc = {}  # gpu index -> uncorrectable ECC errors reported so far (gpu_errors)
 
     def tick(self):
         """Called from the supervisor's loop; records when a period has passed."""
@@ -312,6 +313,30 @@ class TelemetryRecorder:
         if now < self._next:
             return
         self._next = now + self._every
+        gpu = self._gpu.snapshot()
         self._journal.append({"k": "telemetry", "ts": time.time(),
-                              "host": self._host.sample(self._workdir),
-                              "gpu": self._gpu.snapshot()})
+                              "host": self._host.sample(self._workdir), "gpu": gpu})
+        for index, error in gpu_errors(gpu, self._ecc):
+            # an event, which the node's link forwards: the judge proposes the node for
+            # cordon (agent/judge_rules.py gpu_proposal)
+            self._journal.append({"k": "event", "what": "gpu_error", "ts": time.time(),
+                                  "gpu": index, "error": error,
+                                  "text": "GPU %s reported %s" % (index, error)})
+
+
+def gpu_errors(snap, ecc):
+    """``[(gpu index, "Xid 79" | "2 uncorrectable ECC error(s)")]`` new in ``snap`` (a
+    GpuProbe snapshot): its Xid events (each reported once by the probe) and a rise of a GPU's
+    volatile uncorrectable ECC count over ``ecc`` ({index: count}, updated; a count already
+    there at the first snapshot counts as new: the GPU has had them since the driver loaded)."""
+    out = []
+    for gpu in snap.get("gpus") or []:
+        index = gpu.get("index")
+        for entry in gpu.get("xid") or []:
+            if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], int):
+                out.append((index, "Xid %d" % entry[1]))
+        count = gpu.get("ecc_uncorrected")
+        if isinstance(count, int) and count > ecc.get(index, 0):
+            out.append((index, "%d uncorrectable ECC error(s)" % (count - ecc.get(index, 0))))
+            ecc[index] = count
+    return out

@@ -25,7 +25,7 @@ import time
 
 from . import judge_wire
 from .judge_rules import ENDED, event
-from .node import FENCE, STANDBY, drop_standby, start
+from .node import FENCE, STANDBY, drop_standby, gpu_words, start
 from .protocol import RequestError
 from .runfiles import read_json
 
@@ -118,7 +118,8 @@ class AutoCordon:
             or "still alive" in outcome or "GPU memory" in outcome
         judge.write(event("surgery", node, who=WHO, action="outcome", out=node, fenced=fenced,
                           outcome=outcome, left=left, gpu=gpu, fence_s=fence_s,
-                          text="%s: %s" % (what, outcome), **{"in": spare}))
+                          text="%s: %s%s" % (what, outcome, "; GPU: %s" % gpu if gpu else ""),
+                          **{"in": spare}))
 
     def _fence(self, node, nl, reason, ended):
         """(outcome, left, gpu) of fencing ``node``: ``done``, ``done, not fenced`` (its
@@ -164,14 +165,3 @@ class AutoCordon:
             return str(exc)[:300]
         return None
 
-
-def gpu_words(gpu):
-    """The GPU check of a node's stop (agent/supervisor.py ``gpu_after_kill``), in words:
-    ``freed``, ``held: N MiB by pid(s) ...`` or ``no GPU`` (no NVML figures on the host)."""
-    if not isinstance(gpu, dict):
-        return "no GPU"
-    held = gpu.get("held") if isinstance(gpu.get("held"), int) else 0
-    if not held:
-        return "freed"
-    pids = [p for p in gpu.get("pids") or [] if isinstance(p, int)]
-    return "held: %d MiB by pid(s) %s" % (held >> 20, ",".join(str(p) for p in pids))

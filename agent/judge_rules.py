@@ -14,8 +14,9 @@ attached is judged as an attached console judges it:
 * :func:`check_waiting`: a rendezvous waited in for longer than ``stall_after``, and the
   nodes it waits for (agent/rendezvous.py, from each node's torchrun phase in its state.json);
 * :func:`cordon_proposal`: a node in trouble again (a verdict names it, a worker of it fails,
-  it ends failed) within ``cordon_within_s`` of rankdeck restarting it is proposed for cordon
-  (issue 28's policy acts on the proposal: agent/judge.py ``propose_cordon``);
+  it ends failed) within ``cordon_within_s`` of rankdeck restarting it is proposed for cordon,
+  and (:func:`gpu_proposal`) a node whose GPU reports an Xid or uncorrectable ECC error
+  (``--auto-cordon`` acts on the proposal: agent/judge_cordon.py);
 * :func:`ends_due`: nodes whose torchrun waits for something that cannot come (a worker that
   failed after the run's last step while the other nodes had finished; an exit barrier
   waiting for nodes that ended otherwise) and how each should end;
@@ -39,6 +40,10 @@ VERDICT_AGAIN_S = 10.0
 VERDICT_AGAIN_MAX_S = 120.0
 ENDED = ("exited", "failed", "stopped")
 CORDON_WITHIN_S = 600.0  # trouble again this soon after a restart: the node, not bad luck
+# Xids a job causes itself, no fault of the node (NVIDIA's Xid catalog): 13 graphics engine
+# exception, 31 memory page fault, 43 the job stopped, 45 preemptive cleanup (a killed GPU
+# process: every fence has one), 68 video processor exception
+JOB_XIDS = (13, 31, 43, 45, 68)
 CASCADE_S = 30.0  # a worker failure this soon after another node's failure or restart is its echo
 # what this judge applies, in its `judge` event: a console applies itself what is not listed
 # (console/liveness.py beside_judge: a judge older than these rules)
@@ -69,6 +74,7 @@ class NodeView:
         self.restarting = False  # rankdeck restarts it: between `restarting` and `launched`
         self.restarted_at = None  # judge time its torchrun started again after that restart
         self.proposed_at = None  # restarted_at of the restart its cordon was proposed after
+        self.gpu_proposed = set()  # (gpu, error) its cordon was proposed for
 
     @property
     def ended(self):
@@ -142,6 +148,8 @@ class RunView:
                 self.disrupted = (node, now)
                 return [] if echo else cordon_proposal(self, node, "rank %s %s" % (
                     meta.get("rank"), how_it_ended(meta.get("exit_code"))), now)
+            if what == "gpu_error":
+                return gpu_proposal(self, node, meta.get("gpu"), meta.get("error"))
             if what == "restarting":
                 ns.restarting = True
                 self.disrupted = (node, now)
@@ -340,6 +348,21 @@ def cordon_proposal(view, node, trouble, now):
                   within_s=view.cordon_within_s,
                   text="%s proposed for cordon: %s %.0f s after it was restarted (within %.0f s)"
                   % (node, trouble, since, view.cordon_within_s))]
+
+
+def gpu_proposal(view, node, gpu, error):
+    """``[a "cordon proposed" event]`` for a GPU's Xid or uncorrectable ECC error (a
+    ``gpu_error`` event of the node's supervisor, agent/hoststats.py), once per GPU and error;
+    not for the Xids a job causes itself (JOB_XIDS), nor with proposals off."""
+    ns = view.nodes.get(node)
+    if ns is None or not view.cordon_within_s or not isinstance(error, str) or \
+            not _whole(gpu) or error in ("Xid %d" % x for x in JOB_XIDS) or \
+            (gpu, error) in ns.gpu_proposed:
+        return []
+    ns.gpu_proposed.add((gpu, error))
+    return [event("cordon proposed", node, reason="GPU %d reported %s" % (gpu, error[:80]),
+                  gpu=gpu, error=error[:80],
+                  text="%s proposed for cordon: GPU %d reported %s" % (node, gpu, error[:80]))]
 
 
 def stalled(view):

@@ -159,14 +159,35 @@ def refuse_if_fenced(ndir):
 
 def fence(args):
     """Cordon the node: fence it first (no start or restart from now on), then stop it and
-    confirm none of its processes is left, as :func:`stop` does. ``fence``: who and why."""
+    confirm none of its processes is left, as :func:`stop` does, nor GPU memory held by them
+    (``gpu``, :func:`gpu_words`). ``fence``: who and why."""
     ndir = node_dir(args)
     os.makedirs(ndir, 0o700, exist_ok=True)
     write_json_atomic(os.path.join(ndir, FENCE), dict(args.get("fence") or {}, at=time.time()))
     drop_standby(ndir)
-    if node_state(ndir) is None:  # a spare that never ran: fenced, nothing to stop
-        return {"state": "missing", "left": [], "fenced": True}
-    return dict(stop(args), fenced=True)
+    before = node_state(ndir)
+    if before is None:  # a spare that never ran: fenced, nothing to stop
+        return {"state": "missing", "left": [], "fenced": True, "gpu": "nothing ran"}
+    done = stop(args)
+    kill = done.get("kill") if isinstance(done.get("kill"), dict) else {}
+    # the supervisor's stop checks the GPU (agent/supervisor.py gpu_after_kill); one that had
+    # ended before left its own end's report, which says nothing of now
+    gpu = gpu_words(kill.get("gpu")) if before["alive"] else "not checked (its supervisor " \
+        "had ended before the fence)"
+    return dict(done, fenced=True, gpu=gpu)
+
+
+def gpu_words(gpu):
+    """The GPU check of a node's stop (agent/supervisor.py ``gpu_after_kill``), in words:
+    ``freed``, ``held: N MiB by pid(s) ...`` or ``no GPU`` (no NVML per-process figures on
+    the host: no GPU, or nvidia-smi only)."""
+    if not isinstance(gpu, dict):
+        return "no GPU"
+    held = gpu.get("held") if isinstance(gpu.get("held"), int) else 0
+    if not held:
+        return "freed"
+    pids = [p for p in gpu.get("pids") or [] if isinstance(p, int)]
+    return "held: %d MiB by pid(s) %s" % (held >> 20, ",".join(str(p) for p in pids))
 
 
 def standby(args):

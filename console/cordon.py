@@ -51,6 +51,8 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
     entry["fence_s"] = round(time.monotonic() - began, 2)  # the stop, confirmed
     entry["left"] = [list(p) if isinstance(p, (list, tuple)) else p
                      for p in res.get("left") or []]
+    # the GPU memory of its processes (the agent's words: freed, held by..., no GPU)
+    entry["gpu"] = str(res.get("gpu") or "not checked (an older agent)")[:200]
     ctl.state.set_role(plan.node, CORDONED)
     ctl.record.setdefault("roles", {})[plan.node] = CORDONED
     # node-rank order (RunController.run_hosts): the spare takes the node's place (the
@@ -63,6 +65,9 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
     if entry["left"]:
         return await finish(ctl, entry, "failed: %d process(es) of %s still alive after the stop"
                       % (len(entry["left"]), plan.node))
+    if entry["gpu"].startswith("held"):
+        return await finish(ctl, entry, "failed: %s stopped, but its GPU memory is %s"
+                            % (plan.node, entry["gpu"]))
     if plan.spare:
         failed = await put_in(ctl, plan.spare)
         if failed:
@@ -138,8 +143,9 @@ async def finish(ctl, entry: dict, outcome: str) -> dict:
     """The surgery's outcome: an event (through the judge), and the run record's
     ``surgeries``, saved."""
     entry["outcome"] = outcome
+    gpu = "; GPU: %s" % entry["gpu"] if entry.get("gpu") else ""
     await tell_judge(ctl, {"node": entry["node"], "who": entry["who"], "action": "outcome",
-                           "text": "%s: %s" % (entry["what"], outcome)})
+                           "text": "%s: %s%s" % (entry["what"], outcome, gpu)})
     if ctl.record:
         ctl.record.setdefault("surgeries", []).append(entry)
         ctl.history.save(ctl.record)

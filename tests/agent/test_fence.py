@@ -18,7 +18,7 @@ def args(tmp_path, **more) -> dict:
 def test_a_fenced_node_refuses_start_and_restart_until_unfenced(tmp_path):
     done = node.fence(args(tmp_path, fence={"who": "alice@laptop", "why": "cordoned"}))
     # a spare that never ran: fenced, nothing to stop, nothing left
-    assert done == {"state": "missing", "left": [], "fenced": True}
+    assert done == {"state": "missing", "left": [], "fenced": True, "gpu": "nothing ran"}
     spec = {"run_id": "r1", "argv": ["true"]}
     for op in (node.start, node.restart):
         with pytest.raises(RequestError) as err:
@@ -29,3 +29,11 @@ def test_a_fenced_node_refuses_start_and_restart_until_unfenced(tmp_path):
     assert node.unfence(args(tmp_path)) == {"unfenced": True}
     node.refuse_if_fenced(node.node_dir(args(tmp_path)))  # no longer raises
     assert node.unfence(args(tmp_path)) == {"unfenced": False}
+
+
+def test_the_gpu_check_of_a_stop_in_words():
+    """What a fence says of the GPU memory its processes held (agent/supervisor.py
+    gpu_after_kill's report): freed, still held (the surgery fails), or no GPU to check."""
+    assert node.gpu_words(None) == "no GPU"
+    assert node.gpu_words({"held": 0, "pids": []}) == "freed"
+    assert node.gpu_words({"held": 3 << 30, "pids": [41, 42]}) == "held: 3072 MiB by pid(s) 41,42"

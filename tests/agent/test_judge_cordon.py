@@ -9,6 +9,7 @@ import os
 import stat
 import sys
 import time
+import types
 
 import pytest
 
@@ -107,3 +108,51 @@ def test_a_nodes_link_fences_it_before_it_stops(tmp_path, monkeypatch):
         "message": "cordoned by the judge (--auto-cordon): x"}}
     with pytest.raises(Exception, match="cordoned"):
         node.refuse_if_fenced(str(ndir))
+
+
+def test_a_gpu_xid_is_journaled_by_the_node_and_its_judge_cordons_the_node(
+        tmp_path, stopped_after, monkeypatch):
+    """The Xid and ECC rule: the supervisor's telemetry (agent/hoststats.py, over the tests'
+    fake NVML) journals ``gpu_error`` events; forwarded to the judge they propose the node for
+    cordon, with no restart before, and --auto-cordon cordons it. Xids a job causes itself
+    (45: a killed GPU process, as every fence makes) propose nothing."""
+    from agent.hoststats import TelemetryRecorder
+    from agent.judge_rules import RunView
+    from tests.agent.test_gpu import FakeClock, full_pynvml
+    nv = full_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    clock, journal = FakeClock(), []
+    telemetry = TelemetryRecorder(types.SimpleNamespace(append=journal.append), str(tmp_path),
+                                  every=10, clock=clock)
+    telemetry.tick()  # primes the rates
+    nv.pending += [(1, 79), (0, 45)]
+    clock.now += 10
+    telemetry.tick()
+    errors = [r for r in journal if r.get("k") == "event"]
+    # GPU 1 has 2 uncorrectable ECC errors since the driver loaded (full_pynvml)
+    assert [(e["gpu"], e["error"]) for e in errors] == [
+        (0, "Xid 45"), (1, "Xid 79"), (1, "2 uncorrectable ECC error(s)")], errors
+    clock.now += 10
+    telemetry.tick()  # each reported once
+    assert len([r for r in journal if r.get("k") == "event"]) == 3
+
+    view = RunView(["node0"], 60)
+    assert view.apply("node0", errors[0], 0) == []  # Xid 45: the job's own
+    assert RunView(["node0"], 60, 0).apply("node0", errors[1], 0) == []  # proposals off
+
+    run_root, info = judge_with(tmp_path)
+    stopped_after.append(run_root)
+    node.standby({"run_root": run_root, "node": "node2", "spec": {
+        "run_id": "r1", "node": "node2", "cwd": str(tmp_path),
+        "argv": [sys.executable, "-c", "import time; time.sleep(120)"]}})
+    FencedNode(info["port"], "node0", {"ranks": []})
+    n1 = FencedNode(info["port"], "node1", {"ranks": []})
+    n1.send(*errors)
+    outcome = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "surgery"
+                                     and e.get("action") == "outcome"], 60, "the outcome")[0]
+    assert (outcome["out"], outcome["in"], outcome["outcome"]) == ("node1", "node2", "done")
+    proposed = [e for e in events(run_root) if e["what"] == "cordon proposed"]
+    assert [e["text"] for e in proposed] == [
+        "node1 proposed for cordon: GPU 1 reported Xid 79",
+        "node1 proposed for cordon: GPU 1 reported 2 uncorrectable ECC error(s)"], proposed
+    assert n1.asked == ["fence"]  # cordoned once
