@@ -20,7 +20,7 @@ from inventory.loader import load_inventory
 from inventory.model import Inventory
 from . import slurm, slurm_submit
 from .actions import action_rows, run_actions
-from .cordon import cordon, uncordon, uncordon_refusal
+from .cordon import cordon, uncordon, uncordon_refusal, unreachable
 from .dryrun import render as render_dry_run
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, LaunchError, UsageError
 from .export import RunExport, check_format
@@ -507,11 +507,9 @@ async def cmd_cordon(args) -> int:
         print("\n".join(plan.lines()))
         if plan.refusal:
             return EXIT_USAGE
-        needed = [n for n in (plan.node, plan.spare) if n and n in failed]
-        if needed:
-            print("rankdeck: cannot reach %s: a cordon must confirm the node's processes are "
-                  "gone and start the spare; nothing was done" % ", ".join(needed),
-                  file=sys.stderr)
+        away = unreachable(ctl, plan)
+        if away:
+            print("rankdeck: " + away, file=sys.stderr)
             return EXIT_UNREACHABLE
         if not confirmed(args.yes, "cordon %s?" % plan.node):
             return EXIT_USAGE

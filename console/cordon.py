@@ -32,6 +32,9 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
     why``), ``left`` (processes of the node still alive: none when done)."""
     if plan.refusal:
         raise ValueError("a refused plan is not carried out: %s" % plan.refusal)
+    away = unreachable(ctl, plan)
+    if away:
+        raise ValueError(away)
     who = who or ctl.me.who  # user@laptop (console/consoles.py)
     what = "cordon %s, %s" % (plan.node, "spare %s in" % plan.spare if plan.spare else
                               "the run shrinks to %d node(s)" % plan.active_after
@@ -74,6 +77,18 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
             return await finish(ctl, entry, "failed: %s fenced, but spare %s did not start: %s"
                           % (plan.node, plan.spare, failed))
     return await finish(ctl, entry, "done")
+
+
+def unreachable(ctl, plan: CordonPlan) -> str | None:
+    """Why ``plan`` cannot be carried out from here now: the node or the spare is not
+    connected (a fence must confirm on the node's host that its processes are gone, and the
+    spare must be started); nothing is done then, not even the judge told."""
+    away = [n for n in (plan.node, plan.spare) if n and n not in ctl.connected()]
+    if not away:
+        return None
+    return ("cannot reach %s: a cordon must fence the node on its host and confirm its "
+            "processes are gone, and start the spare; nothing was done (`rankdeck stop RUN "
+            "--node %s` once it is back, or cordon it then)" % (", ".join(away), plan.node))
 
 
 async def put_in(ctl, spare: str) -> str | None:

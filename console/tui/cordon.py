@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..cordon import cordon
+from ..cordon import cordon, unreachable
 from .confirm import ConfirmScreen
 
 
@@ -14,8 +14,9 @@ def open_cordon(app, node: str | None) -> None:
         app.notify("no node selected: pick one in the nodes table", severity="warning")
         return
     plan = app.ctl.cordon_plan(node)
-    if plan.refusal:
-        app.notify(plan.refusal, title="cordon %s: not possible, nothing was done" % node,
+    refusal = plan.refusal or unreachable(app.ctl, plan)
+    if refusal:
+        app.notify(refusal, title="cordon %s: not possible, nothing was done" % node,
                    severity="error", timeout=20)
         return
     screen = ConfirmScreen("Cordon node %s?" % node, "\n".join(plan.lines()[1:]),

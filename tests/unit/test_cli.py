@@ -177,3 +177,30 @@ def test_the_console_raises_its_open_files_limit_for_many_hosts(limits, expected
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) == expected, out.stdout
+
+
+def test_cordon_of_a_node_that_cannot_be_reached_is_exit_3_and_changes_nothing(tmp_path):
+    """A fence must confirm on the node's host that its processes are gone: an unreachable
+    node is refused with the reason (docs/SURGERY.md), the record untouched."""
+    import json
+    folder = os.path.join(os.environ["XDG_STATE_HOME"], "rankdeck", "runs")
+    os.makedirs(folder)
+    record = {"run_id": "20260101-000000-abcd", "created": 0, "transport": "local",
+              "hosts": [{"name": "node0", "addr": "127.0.0.2", "workdir": str(tmp_path)},
+                        {"name": "node1", "addr": "127.0.0.3", "workdir": str(tmp_path),
+                         "python": "/nonexistent/python3"},
+                        {"name": "node2", "addr": "127.0.0.4", "workdir": str(tmp_path)}],
+              "spec": {"script": "t.py"}, "roles": {"node2": "spare"},
+              "order": ["node0", "node1"], "nnodes": "2", "surgeries": []}
+    path = os.path.join(folder, "20260101-000000-abcd.json")
+    with open(path, "w") as f:
+        json.dump(record, f)
+    out = rankdeck("cordon", "20260101", "--node", "node1", "--yes")
+    assert out.returncode == 3, out
+    assert "cordon node1 of run" in out.stdout  # the preview first
+    assert "cannot reach node1: a cordon must fence the node on its host" in out.stderr
+    assert "nothing was done" in out.stderr
+    with open(path) as f:
+        assert json.load(f)["surgeries"] == []
+    assert not os.path.exists(os.path.join(str(tmp_path), ".rankdeck", "runs",
+                                           "20260101-000000-abcd", "node1", "fenced.json"))

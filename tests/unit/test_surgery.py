@@ -165,3 +165,22 @@ def test_a_cordon_the_judge_did_itself_changes_the_roles_a_console_shows():
                                     fenced=False),)], 0, "node4")
     assert (st2.nodes["node1"].role, st2.nodes["node4"].role) == ("active", "spare")
     assert st2.judge_surgeries[0]["outcome"].startswith("failed")
+
+
+async def test_a_cordon_whose_node_or_spare_is_not_connected_does_nothing():
+    """console/cordon.py: refused before the judge hears of it (`c` in the view and the CLI
+    say the same reason; the CLI exits 3)."""
+    import types
+
+    from console.cordon import cordon, unreachable
+    inv = inventory()
+    plan = plan_cordon(run_state(inv), inv, "4", "node2", store="node4")
+    told = []
+    ctl = types.SimpleNamespace(connected=lambda: ["node0", "node1", "node2", "node3", "node4"],
+                                judge_host=lambda: told.append("judge"))
+    assert unreachable(ctl, plan) is None
+    ctl.connected = lambda: ["node0", "node1", "node2", "node3"]  # the spare is away
+    assert unreachable(ctl, plan).startswith("cannot reach node4: a cordon must fence")
+    with pytest.raises(ValueError, match="cannot reach node4"):
+        await cordon(ctl, plan, who="alice@laptop")
+    assert told == []  # the judge was not told: nothing changed
