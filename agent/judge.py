@@ -40,6 +40,7 @@ from .judge_rules import (CORDON_WITHIN_S, RULES, RunView, check_stalls, check_w
 from .judge_control import judge_dir
 from .mask import Masker
 from .runfiles import write_json_atomic
+from .static_world import STATIC_WORLDS
 from .verdict import decide
 
 TICK = 1.0
@@ -291,6 +292,8 @@ class Judge:
                 "message": "stopped by --on-hang stop: %s" % verdict.get("summary")}}
                 for n in self.view.nodes})
             return
+        if self.spec.get("launcher") in STATIC_WORLDS:
+            return self.restart_world(who)
         for node in nodes:
             used = self.restarts.get(node, 0)
             if used >= self.max_restarts:
@@ -313,6 +316,47 @@ class Judge:
             except judge_wire.WireError as exc:
                 self.write(event("policy", node, action="failed",
                                  text="--on-hang restart of %s failed: %s" % (node, exc)))
+
+    def restart_world(self, who):
+        """--on-hang restart of a static world (DeepSpeed's launcher): every node restarts
+        on a fresh store (agent/static_world.py); one restart out of every node's budget."""
+        nodes = sorted(self.view.nodes)
+        used = max([self.restarts.get(n, 0) for n in nodes] or [0])
+        if used >= self.max_restarts:
+            self.write(event("policy", None, action="none", text="--on-hang restart: not "
+                             "restarted, the restart budget (%d) is spent" % self.max_restarts))
+            return
+        self.restarts.update((n, used + 1) for n in nodes)
+        self.write(event("policy", None, action="restart", text="--on-hang restart: %s; "
+                         "every node restarts (the verdict names %s; restart %d of %d)"
+                         % (STATIC_WORLDS[self.spec["launcher"]], who, used + 1,
+                            self.max_restarts)))
+        from .store import fresh_store  # here, as in main: only the judge process needs it
+        try:  # beside the store: a new store process, a new port, none of the old keys
+            port = fresh_store(os.path.dirname(self.jdir), self.spec["addr"], None)["port"]
+        except RuntimeError as exc:
+            return self.write(event("policy", None, action="failed", text="--on-hang restart "
+                                    "failed: the store did not start again: %s" % exc))
+        failed = {}
+
+        def one(node):
+            try:
+                with self.lock:
+                    nl = self.lines.get(node)
+                if nl is None:
+                    raise judge_wire.WireError("%s is not connected to the judge" % node)
+                nl.request("restart", {"master_port": port}, ACTION_TIMEOUT)
+            except judge_wire.WireError as exc:
+                failed[node] = str(exc)
+        threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.write(event("policy", None, action="failed", text="--on-hang restart failed: " +
+                         "; ".join(failed.values())) if failed else
+                   event("restarted", None, reason="on-hang", text="every node restarted by "
+                         "the judge (--on-hang restart), master port %d" % port))
 
     def act_on_nan(self, ev):
         """--on-nan stop: a rank's loss went inf or NaN; stop every node (once), each saving

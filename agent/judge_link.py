@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 
-from . import actions, judge_wire
+from . import actions, judge_wire, static_world
 from .journal import JournalReader
 from .node import FENCE, STOP_END, refuse_if_fenced
 from .runfiles import read_json, write_json_atomic
@@ -156,7 +156,8 @@ class JudgeLink:
             if op == "why":
                 data = self.why()
             elif op == "restart":
-                data = self._logged("restart", self._restart)
+                master_port = (msg.get("args") or {}).get("master_port")
+                data = self._logged("restart", lambda: self._restart(master_port))
             elif op == "stop":
                 end = (msg.get("args") or {}).get("end")
                 detail = "the run is over: %s" % end.get("state") if isinstance(end, dict) \
@@ -196,8 +197,11 @@ class JudgeLink:
                                                     "ok", detail))
         return data
 
-    def _restart(self):
+    def _restart(self, master_port=None):
+        """Restart the node (``master_port``: on that port, a static world's restart)."""
         refuse_if_fenced(self.node_dir)  # a cordoned node is never restarted
+        if master_port is not None:  # read by the supervisor at this restart
+            static_world.leave_master_port(self.node_dir, master_port)
         before = (read_json(os.path.join(self.node_dir, "state.json")) or {}).get("launches", 0)
         os.kill(os.getpid(), signal.SIGUSR1)
         deadline = time.monotonic() + RESTART_WAIT

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from . import procs, protocol
+from . import procs, protocol, static_world
 from .hostpaths import host_path, host_spec
 from .protocol import RequestError
 from .runfiles import log_tail, read_json, write_json_atomic, write_text
@@ -268,24 +268,40 @@ def stop(args):
 
 def restart(args):
     """Restart torchrun through a live supervisor, or start a new one from ``spec``; refused
-    (``fenced``) on a cordoned node."""
+    (``fenced``) on a cordoned node. ``master_port``: the launcher starts again on that port
+    (a static world's restart, agent/static_world.py)."""
     ndir = node_dir(args)
     refuse_if_fenced(ndir)
+    port = args.get("master_port")
+    try:
+        port = None if port is None else static_world.master_port(port)
+    except ValueError as exc:
+        raise RequestError(str(exc), "usage")
     state = node_state(ndir)
     if state and state["alive"]:
+        if port is not None:  # read by the supervisor at this restart (take_master_port)
+            static_world.leave_master_port(ndir, port)
         # done: the new torchrun started and the old one is gone (the supervisor starts the
         # new one as soon as the old workers are, and watches the old torchrun's exit)
-        return signal_and_wait(
+        state = signal_and_wait(
             ndir, signal.SIGUSR1,
             lambda old, new: (new.get("launches", 0) > old.get("launches", 0)
                               and not new.get("exiting")) or not new["alive"],
             float(args.get("timeout", 90)))
+        # a supervisor that ended just before the signal (its launcher gone on its own: a
+        # static world's rank failing as another node's ranks are killed) starts anew below
+        if state.get("alive") or not args.get("spec"):
+            return state
     if not args.get("spec"):
         raise RequestError("node %s is not running here; restart needs the run spec"
                            % args["node"], "missing")
-    marker = "%s/%s" % (args["spec"]["run_id"], args["node"])
-    procs.kill_run(None, marker, grace=float(args["spec"].get("grace", DEFAULT_GRACE)))
-    return spawn_supervisor(ndir, dict(args["spec"], restarted=True))
+    static_world.take_master_port(ndir)  # a new supervisor: its spec says the port
+    spec = dict(args["spec"], restarted=True)
+    if port is not None:
+        spec["argv"] = static_world.with_master_port(spec.get("argv") or [], port)
+    marker = "%s/%s" % (spec["run_id"], args["node"])
+    procs.kill_run(None, marker, grace=float(spec.get("grace", DEFAULT_GRACE)))
+    return spawn_supervisor(ndir, spec)
 
 
 def state_of(args):

@@ -33,7 +33,7 @@ from .journal import JournalReader, decode_meta, read_back
 from .pace import Pace
 from .preflight import Listener, host_facts
 from .protocol import RequestError
-from .store import start_store, stop_store
+from .store import fresh_store, start_store, stop_store
 from .version import agent_version
 from .watch import open_watch
 
@@ -217,6 +217,9 @@ class Server:
     def op_store_start(self, args):
         root = host_path(args["run_root"])
         try:
+            if args.get("fresh"):  # a static world's restart: a new store, a new port
+                return dict(fresh_store(root, args["addr"], host_python(args.get("python"))),
+                            fresh=True)
             return start_store(root, args["addr"], host_python(args.get("python")),
                                int(args.get("port", 0)))
         except RuntimeError as exc:

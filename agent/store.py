@@ -171,6 +171,7 @@ def start_store(run_root, addr, python, port=0, timeout=120.0):
         info = read_json(path)
         if info:
             info["starttime"] = procs.stat(info["pid"]).starttime
+            info["python"] = python  # a fresh store (fresh_store) starts with the same
             write_json_atomic(path, info)
             # Popen object is dropped: the store is a session leader of its own; the
             # serve process reaps it only if it ends while serve lives.
@@ -181,6 +182,17 @@ def start_store(run_root, addr, python, port=0, timeout=120.0):
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError("rendezvous store did not start within %d s" % timeout)
+
+
+def fresh_store(run_root, addr, python, timeout=120.0):
+    """Stop the run's store and start a new one on a port of its own choosing: a static
+    world's restart (agent/static_world.py) needs a store with none of the last world's keys.
+    ``addr`` and ``python``: None for the last store's. RuntimeError as for
+    :func:`start_store`."""
+    old = read_json(store_path(run_root)) or {}
+    stop_store(run_root)
+    return start_store(run_root, addr or old.get("addr"), python or old.get("python"), 0,
+                       timeout)
 
 
 def stop_store(run_root):

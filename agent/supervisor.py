@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 
-from . import cause, frhook, procs, torch_quirks
+from . import cause, frhook, procs, static_world, torch_quirks
 from .gpu import GpuProbe, gpu_pids_memory
 from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
@@ -353,6 +353,9 @@ class Supervisor:
                                            cause={"message": "host needs attention: processes "
                                                   "%s survived SIGKILL" % report["left"]})
                     self.state["restarts"] += 1
+                    port = static_world.take_master_port(self.node_dir)
+                    if port is not None:  # a static world's restart, on a fresh store
+                        self.spec["argv"] = static_world.with_master_port(self.spec["argv"], port)
                     self.launch()
                     continue
             gone = self.slurm_job.ended() if self.slurm_job is not None else None

@@ -454,6 +454,9 @@ async def control(args, verb: str) -> int:
     async with recorded_run(args.run_id, node=args.node) as ctl:
         if verb == "restart":  # a secret this shell lacks: refuse before touching a node
             ctl.check_restartable(args.node)
+            if ctl.static_world():  # `restart --node N` restarts them all: said first
+                print("%s, on a fresh master port%s" % (
+                    ctl.static_world(), " (not %s alone)" % args.node if args.node else ""))
         failed = await ctl.connect_all(reconnect=False)
         report_unreachable(failed)
         results = await (ctl.stop(args.node) if verb == "stop" else ctl.restart(args.node))

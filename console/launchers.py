@@ -225,19 +225,13 @@ def _check_accelerate_total(commands: dict[str, NodeCommand]) -> None:
                             "node's" % (total, machines, node))
 
 
-def check_launcher_spec(launcher: str, nnodes: str | None, hosts_nproc: list[int],
-                        on_hang: str = "warn") -> None:
+def check_launcher_spec(launcher: str, nnodes: str | None, hosts_nproc: list[int]) -> None:
     """TemplateError for a run this launcher cannot express: an elastic ``--nnodes MIN:MAX``
     (only torchrun's rendezvous admits a changing node count), under accelerate one process
     in all or nodes with different process counts (it takes one total and divides it
-    evenly), under DeepSpeed
-    ``--on-hang restart`` (its static world cannot be restarted: docs/LAUNCHERS.md)."""
+    evenly). (DeepSpeed's ``--on-hang restart`` restarts every node: docs/LAUNCHERS.md.)"""
     if launcher == "torchrun":
         return
-    if launcher == "deepspeed" and on_hang == "restart":
-        raise TemplateError("--on-hang restart: DeepSpeed's launcher starts one static world, "
-                            "which rankdeck cannot restart; use --on-hang stop (then launch "
-                            "again: the trainer resumes) or --on-hang warn")
     if nnodes and ":" in nnodes:
         raise TemplateError("--nnodes %s: an elastic node count is torchrun's; %s starts a "
                             "fixed number of nodes: give --nnodes N or use --launcher torchrun"

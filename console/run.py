@@ -38,7 +38,7 @@ from .liveness import beside_judge, check_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
 from .sanitize import Masker, clean_tree, mask_tree, secret_warnings
 from .scrollback import PAGE_BYTES
-from .spec import STATIC_WORLD, LaunchSpec, new_run_id, node_commands, run_root  # LaunchSpec: callers' too
+from .spec import STATIC_WORLD, STATIC_WORLD_RESTART, LaunchSpec, new_run_id, node_commands, run_root  # LaunchSpec: callers' too
 from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
 from .state import RUN_ENDED, RunState
 from .surgery import ACTIVE, SPARE, CordonPlan, nnodes_range, plan_cordon, store_host
@@ -421,6 +421,7 @@ class RunController:
                     "on_nan": spec.on_nan,
                     "max_wall": spec.max_wall, "notify": spec.notify,
                     "notify_on": spec.notify_on, "max_restarts": spec.max_restarts,
+                    "launcher": spec.launch_with,  # DeepSpeed's --on-hang restart: every node
                     "secrets": list(self.secrets),
                     # node surgery by the judge (agent/judge_cordon.py, docs/SURGERY.md)
                     "cordon_within_s": spec.cordon_within, "auto_cordon": spec.auto_cordon,
@@ -479,10 +480,9 @@ class RunController:
     def check_restartable(self, node: str | None = None) -> None:
         """UsageError (exit 2) when a secret of the run is not known in this shell, so that
         ``node`` (None: every node) would restart without it; says which and how to fix it.
-        Also under DeepSpeed's launcher, whose world cannot be restarted (docs/LAUNCHERS.md)."""
-        if self.spec is not None and self.spec.launch_with in STATIC_WORLD:
-            raise UsageError(STATIC_WORLD[self.spec.launch_with] % self.run_id)
-        names = [node] if node else [h.name for h in self.inventory.hosts]
+        Under DeepSpeed's launcher every node restarts (:meth:`static_world`): each is checked."""
+        names = [node] if node and not self.static_world() else [h.name for h in
+                                                                 self.inventory.hosts]
         why = []
         for name in names:
             for reason in self.missing_env.get(name, []):
@@ -557,8 +557,15 @@ class RunController:
                 except AgentError:
                     pass
 
+    def static_world(self) -> str | None:
+        """What a restart of this run says when its launcher starts one static world
+        (DeepSpeed's: every node restarts, on a fresh store, docs/LAUNCHERS.md); else None."""
+        launcher = self.spec.launch_with if self.spec is not None else None
+        return STATIC_WORLD_RESTART.get(launcher)
+
     async def restart(self, node: str | None = None) -> dict:
-        """Restart one node (it rejoins the rendezvous) or, without ``node``, every node."""
+        """Restart one node (it rejoins the rendezvous) or, without ``node``, every node.
+        Under a static world (:meth:`static_world`) every node, on a fresh store's port."""
         self.check_restartable(node)
         names = [node] if node else [n for n, r in self.roles().items()
                                      if r == ACTIVE and n in self.links]
@@ -568,20 +575,52 @@ class RunController:
                    "%s is a spare: `rankdeck cordon --replace-with` puts it in") % node
             self.state.add_event(node, "refused", why)
             return {node: AgentError(why, "refused")}
+        static = self.static_world()
+        if static:
+            names = [n for n, r in self.roles().items() if r == ACTIVE and n in self.links]
         refusal = await self.restart_refusal(names)
         if refusal:  # nothing was touched: every node answers with the reason
             self.state.add_event(node, "refused", refusal)
             return {n: AgentError(refusal, "refused") for n in names}
-        endpoint = self.record.get("rdzv_endpoint", "")
+        endpoint, port = self.record.get("rdzv_endpoint", ""), None
+        if static:
+            try:
+                endpoint = await self._fresh_store()
+            except AgentError as exc:
+                self.state.add_event(None, "refused", str(exc))
+                return {n: exc for n in names}
+            port = int(endpoint.rpartition(":")[2])
+            self.state.add_event(None, "restarting", "%s (master port %d)" % (static, port))
         for n in names:
             self.state.set_node(n, "restarting")
             self.state.add_event(n, "restarting", "restart requested from the console")
 
         def req(link: NodeLink):
             spec = self.node_spec(link.host, self.spec, endpoint)
+            extra = {"master_port": port} if port is not None else {}
             return link.request("restart", run_root=link.run_root, node=link.name, spec=spec,
-                                timeout=self.stop_timeout())
+                                timeout=self.stop_timeout(), **extra)
         return await self.gather_nodes(req, names)
+
+    async def _fresh_store(self) -> str:
+        """A static world's restart: the rendezvous host's store stopped and started again on
+        a port it picks (agent/static_world.py); the new endpoint, kept in the run record.
+        AgentError (nothing else touched) when that host cannot do it."""
+        host = self.inventory.host(self.record["rdzv_host"])
+        link = self.links.get(host.name)
+        if link is None or link.stream is None:
+            raise AgentError("%s (the rendezvous host) is not connected: the store cannot start "
+                             "again; no node was restarted" % host.name, "closed")
+        store = await link.request("store_start", run_root=self.root_of(host.name),
+                                   addr=host.addr, python=host.python or sys.executable,
+                                   fresh=True, timeout=180)
+        endpoint = "%s:%d" % (host.addr, store["port"])
+        if not store.get("fresh"):  # an agent without fresh stores answers with the running one
+            raise AgentError("%s: the store did not start again on a new port; no node was "
+                             "restarted" % host.name, "refused")
+        self.record["rdzv_endpoint"] = endpoint
+        self.history.save(self.record)
+        return endpoint
 
     def cordon_plan(self, node: str, replace_with: str | None = None) -> CordonPlan:
         """What cordoning ``node`` would do now (console/surgery.py); console/cordon.py does it."""

@@ -55,13 +55,15 @@ class LaunchSpec:
     cordon_within: float = 600.0
 
 
-# launchers whose ranks form one static world (no rendezvous to rejoin), and why `restart`
-# refuses them: {launcher: message with the run id}
+# launchers whose ranks form one static world (no rendezvous a node could rejoin or leave):
+# a restart restarts every node, on a fresh store (docs/LAUNCHERS.md), and says so
+STATIC_WORLD_RESTART = {"deepspeed": "DeepSpeed's world is static: every node restarts"}
+# ... and why `cordon` refuses them: {launcher: message with the run id}
 STATIC_WORLD = {"deepspeed": (
-    "cannot restart run %s: DeepSpeed's launcher starts one static world (no rendezvous a "
-    "restarted node could rejoin), and a world started again would meet the last one's keys "
-    "in the run's store, the one master port of the run; nothing was stopped or restarted. "
-    "Stop the run and launch it again: the trainer resumes from its newest checkpoint")}
+    "cannot cordon a node of run %s: DeepSpeed's launcher starts one static world of the nodes "
+    "its hostfile names, which no node can leave or join; nothing was changed. `rankdeck "
+    "restart` restarts the whole world; for other nodes, stop the run and launch it again: "
+    "the trainer resumes from its newest checkpoint")}
 
 
 def new_run_id() -> str:
@@ -83,7 +85,7 @@ def node_commands(hosts: list[Host], spec: LaunchSpec, run_id: str, endpoint: st
     if spec.launcher:  # a raw argv (benchmarks): no template, the script and its args
         return {h.name: NodeCommand(list(spec.launcher) + [spec.script] + list(spec.args), {})
                 for h in hosts}
-    check_launcher_spec(spec.launch_with, spec.nnodes, nprocs, spec.on_hang)
+    check_launcher_spec(spec.launch_with, spec.nnodes, nprocs)
     at = places(hosts, spec.nproc_per_node, spec.nnodes, endpoint, run_id,
                 lambda h: os.path.join(root_of(h), h.name))
     roster = [(h.name, n) for h, n in zip(hosts, nprocs)]

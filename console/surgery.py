@@ -100,9 +100,8 @@ def plan_cordon(state: RunState, inventory: Inventory, nnodes: str | None, node:
                 static_world: str | None = None) -> CordonPlan:
     """What cordoning ``node`` would do now (``replace_with``: this spare, else the first
     spare of the inventory, else a shrink if ``nnodes`` allows it). ``store``: the host of
-    the run's rendezvous store. ``static_world``: why the run's launcher cannot restart its
-    world (console/spec.py STATIC_WORLD, with a ``%s`` for the run id), which a node of the
-    run going out needs."""
+    the run's rendezvous store. ``static_world``: why the run's launcher cannot take a node
+    out of its world or one in (console/spec.py STATIC_WORLD, with a ``%s`` for the run id)."""
     plan = CordonPlan(state.run_id, node)
     roles = {name: ns.role for name, ns in state.nodes.items()}
     active = [n for n, r in roles.items() if r == ACTIVE]
@@ -121,7 +120,7 @@ def plan_cordon(state: RunState, inventory: Inventory, nnodes: str | None, node:
         plan.active_after = len(active)  # fencing a spare: it will not be put in
         return plan
     if static_world:
-        plan.refusal = "a cordon starts every rank again: " + static_world % state.run_id
+        plan.refusal = static_world % state.run_id
         return plan
     plan.ranks_out = current_ranks(state, node)
     spares = [h.name for h in inventory.hosts if roles.get(h.name) == SPARE]

@@ -8,6 +8,10 @@ one folder ``step_<n>`` per save), printed and resumed like trainer/train.py's:
     checkpoint saved step=50 path=/abs/ckpt/step_00000050 bytes=123456   (local rank 0)
     resumed step=50 from=/abs/ckpt/step_00000050                       (every rank)
 
+Every rank loads its own part of a checkpoint, so on more than one node ``--ckpt-dir`` must be
+a folder every node shares: where some ranks see a checkpoint and others none, every rank
+stops with the reason rather than train one world from two states.
+
 DeepSpeed's launcher passes ``--local_rank=N``; it is read from the environment instead.
 Run it with ``rankdeck launch --launcher deepspeed ... trainer/ds_train.py``.
 """
@@ -93,8 +97,18 @@ class DSTrainer(Trainer):
     def resume(self, arm):
         """Load the newest DeepSpeed checkpoint (its ``latest`` file), if there is one."""
         seen = faults.fired_markers(arm, self.args.ckpt_dir)
-        fired = {f for marks in self.ranks.all_gather(sorted(seen, key=repr)) for f in marks}
-        if not (self.args.ckpt_dir / "latest").exists():
+        here = (self.args.ckpt_dir / "latest").exists()
+        gathered = self.ranks.all_gather((sorted(seen, key=repr), here))
+        fired = {f for marks, _here in gathered for f in marks}
+        found = [rank for rank, (_marks, has) in enumerate(gathered) if has]
+        if found and len(found) < len(gathered):
+            # every rank loads its own part of the checkpoint (ZeRO): some resuming and some
+            # starting over would train one world from two different states
+            raise SystemExit(
+                f"ds_train.py: ranks {found} see a checkpoint in {self.args.ckpt_dir}, the "
+                "others do not: DeepSpeed's checkpoints need a folder every node shares "
+                "(--ckpt-dir, or RANKDECK_CKPT_DIR in the run's environment)")
+        if not here:
             return faults.armed(arm, fired, 0)
         path, client = self.engine.load_checkpoint(str(self.args.ckpt_dir))
         if path is None:

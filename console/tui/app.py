@@ -374,7 +374,8 @@ class RankdeckApp(App[int]):
         if node == "":
             self.notify("no node selected: pick one in the nodes table", severity="warning")
             return
-        screen = control_confirm(verb, node, self.ctl.run_id, len(self.ctl.state.nodes))
+        screen = control_confirm(verb, node, self.ctl.run_id, len(self.ctl.state.nodes),
+                                 self.ctl.static_world())
         self.push_screen(screen, lambda yes: self.run_control(verb, node) if yes else None)
 
     @work(group="control")

@@ -55,8 +55,16 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(yes)
 
 
-def control_confirm(verb: str, node: str | None, run_id: str, nodes: int) -> ConfirmScreen:
-    """The question before a stop ("kill") or restart of one node or of the whole run."""
+def control_confirm(verb: str, node: str | None, run_id: str, nodes: int,
+                    static_world: str | None = None) -> ConfirmScreen:
+    """The question before a stop ("kill") or restart of one node or of the whole run.
+    ``static_world``: what a restart of this run's static world says (RunController's)."""
+    if verb == "restart" and static_world:
+        return ConfirmScreen("Restart %s?" % ("node %s" % node if node else "the whole run %s"
+                                               % run_id),
+                             "%s. Kills the launcher on all %d nodes and starts every one "
+                             "again on a fresh master port; every rank resumes from the latest "
+                             "checkpoint." % (static_world, nodes), "Restart every node")
     if verb == "stop" and node:
         return ConfirmScreen("Kill node %s?" % node,
                              "Stops torchrun on %s: SIGTERM, then SIGKILL after the grace "

@@ -2,9 +2,10 @@
 local nodes of two ranks each, the reference trainer's Accelerate and DeepSpeed scripts.
 
 One run per launcher: every rank named from its file's first byte and every byte of every
-per-rank file delivered exactly once, checkpoints seen, a restart of one node (under
-DeepSpeed, a static world: refused with the reason, the run untouched), who-is-stuck on a
-rank hung in Python, and a stop that leaves nothing.
+per-rank file delivered exactly once, checkpoints seen, who-is-stuck on a rank hung in Python,
+a restart of that rank's node (under DeepSpeed, a static world: every node restarts, on a
+fresh store's port) with every rank resuming from the checkpoint, and a stop that leaves
+nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from collections import defaultdict
 import pytest
 
 from agent.protocol import text_to_bytes
-from console.errors import UsageError
 from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
@@ -71,9 +71,11 @@ async def test_spine_under_the_launcher(tmp_path, launcher):
     try:
         await ctl.launch(LaunchSpec(
             script=script, nproc_per_node=2, max_restarts=2, grace=5, launch_with=launcher,
-            env=DS_ENV if launcher == "deepspeed" else {},
+            # DeepSpeed's ranks each load their part of a checkpoint: one folder for both nodes
+            env=dict(DS_ENV, RANKDECK_CKPT_DIR=str(work / "ckpt")) if launcher == "deepspeed"
+            else {},
             args=TINY + ["--steps", "100000", "--ckpt-every", "3", "--idle-s", "0.05",
-                         "--hang-at-step", "40", "--hang-rank", "3", "--pg-timeout", "600"]),
+                         "--hang-at-step", "12", "--hang-rank", "3", "--pg-timeout", "600"]),
             preflight=False)
         ranks = ctl.state.ranks
         await wait_for(lambda: len(ranks) == 4 and all((r.step or 0) >= 4 for r in ranks.values()),
@@ -81,28 +83,34 @@ async def test_spine_under_the_launcher(tmp_path, launcher):
         assert any(e.kind == "checkpoint" and "step 3" in e.text for e in events), \
             [(e.kind, e.text) for e in events][-20:]
 
-        if launcher == "deepspeed":  # a static world: refused, with the way out, untouched
-            with pytest.raises(UsageError, match="DeepSpeed's launcher starts one static world"):
-                await ctl.restart("node1")
-        else:
-            res = await ctl.restart("node1")
-            assert res["node1"]["launches"] == 2, res
-
-            def resumed():
-                text = b"".join(d for chunks in got.values() for _o, d, _r in chunks).decode(
-                    "utf-8", "replace")
-                return re.findall(r"resumed step=(\d+)", text)
-
-            # every rank: the others' workers restart on the membership change
-            await wait_for(lambda: len(resumed()) >= 4, TIMEOUT, "the ranks resumed")
-
-        # rank 3 hangs at step 40 (in Python, trainer/faults.py): the verdict names it
+        # rank 3 hangs at step 12 (in Python, trainer/faults.py): the verdict names it
         await wait_for(lambda: all(r.state == "stalled" for r in ranks.values()), TIMEOUT,
                        "every rank stalled")
         verdict = await ctl.why()
         assert verdict["kind"] == "stuck-in-python", verdict
         assert [s["rank"] for s in verdict["suspects"]] == [3], verdict
         assert verdict["suspects"][0]["node"] == ctl.state.ranks[3].node
+
+        endpoint = ctl.record["rdzv_endpoint"]
+        res = await ctl.restart("node1")  # rank 3's node
+        assert not any(isinstance(r, BaseException) for r in res.values()), res
+        if launcher == "deepspeed":  # a static world: every node restarts, on a new port
+            assert sorted(res) == ["node0", "node1"], res
+            assert ctl.record["rdzv_endpoint"] != endpoint
+            assert any(e.kind == "restarting" and "every node restarts" in e.text
+                       for e in events), [(e.kind, e.text) for e in events][-20:]
+        assert all(r["launches"] == 2 and r["restarts"] == 1 for r in res.values()), res
+
+        def resumed():
+            text = b"".join(d for chunks in got.values() for _o, d, _r in chunks).decode(
+                "utf-8", "replace")
+            return re.findall(r"resumed step=(\d+)", text)
+
+        # every rank, past the hang (a fault fires once): the others' workers restart on the
+        # membership change (accelerate), or with the whole world (DeepSpeed)
+        await wait_for(lambda: len(resumed()) >= 4, TIMEOUT, "the ranks resumed")
+        await wait_for(lambda: all((r.step or 0) > 12 for r in ranks.values()), TIMEOUT,
+                       "every rank past the hang")
 
         results = await ctl.stop()
         assert all(not isinstance(r, BaseException) for r in results.values()), results

@@ -131,12 +131,12 @@ def test_launch_spares_must_name_hosts_of_the_inventory(tmp_path, capsys):
     assert code == 2 and "leaves no host to train on" in capsys.readouterr().err
 
 
-def test_a_run_deepspeed_started_is_not_cordoned_its_world_cannot_start_again():
+def test_a_run_deepspeed_started_is_not_cordoned_no_node_leaves_its_static_world():
     from console.spec import STATIC_WORLD
     inv = inventory()
     plan = plan_cordon(run_state(inv), inv, "4", "node2", store="node4",
                        static_world=STATIC_WORLD["deepspeed"])
-    assert plan.refusal.startswith("a cordon starts every rank again: cannot restart run ")
+    assert plan.refusal.startswith("cannot cordon a node of run ")
     assert "DeepSpeed's launcher starts one static world" in "\n".join(plan.lines())
     assert plan.spare is None and plan.ranks_out == []
 
