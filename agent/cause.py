@@ -1,9 +1,12 @@
-"""Why a node's torchrun failed, in one line an operator can act on.
+"""Why a node's launcher (torchrun, accelerate's, DeepSpeed's) failed, in one line an operator
+can act on.
 
 In order of precision: torchrun's per-worker error file (only scripts decorated with torch's
 ``@record`` write one); else the rank torchrun reports as the first to fail and the last
-exception in that rank's stderr (``rank 3: RuntimeError: credential rejected``); else the
-last exception torchrun itself printed. Causes travel to the console and into ``state.json``,
+exception in that rank's stderr (``rank 3: RuntimeError: credential rejected``); under
+DeepSpeed, which reports no rank, the rank whose file of this start ended first with an
+exception (:func:`rank_file_failed`); else the last exception the launcher itself printed,
+named with the launcher (``deepspeed exited with code 1: ...``). Causes travel to the console and into ``state.json``,
 so secret values of the run's environment are masked in them, as in every other output.
 """
 
@@ -90,15 +93,56 @@ def worker_failed(failure, stderr_text, secrets):
     return one_line("rank %s: %s" % (failure.get("rank"), exc), secrets)
 
 
-def torchrun_failed(code, torchrun_text, started_workers, secrets):
-    """torchrun ended badly with no worker to blame: what it (or its start) last said."""
+def torchrun_failed(code, torchrun_text, started_workers, secrets, launcher="torchrun"):
+    """The launcher (``launcher``: its name) ended badly with no worker to blame: what it (or
+    its start) last said. Its console output is the node's torchrun.log, whichever it is."""
     what = last_exception(torchrun_text or "")
     if what is None:
         tail = [l for l in (torchrun_text or "").splitlines() if l.strip()][-1:]
         what = tail[0] if tail and tail[0].startswith("rankdeck:") else None
-    head = "torchrun exited with code %s%s" % (code, "" if started_workers else
-                                                " before starting workers")
+    head = "%s exited with code %s%s" % (launcher, code, "" if started_workers else
+                                          " before starting workers")
     if what:
         return one_line("%s: %s" % (head, what), secrets)
     return one_line("%s; no worker error file (see the rank logs and torchrun.log)" % head
                     if started_workers else "%s; see torchrun.log" % head, secrets)
+
+
+# DeepSpeed's launcher, when a rank exits non-zero (deepspeed/launcher/launch.py, 0.19):
+# ``[...] [ERROR] [launch.py:259:sigkill_handler] ['python', '-u', 'train.py',
+# '--local_rank=1', ...] exits with return code = 1``: the first rank to fail, by local rank
+_DS_EXIT = re.compile(r"'--local_rank=(\d+)'.*exits with return code = (-?\d+)")
+
+
+def rank_file_failed(paths, launcher_text, secrets, tail_bytes=64 << 10):
+    """``{"message": "rank R: <exception>", "rank": R}`` for the rank that failed first under
+    DeepSpeed's launcher. ``paths``: {global rank: its one file of stdout and stderr
+    (``--enable_each_rank_log``)} of this node's start; ``launcher_text``: the launcher's
+    console, which names the first failure by local rank (the node's global ranks in order).
+    Without that line, the file that ended with an exception first, by its last write (the
+    others fail later, when their peer is gone). None when no file holds an exception
+    (usually means the ranks were killed from outside)."""
+    found = {}
+    for rank, path in paths.items():
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - tail_bytes))
+                exc = last_exception(f.read().decode("utf-8", "replace"))
+            written = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if exc is not None:
+            found[rank] = (written, exc)
+    named = None
+    for line in (launcher_text or "").splitlines():
+        m = _DS_EXIT.search(line)
+        if m and int(m.group(1)) < len(paths):
+            named = sorted(paths)[int(m.group(1))]
+            code = m.group(2)
+    if named is not None and named not in found:
+        return {"message": one_line("rank %s: exited with code %s and no exception in its "
+                                    "output" % (named, code), secrets), "rank": named}
+    if named is None and not found:
+        return None
+    rank = named if named is not None else min(found, key=lambda r: found[r])
+    return {"message": one_line("rank %s: %s" % (rank, found[rank][1]), secrets), "rank": rank}

@@ -20,6 +20,9 @@ policy to come acts in :meth:`Judge.propose_cordon`); ``notify``
 runs a command for the events the user picked (agent/judge_notify.py). Every decision is an event in ``<run_root>/judge/journal``, which a
 console reads as it reads a node's (docs/PROTOCOL.md "The judge").
 
+Over 450 lines: the policies (a static world's restart among them) act through the judge's
+lines to the nodes and its journal, which they share with the rules; the rules are apart.
+
 Standard library only; Python >= 3.9. ``python -m agent judge RUN_ROOT`` with its spec (token,
 settings, secrets) on stdin, as the supervisor takes its spec.
 """
@@ -327,7 +330,7 @@ class Judge:
                              "restarted, the restart budget (%d) is spent" % self.max_restarts))
             return
         self.restarts.update((n, used + 1) for n in nodes)
-        self.write(event("policy", None, action="restart", text="--on-hang restart: %s; "
+        self.write(event("policy", None, action="restart", text="--on-hang restart: %s: "
                          "every node restarts (the verdict names %s; restart %d of %d)"
                          % (STATIC_WORLDS[self.spec["launcher"]], who, used + 1,
                             self.max_restarts)))

@@ -18,6 +18,10 @@ journaled); this module owns the journal and the file follower it reads through,
 lifetime. Each file's global rank comes from torchrun's own record of its worker group
 (agent/torchrun_log.py), else from the worker's environment; a failure's cause is built by
 agent/cause.py. Paths in the spec are already absolute here (agent/hostpaths.py, in node.py).
+
+Over 450 lines: the launch, the kill, the restart (with a static world's new port,
+agent/static_world.py) and the cause of an end all act on the same launcher process and its
+files; what reads them (records, phases, causes) is in modules of its own already.
 """
 
 import json
@@ -38,7 +42,7 @@ from .recorder import Recorder
 from .node import STOP_END, job_env
 from .runfiles import read_json, write_json_atomic
 from .slurm_job import JobWatch
-from .tail import LogFollower
+from .tail import LogFollower, rank_files
 from .watch import open_watch
 from .torchrun_log import RANK_RECORD, TorchrunLog, with_rank_record
 
@@ -111,8 +115,10 @@ class Supervisor:
         self.exiting = []  # old torchruns a restart left exiting (kill, watch_exiting)
         self.closes = None  # the job's torch closes the rendezvous on SIGTERM (closes_rendezvous)
         self.job = (None, None)  # the launcher's python and environment (launch)
+        # torchrun, or the launcher the run names in its place (causes and phases say which)
+        self.launcher = str(spec.get("launcher") or "torchrun")[:40]
         self.torchrun_log = TorchrunLog(os.path.join(self.node_dir, "torchrun.log"),
-                                        os.path.join(self.node_dir, RANK_RECORD))
+                                        os.path.join(self.node_dir, RANK_RECORD), self.launcher)
         # what torchrun and its workers print, masked, parsed and journaled (agent/recorder.py)
         self.recorder = Recorder(self.journal, self.follower, self.masker, spec["node"],
                                  spec.get("metrics_regex"), spec.get("cwd") or self.node_dir,
@@ -206,7 +212,13 @@ class Supervisor:
         inst = self.current_instance()
         if inst is None:
             return {"message": cause.torchrun_failed(code, self.torchrun_log.recent_text(),
-                                                     False, self.secrets), "rank": None}
+                                                     False, self.secrets, self.launcher),
+                    "rank": None}
+        if self.launcher == "deepspeed":  # no error files, no failure record: the rank files
+            found = cause.rank_file_failed(self.launch_rank_files(),
+                                           self.torchrun_log.recent_text(), self.secrets)
+            if found:
+                return found
         errors = cause.find_error_files(self.log_dir, inst)
         if errors:
             _ts, local_rank, attempt, text, path = errors[0]
@@ -222,7 +234,15 @@ class Supervisor:
                     "rank": failure.get("rank"), "local_rank": failure["local_rank"],
                     "attempt": attempt, "exit_code": failure.get("exitcode")}
         return {"message": cause.torchrun_failed(code, self.torchrun_log.recent_text(),
-                                                 True, self.secrets), "rank": None}
+                                                 True, self.secrets, self.launcher),
+                "rank": None}
+
+    def launch_rank_files(self):
+        """{rank: path} of DeepSpeed's per-rank files this launch made."""
+        try:
+            return rank_files(self.log_dir, set(os.listdir(self.log_dir)) - self.instance_before)
+        except OSError:
+            return {}
 
     def kill(self, grace, leave_torchrun=False):
         """The run's verified kill (procs.kill_run). ``leave_torchrun``: return once its

@@ -43,6 +43,16 @@ _ATTEMPT = re.compile(r"attempt_(\d+)$")
 _RANK_FILE = re.compile(r"(\d{14})_rank(\d+)\.log$")
 
 
+def rank_files(log_dir, names):
+    """{global rank: path} of the DeepSpeed per-rank files among ``names`` in ``log_dir``."""
+    out = {}
+    for name in names:
+        named = _RANK_FILE.match(name)
+        if named:
+            out[int(named.group(2))] = os.path.join(log_dir, name)
+    return out
+
+
 class FollowedFile:
     __slots__ = ("fid", "path", "fd", "inode", "offset", "pending", "pending_offset", "meta",
                  "announced", "seen", "gone")

@@ -36,6 +36,7 @@ import collections
 import json
 import os
 import re
+import time
 
 from .torchrun_phase import RECORDED, PhaseTracker
 
@@ -144,8 +145,10 @@ class TorchrunLog:
     :meth:`new_launch` forgets what earlier torchrun processes wrote to the same files.
     """
 
-    def __init__(self, path, record_path=None):
+    def __init__(self, path, record_path=None, launcher="torchrun"):
         self.readers = [_Reader(p) for p in (path, record_path) if p]
+        # DeepSpeed's launcher records nothing: its phase is read from its console lines
+        self.console_phases = launcher == "deepspeed"
         self.console = self.readers[0]
         self.groups = {}  # restart_count -> {local_rank: (global_rank, world_size)}
         self.failure = None  # {"rank", "local_rank", "exitcode", "signal"} of the last report
@@ -167,6 +170,8 @@ class TorchrunLog:
             for line in reader.new_lines():
                 if reader is self.console:
                     self.recent.append(line)
+                    if self.console_phases:
+                        self.phase.feed_console(line, time.time())
                 else:
                     self.phase.feed(line)
                 self._line(reader, line)

@@ -19,6 +19,12 @@ workers``, ``workers running``, ``restarting workers`` (``note``: why), ``finish
 workers are done; waits for the other nodes), ``stopping`` (a signal), ``closed`` (the
 rendezvous was closed: no node can join again) and ``ended`` (torchrun exited; set by the
 supervisor). The messages are torch 2.x's, unchanged since torch 1.9 for the agent's.
+
+DeepSpeed's launcher has no rendezvous and no such records: its phase comes from its own
+console lines (deepspeed/launcher/launch.py, :data:`DEEPSPEED_RULES`, fed by
+:meth:`PhaseTracker.feed_console`): ``starting`` until it spawns a rank, then ``workers
+running``, ``stopping`` once it kills its ranks (``note``: the exit code of the rank that
+made it, or the signal it got) and ``ended`` as for torchrun.
 """
 
 import re
@@ -71,6 +77,19 @@ _RULES = (
 )
 
 
+# DeepSpeed's launcher's console lines (deepspeed/launcher/launch.py, 0.19): (words, phase
+# name, note); the first that matches wins. It kills every rank when one exits non-zero
+# ("Killing subprocess", then "... exits with return code = N") or on SIGTERM/SIGINT.
+DEEPSPEED_RULES = (
+    ("spawned with command", "workers running", None),
+    ("exits with return code", "stopping", "a rank exited with code {code}"),
+    ("Killing subprocess", "stopping", None),
+    ("Main process received", "stopping", "{signal}"),
+)
+_DS_CODE = re.compile(r"exits with return code = (-?\d+)")
+_DS_SIGNAL = re.compile(r"received (SIG\w+)")
+
+
 class PhaseTracker:
     """The phase of one torchrun, from its record lines fed in order (:meth:`feed`)."""
 
@@ -109,6 +128,21 @@ class PhaseTracker:
                 if name == "restarting workers" and note is None:
                     note = _restart_reason(message)
                 return self._set(when, name, note)
+        return False
+
+    def feed_console(self, line, now):
+        """One line of DeepSpeed's launcher's console (:data:`DEEPSPEED_RULES`), read at
+        ``now``; True when the phase changed. A kill's note stays through its later lines."""
+        for words, name, note in DEEPSPEED_RULES:
+            if words not in line:
+                continue
+            code, sig = _DS_CODE.search(line), _DS_SIGNAL.search(line)
+            if note is not None:
+                note = note.format(code=code.group(1) if code else "?",
+                                   signal="received %s" % sig.group(1) if sig else "a signal")
+            elif name == self.phase["name"]:
+                return False  # one line per rank killed: the phase and its note stay
+            return self._set(now, name, note)
         return False
 
     def _set(self, when, name, note, keep_since=False, **extra):

@@ -38,7 +38,8 @@ from .liveness import beside_judge, check_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
 from .sanitize import Masker, clean_tree, mask_tree, secret_warnings
 from .scrollback import PAGE_BYTES
-from .spec import STATIC_WORLD, STATIC_WORLD_RESTART, LaunchSpec, new_run_id, node_commands, run_root  # LaunchSpec: callers' too
+from .spec import (STATIC_WORLD, STATIC_WORLD_RESTART, LaunchSpec, launcher_name, new_run_id,
+                   node_commands, run_root)  # LaunchSpec: callers' too
 from .sync import Manifest, SyncError, build_manifest, progress_line, sync_hosts
 from .state import RUN_ENDED, RunState
 from .surgery import ACTIVE, SPARE, CordonPlan, nnodes_range, plan_cordon, store_host
@@ -186,6 +187,7 @@ class RunController:
             # and each ${VAR} filled into a secret value (`Bearer ${TOKEN}`): printed alone
             "secret_parts": sorted({p for v in host.env.values() if v.secret for p in v.parts}),
             "grace": spec.grace,
+            "launcher": launcher_name(spec),  # named in the node's causes and phases
             "max_restarts": spec.max_restarts,
             "metrics_regex": spec.metrics_regex,
             "checkpoint_dir": spec.checkpoint_dir,
@@ -235,6 +237,7 @@ class RunController:
         self.state.started = time.time()
         self.spec = spec
         self.state.nproc = spec.nproc_per_node  # bounds what a node may claim (ownership.py)
+        self.state.launcher = launcher_name(spec)
         self.mask_env_secrets(spec.env)
         for warning in secret_warnings(self.secrets):
             self.state.add_event(None, "warning", warning)
@@ -465,6 +468,7 @@ class RunController:
         spec = dict(record.get("spec", {}))
         spec["env"] = restored.spec_env
         ctl.spec = LaunchSpec(**spec)
+        ctl.state.launcher = launcher_name(ctl.spec)
         ctl.state.nproc = ctl.spec.nproc_per_node
         ctl.missing_env = restored.missing
         ctl.secrets = sorted(set(ctl.inventory.secrets) | set(restored.secrets))

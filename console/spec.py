@@ -66,6 +66,11 @@ STATIC_WORLD = {"deepspeed": (
     "the trainer resumes from its newest checkpoint")}
 
 
+def launcher_name(spec: LaunchSpec) -> str:
+    """What starts each node of ``spec``, as its causes, phases and events name it."""
+    return "launcher" if spec.launcher else spec.launch_with
+
+
 def new_run_id() -> str:
     """Time, then 48 random bits: the id is the run's marker on every host (``RANKDECK_RUN``,
     what `stop` kills by), so two launches in the same second must never share one."""

@@ -173,6 +173,9 @@ class RunState:
             for name, addr in nodes
         }
         self.nproc: int | None = None  # the launch's --nproc-per-node, when it has one
+        # what starts each node (console/launchers.py): torchrun, deepspeed, accelerate, or
+        # "launcher" for a raw argv; named where a phase or a start is said
+        self.launcher = "torchrun"
         self.ranks: dict[int, RankState] = {}
         self.held: list[tuple[str, int]] = []  # (node, file id) of claims held (ownership.py)
         self.events: deque[Event] = deque(maxlen=EVENTS)
@@ -484,8 +487,8 @@ class RunState:
         if what == "launched":
             ns.state = "starting"
             ns.worker_failure = None
-            self.add_event(ns.name, "launched", "torchrun started (pid %s, launch %s)"
-                           % (meta.get("pid"), meta.get("launch")), ts=ts)
+            self.add_event(ns.name, "launched", "%s started (pid %s, launch %s)" % (
+                self.launcher, meta.get("pid"), meta.get("launch")), ts=ts)
         elif what == "restarting":
             ns.state = "restarting"
             self.add_event(ns.name, "restarting", "restart requested", ts=ts)
@@ -598,7 +601,8 @@ class RunState:
                 "phase": dict(ns.phase, text=rendezvous.phase_text(ns.phase))
                 if ns.phase else None,
             })
-        return {"run_id": self.run_id, "state": self.run_state(), "nodes": nodes,
+        return {"run_id": self.run_id, "state": self.run_state(), "launcher": self.launcher,
+                "nodes": nodes,
                 "started": self.started, "events": len(self.events),
                 "world_size": self.world_size, "checkpoints": self.checkpoints.status(),
                 "resumed_from": self.checkpoints.resumed_status(),

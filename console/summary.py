@@ -56,16 +56,17 @@ def node_detail(state: RunState, ns: NodeState, ranks: list | None = None) -> st
             not state.waiting:
         return ""  # nothing to wait for: the row shows the node's telemetry instead
     if ns.phase and phase not in ("connecting", "connected", "preflight", "syncing"):
-        text = "torchrun: " + rendezvous.phase_text(ns.phase)  # what torchrun says it does
+        # what the node's launcher says it does
+        text = "%s: %s" % (state.launcher, rendezvous.phase_text(ns.phase))
         wait = state.waiting
         if wait and any(m["node"] == ns.name for m in wait["missing"]):
             text = "NOT JOINED the rendezvous; " + text
         return text
     return {"connecting": "connecting to agent", "connected": "agent ready",
             "preflight": "checking python, torch, GPUs, disk, rendezvous reachability",
-            "starting": "starting torchrun", "rendezvous": "waiting for first step",
+            "starting": "starting " + state.launcher, "rendezvous": "waiting for first step",
             "syncing": "sending code into the workdir",
-            "restarting": "restarting torchrun"}.get(phase, "")
+            "restarting": "restarting " + state.launcher}.get(phase, "")
 
 
 def launch_progress(state: RunState) -> str:
@@ -176,10 +177,10 @@ def waiting_lines(status: dict) -> list[str]:
 
 
 def phase_lines(status: dict) -> list[str]:
-    """Each node's torchrun phase (console/rendezvous.py), when the nodes reported one."""
+    """Each node's launcher's phase (console/rendezvous.py), when the nodes reported one."""
     lines = ["  %s: %s" % (n["name"], n["phase"]["text"]) for n in status["nodes"]
              if n.get("phase")]
-    return ["torchrun:"] + lines if lines else []
+    return ["%s:" % status.get("launcher", "torchrun")] + lines if lines else []
 
 
 def rank_state_text(rank: dict) -> str:

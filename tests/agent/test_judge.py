@@ -33,6 +33,7 @@ class FakeNode:
     def __init__(self, port, node, report, token=TOKEN):
         self.line = judge_wire.connect_peer("127.0.0.1", port, token, node)
         self.node, self.report, self.asked = node, report, []
+        self.args = []  # each request's arguments, in order
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
@@ -44,6 +45,7 @@ class FakeNode:
             if msg is None:
                 return
             self.asked.append(msg.get("op"))
+            self.args.append(msg.get("args"))
             data = self.report if msg.get("op") == "why" else {}
             self.line.send({"t": "res", "id": msg["id"], "ok": True, "data": data})
             self.answered(msg)
@@ -257,3 +259,34 @@ def test_a_node_named_by_a_verdict_soon_after_its_restart_is_proposed_for_cordon
                              "a cordon proposal in the judge's journal")
     assert [e["node"] for e in proposed] == ["node1"], proposed
     assert proposed[0]["reason"] == "the verdict names rank 1 (stuck-in-python)", proposed
+
+
+def test_on_hang_restart_of_a_static_world_restarts_every_node_on_a_fresh_store(tmp_path):
+    # DeepSpeed's world (agent/static_world.py): the verdict names rank 1 on node1, and every
+    # node restarts, told the port of the store started again beside the judge
+    from agent.runfiles import read_json
+    from agent.store import start_store, stop_store
+    run_root = str(tmp_path / "run")
+    os.makedirs(run_root)
+    old = start_store(run_root, "127.0.0.1", sys.executable)
+    spec = {"addr": "127.0.0.1", "token": TOKEN, "nodes": ["node0", "node1"],
+            "stall_after": 2.0, "on_hang": "restart", "max_restarts": 1,
+            "launcher": "deepspeed"}
+    info = start_judge(run_root, spec)
+    try:
+        nodes = rank_1_hangs(info["port"], "sleep")
+        done = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] in
+                                      ("restarted", "judge_error")], 60,
+                             "the judge restarted the world")
+        new = read_json(os.path.join(run_root, "store.json"))
+        assert new["pid"] != old["pid"]
+        assert [(e["what"], e["node"]) for e in done] == [("restarted", None)], done
+        assert "master port %d" % new["port"] in done[0]["text"]
+        for n in nodes:
+            assert n.args[n.asked.index("restart")] == {"master_port": new["port"]}
+        policy = [e for e in events(run_root) if e["what"] == "policy"]
+        assert "DeepSpeed's world is static: every node restarts" in policy[0]["text"], policy
+    finally:
+        stop_judge(run_root)
+        stop_store(run_root)
+        wait_for_sync(lambda: running_judge(run_root) is None, 30, "the judge ended")
