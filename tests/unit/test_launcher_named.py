@@ -41,3 +41,14 @@ def test_torchrun_stays_the_name_of_a_torchrun_run_and_a_raw_argv_is_the_launche
     assert launcher_name(LaunchSpec(script="t.py", launch_with="accelerate")) == "accelerate"
     assert launcher_name(LaunchSpec(script="t.py", launcher=["python", "-m", "x"])) == \
         "launcher"
+
+
+def test_the_view_asks_before_restarting_every_node_of_a_static_world():
+    from console.spec import STATIC_WORLD_RESTART
+    from console.tui.confirm import control_confirm
+    asked = control_confirm("restart", "node1", "run-1", 2, STATIC_WORLD_RESTART["deepspeed"])
+    assert asked.title_text == "Restart node node1?"
+    assert asked.body.startswith("DeepSpeed's world is static: every node restarts. Kills the "
+                                 "launcher on all 2 nodes")
+    assert asked.action == "Restart every node"
+    assert control_confirm("restart", "node1", "run-1", 2).action == "Restart node"
