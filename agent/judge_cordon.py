@@ -132,8 +132,10 @@ class AutoCordon:
             return ("failed: %s is not connected to the judge, so it cannot be fenced from "
                     "here; `rankdeck cordon` from a console" % node), left, None
         try:
+            # a node a verdict names is hung: nothing of it can save, SIGKILL at once
             nl.request("fence", {"who": WHO, "why": "cordoned by the judge (--auto-cordon): %s"
-                                 % reason}, FENCE_WAIT)
+                                 % reason, "grace": 0 if reason.startswith("the verdict names")
+                                 else None}, FENCE_WAIT)
         except judge_wire.WireError as exc:
             return "failed: %s could not be fenced: %s" % (node, exc), [], None
         deadline = time.monotonic() + FENCE_WAIT

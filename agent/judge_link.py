@@ -220,7 +220,8 @@ class JudgeLink:
                           {"who": str(args.get("who") or "the judge")[:200],
                            "why": str(args.get("why") or "cordoned by the judge")[:300],
                            "at": time.time()})
-        return self._stop({"state": "stopped", "cause": {"message": str(
+        grace = args.get("grace")  # 0: a node judged hung is killed at once
+        return self._stop({"state": "stopped", "grace": grace, "cause": {"message": str(
             args.get("why") or "cordoned by the judge")[:500]}})
 
     def _stop(self, end):

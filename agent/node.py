@@ -160,7 +160,8 @@ def refuse_if_fenced(ndir):
 def fence(args):
     """Cordon the node: fence it first (no start or restart from now on), then stop it and
     confirm none of its processes is left, as :func:`stop` does, nor GPU memory held by them
-    (``gpu``, :func:`gpu_words`). ``fence``: who and why."""
+    (``gpu``, :func:`gpu_words`). ``fence``: who and why; ``grace``: seconds between SIGTERM
+    and SIGKILL (default: the run's --grace; 0 for a node judged hung, which cannot save)."""
     ndir = node_dir(args)
     os.makedirs(ndir, 0o700, exist_ok=True)
     write_json_atomic(os.path.join(ndir, FENCE), dict(args.get("fence") or {}, at=time.time()))
@@ -168,7 +169,10 @@ def fence(args):
     before = node_state(ndir)
     if before is None:  # a spare that never ran: fenced, nothing to stop
         return {"state": "missing", "left": [], "fenced": True, "gpu": "nothing ran"}
-    done = stop(args)
+    why = (args.get("fence") or {}).get("why")
+    # ends "stopped" with why; ``grace`` 0 (a node judged hung): SIGKILL at once
+    done = stop(dict(args, end={"state": "stopped", "grace": args.get("grace"), "cause": {
+        "message": str(why)[:300]} if why else None}))
     kill = done.get("kill") if isinstance(done.get("kill"), dict) else {}
     # the supervisor's stop checks the GPU (agent/supervisor.py gpu_after_kill); one that had
     # ended before left its own end's report, which says nothing of now

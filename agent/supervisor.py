@@ -360,7 +360,8 @@ class Supervisor:
                     end = self.stop_end()
                     self.save(state="stopping")
                     self.recorder.event("stopping")
-                    report = self.kill(grace)
+                    # a cordon of a hung node kills at once (end["grace"] 0, agent/node.py)
+                    report = self.kill(grace if end["grace"] is None else end["grace"])
                     return self.finish(end["state"], None, report, cause=end["cause"])
                 if sig == signal.SIGUSR1:
                     self.save(state="restarting")
@@ -427,7 +428,9 @@ class Supervisor:
         except OSError:
             pass
         if not isinstance(end, dict) or end.get("state") not in ("exited", "failed", "stopped"):
-            return {"state": "stopped", "cause": None}
+            return {"state": "stopped", "cause": None, "grace": None}
+        grace = end.get("grace")
+        grace = float(grace) if isinstance(grace, (int, float)) and 0 <= grace <= 3600 else None
         cause = end.get("cause")
         if isinstance(cause, dict) and isinstance(cause.get("message"), str):
             rank = cause.get("rank")
@@ -435,7 +438,7 @@ class Supervisor:
                      "rank": rank if isinstance(rank, int) else None}
         else:
             cause = None
-        return {"state": end["state"], "cause": cause}
+        return {"state": end["state"], "cause": cause, "grace": grace}
 
     def finish(self, state, code, report, cause=None):
         self.recorder.pump(final=True)

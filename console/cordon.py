@@ -41,6 +41,7 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
                               if plan.shrink else "a spare fenced")
     entry = {"who": who, "what": what, "when": time.time(), "node": plan.node,
              "spare": plan.spare, "outcome": "started", "left": []}
+    kill_now = hung(ctl, plan.node)  # before the judge says its ranks left the stall
     await tell_judge(ctl, {"out": plan.node, "in": plan.spare, "who": who, "action": "cordon",
                            "text": "%s: started by %s" % (what, who)})
     link = ctl.links[plan.node]
@@ -48,6 +49,7 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
     try:
         res = await link.request("fence", run_root=link.run_root, node=plan.node,
                                  fence={"who": who, "why": "cordoned by %s" % who},
+                                 grace=0 if kill_now else None,
                                  timeout=ctl.stop_timeout())
     except AgentError as exc:
         return await finish(ctl, entry, "failed: %s could not be fenced: %s" % (plan.node, exc))
@@ -77,6 +79,13 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
             return await finish(ctl, entry, "failed: %s fenced, but spare %s did not start: %s"
                           % (plan.node, plan.spare, failed))
     return await finish(ctl, entry, "done")
+
+
+def hung(ctl, node: str) -> bool:
+    """``node``'s ranks are stalled (the judge's or this console's view): nothing of them can
+    save, so its fence kills them at once instead of waiting the run's --grace."""
+    ranks = ctl.state.ranks_of(node)
+    return bool(ranks) and all(r.state == "stalled" for r in ranks)
 
 
 def unreachable(ctl, plan: CordonPlan) -> str | None:

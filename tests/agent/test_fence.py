@@ -37,3 +37,26 @@ def test_the_gpu_check_of_a_stop_in_words():
     assert node.gpu_words(None) == "no GPU"
     assert node.gpu_words({"held": 0, "pids": []}) == "freed"
     assert node.gpu_words({"held": 3 << 30, "pids": [41, 42]}) == "held: 3072 MiB by pid(s) 41,42"
+
+
+def test_a_fence_ends_the_node_stopped_with_why_and_a_hung_node_without_grace(tmp_path,
+                                                                                monkeypatch):
+    """What the fence hands the supervisor's stop (STOP_END, read by Supervisor.stop_end):
+    the end (stopped, why), and grace 0 for a node judged hung: SIGKILL at once."""
+    from agent.runfiles import write_json_atomic
+    from agent.supervisor import Supervisor
+    ndir = tmp_path / "run" / "node2"
+    ndir.mkdir(parents=True)
+    written = []
+    monkeypatch.setattr(node, "node_state", lambda d: {"alive": True})  # a supervisor runs
+    monkeypatch.setattr(node, "stop", lambda a: written.append(a["end"]) or {"left": []})
+    out = node.fence(args(tmp_path, fence={"who": "alice@laptop", "why": "cordoned by a"},
+                          grace=0))
+    assert out["fenced"] and out["gpu"] == "no GPU"  # no kill report: no NVML figures
+    assert written == [{"state": "stopped", "grace": 0, "cause": {"message": "cordoned by a"}}]
+    sup = Supervisor.__new__(Supervisor)  # stop_end reads only the node's folder
+    sup.node_dir = str(ndir)
+    write_json_atomic(str(ndir / node.STOP_END), written[0])
+    assert sup.stop_end() == {"state": "stopped", "grace": 0.0,
+                              "cause": {"message": "cordoned by a", "rank": None}}
+    assert sup.stop_end() == {"state": "stopped", "cause": None, "grace": None}  # read once

@@ -101,10 +101,12 @@ def test_a_nodes_link_fences_it_before_it_stops(tmp_path, monkeypatch):
     link = judge_link.JudgeLink({}, "node1", str(ndir), dict, dict, lambda _t: None)
     sent = []
     monkeypatch.setattr(judge_link.os, "kill", lambda pid, sig: sent.append((pid, sig)))
-    assert link._fence({"who": "judge", "why": "cordoned by the judge (--auto-cordon): x"}) == {}
+    assert link._fence({"who": "judge", "why": "cordoned by the judge (--auto-cordon): x",
+                        "grace": 0}) == {}
     assert sent == [(os.getpid(), signal.SIGTERM)]
     assert read_json(str(ndir / node.FENCE))["who"] == "judge"
-    assert read_json(str(ndir / node.STOP_END)) == {"state": "stopped", "cause": {
+    # grace 0: a node the verdict named is hung, killed at once (Supervisor.stop_end)
+    assert read_json(str(ndir / node.STOP_END)) == {"state": "stopped", "grace": 0, "cause": {
         "message": "cordoned by the judge (--auto-cordon): x"}}
     with pytest.raises(Exception, match="cordoned"):
         node.refuse_if_fenced(str(ndir))
