@@ -1,0 +1,103 @@
+"""Node surgery over real SSH (docs/SURGERY.md): 5 hosts that are not the laptop (sshhosts.py),
+4 in the run and node4 a spare that hosts the store and the judge. A rank hangs; the run is
+left with no console, then `rankdeck cordon RUN --node N --yes` from a new shell takes the hung
+rank's node out: the spare joins, every rank steps again from the checkpoint (broadcast by the
+trainer: the hosts share no disk), and the cordoned node has no process of the run left."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agent.journal import JournalReader
+from console.history import History
+from console.run import LaunchSpec, RunController
+from console.transport.ssh import SshTransport
+from inventory.loader import load_inventory
+
+from test_ssh_run import REPO, SCRIPT, secret, write_inventory  # noqa: F401
+from sshhosts import create_hosts, missing_requirements
+from spine.helpers import TINY, processes_of, wind_down  # noqa: E402
+from spine.test_cordon import of_node  # noqa: E402
+from tests.waits import wait_for, wait_for_sync  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def five_hosts():
+    """node0..node4 (the session's fixture has four)."""
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    try:
+        hosts = create_hosts(5)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip("cannot build network-namespace hosts here: %s" % exc)
+    yield hosts
+    hosts.close()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "console", *args], cwd=REPO, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True)
+
+
+def steps(hosts, work: str, run_id: str, node: str) -> list[int]:
+    path = hosts.local_path(node, "%s/.rankdeck/runs/%s/%s/journal" % (work, run_id, node))
+    return [m["step"] for m, _d, _e in JournalReader(path).read(limit=64 << 20)
+            if m.get("k") == "metric" and isinstance(m.get("step"), int)]
+
+
+async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
+        five_hosts, clean_home, tmp_path, secret, host_workdir, project):
+    (clean_home / ".ssh").mkdir(exist_ok=True)
+    (clean_home / ".ssh" / "config").write_text(open(five_hosts.ssh_config).read())
+    work = host_workdir
+    inv = load_inventory(write_inventory(tmp_path / "hosts.yaml", five_hosts, work))
+    inv.mark_spares(["node4"])
+    ctl = RunController(inv, SshTransport(
+        ssh_config=five_hosts.ssh_config, known_hosts=five_hosts.known_hosts,
+        client_keys=[five_hosts.client_key], remote_cache=five_hosts.remote_cache), History())
+    st = ctl.state
+    stopped = False
+    try:
+        await ctl.launch(LaunchSpec(script=SCRIPT, sync=str(project), max_restarts=5, grace=3,
+                                    stall_after=6.0, args=TINY + [
+                                        "--steps", "100000", "--ckpt-every", "4",
+                                        "--hang-at-step", "6", "--hang-rank", "2",
+                                        "--pg-timeout", "600"]), preflight=False)
+        assert ctl.judge_host() == "node4"
+        await wait_for(lambda: len(st.ranks) == 4 and all(
+            r.state == "stalled" for r in st.ranks.values())
+            and st.checkpoints.last_complete() is not None, TIMEOUT,
+            "every rank stalled behind rank 2, the step-4 checkpoint complete")
+        hung, run_id = st.ranks[2].node, ctl.run_id
+        await ctl.close()  # no console left: the cordon comes from a new shell
+
+        out = cli("cordon", run_id, "--node", hung, "--yes")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "node4 (spare" in out.stdout and "done" in out.stdout, out.stdout
+        assert not of_node(run_id, hung), of_node(run_id, hung)
+        fenced = five_hosts.local_path(hung, "%s/.rankdeck/runs/%s/%s/fenced.json"
+                                       % (work, run_id, hung))
+        assert os.path.exists(fenced)
+        record = History().load(run_id)
+        assert record["surgeries"][0]["outcome"] == "done", record["surgeries"]
+        assert record["surgeries"][0]["gpu"] == "no GPU"
+        # the spare's rank and the three others step past the checkpoint they resumed from
+        others = [n for n in ("node0", "node1", "node2", "node3") if n != hung]
+        wait_for_sync(lambda: max(steps(five_hosts, work, run_id, "node4") or [0]) > 8 and
+                      all(max(steps(five_hosts, work, run_id, n)) > 8 for n in others),
+                      TIMEOUT, "every rank past step 8, one on node4", every=1.0)
+        out = cli("stop", run_id)
+        assert out.returncode == 0, out.stdout + out.stderr
+        stopped = True
+        wait_for_sync(lambda: not processes_of(run_id), 60, "every process of the run ended")
+    finally:
+        if not stopped:
+            await wind_down(ctl)
