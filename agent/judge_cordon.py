@@ -92,6 +92,12 @@ class AutoCordon:
             nl = judge.lines.get(node)
             spare = self.spare_here()
             gone = (judge.view.nodes[node].ended, self.last.get(node))
+        if nl is None and not gone[0]:
+            judge.write(event("policy", node, action="none", text=(
+                "--auto-cordon: %s not cordoned: it is not connected to the judge, so it "
+                "cannot be fenced from here; `rankdeck cordon RUN --node %s` from a console"
+                % (node, node))))
+            return
         if spare is None and active - 1 < self.nnodes_min:
             judge.write(event("policy", node, action="none", text=(
                 "--auto-cordon: %s not cordoned: no spare this judge can start (a spare on "
@@ -122,15 +128,16 @@ class AutoCordon:
                           **{"in": spare}))
 
     def _fence(self, node, nl, reason, ended):
-        """(outcome, left, gpu) of fencing ``node``: ``done``, ``done, not fenced`` (its
-        supervisor had ended: nothing to stop, nothing left) or ``failed: why``."""
-        if ended or nl is None:
+        """(outcome, left, gpu) of fencing ``node`` (connected to the judge, or ended):
+        ``done``, ``done, not fenced`` (its supervisor had ended: nothing to stop, nothing
+        left) or ``failed: why``."""
+        if ended:
             st = self.last.get(node) or {}
             left = st.get("left") if isinstance(st.get("left"), list) else []
-            if ended and not left:
+            if not left:
                 return "done, not fenced", [], gpu_words(st.get("gpu"))
-            return ("failed: %s is not connected to the judge, so it cannot be fenced from "
-                    "here; `rankdeck cordon` from a console" % node), left, None
+            return ("failed: %s ended with %d process(es) left, and cannot be fenced from "
+                    "here; `rankdeck cordon` from a console" % (node, len(left))), left, None
         try:
             # a node a verdict names is hung: nothing of it can save, SIGKILL at once
             nl.request("fence", {"who": WHO, "why": "cordoned by the judge (--auto-cordon): %s"

@@ -184,3 +184,30 @@ async def test_a_cordon_whose_node_or_spare_is_not_connected_does_nothing():
     with pytest.raises(ValueError, match="cannot reach node4"):
         await cordon(ctl, plan, who="alice@laptop")
     assert told == []  # the judge was not told: nothing changed
+
+
+async def test_a_console_keeps_the_judges_cordon_in_the_run_record():
+    """console/autocordon.py follow_judge: the judge's surgery (read from its journal) goes
+    into the run record once: roles, the node-rank order with the spare in the node's place,
+    ``surgeries`` with who = judge."""
+    from console.autocordon import follow_judge
+    from console.history import History
+    from console.judged import apply_judge_records
+    from console.run import RunController
+    from console.transport.local import LocalTransport
+    inv = inventory()
+    ctl = RunController(inv, LocalTransport(), History(), run_id="20260101-000000-abcd")
+    ctl.record = {"run_id": ctl.run_id, "created": 0, "transport": "local", "hosts": [],
+                  "spec": {"script": "t.py"}, "roles": {"node4": "spare"},
+                  "order": ["node0", "node1", "node2", "node3"], "surgeries": []}
+    done = {"k": "event", "what": "surgery", "who": "judge", "action": "outcome", "out": "node1",
+            "in": "node4", "outcome": "done", "fenced": True, "left": [], "gpu": "freed",
+            "ts": 1700000000.0, "text": "cordon node1, spare node4 in: done; GPU: freed"}
+    apply_judge_records(ctl.state, [(done,)], 0, "node4")
+    await follow_judge(ctl)
+    await follow_judge(ctl)  # once
+    saved = History().load(ctl.run_id)
+    assert saved["roles"] == {"node1": "cordoned"}
+    assert saved["order"] == ["node0", "node4", "node2", "node3"]
+    assert [(s["who"], s["node"], s["spare"], s["outcome"]) for s in saved["surgeries"]] == [
+        ("judge", "node1", "node4", "done")]
