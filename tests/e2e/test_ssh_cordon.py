@@ -78,6 +78,11 @@ async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
             "every rank stalled behind rank 2, the step-4 checkpoint complete")
         hung, run_id = st.ranks[2].node, ctl.run_id
         await ctl.close()  # no console left: the cordon comes from a new shell
+        # the hang fires once per run: its marker is in the hung node's checkpoint folder,
+        # which goes out with it (no shared disk), so the spare gets one, as a shared
+        # folder would show it (trainer/faults.py); else rank 2 hangs again at step 6
+        five_hosts.put_text("node4", "%s/.rankdeck/runs/%s/node4/ckpt/.fault-fired-hang-6-2"
+                            % (work, run_id), "")
 
         out = cli("cordon", run_id, "--node", hung, "--yes")
         assert out.returncode == 0, out.stdout + out.stderr
