@@ -6,9 +6,11 @@ with real torchrun is tests/spine/test_auto_cordon.py."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import sys
 import time
+import threading
 import types
 
 import pytest
@@ -92,8 +94,6 @@ def test_a_nodes_link_fences_it_before_it_stops(tmp_path, monkeypatch):
     """The judge's ``fence`` through a node's own link (agent/judge_link.py): fenced.json
     first (no start or restart from then on), then the supervisor's stop (its own SIGTERM,
     caught here), ending ``stopped`` with the judge's reason."""
-    import signal
-
     from agent import judge_link
     from agent.runfiles import read_json
     ndir = tmp_path / "run" / "node1"
@@ -158,3 +158,62 @@ def test_a_gpu_xid_is_journaled_by_the_node_and_its_judge_cordons_the_node(
         "node1 proposed for cordon: GPU 1 reported Xid 79",
         "node1 proposed for cordon: GPU 1 reported 2 uncorrectable ECC error(s)"], proposed
     assert n1.asked == ["fence"]  # cordoned once
+
+
+def test_auto_cordon_through_a_real_supervisor_fences_it_and_nothing_of_it_is_left(
+        tmp_path, stopped_after):
+    """The live path: a judge (in this process) and a real supervisor connected to it
+    (agent/judge_link.py); a proposal naming the node (a hang: SIGKILL at once) has the
+    supervisor fence itself, stop, and say in its last state that nothing was left; the spare
+    starts from its kept spec."""
+    from agent import procs
+    from agent.judge import Judge
+    from agent.judge_rules import event
+    from agent.store import listen_socket
+    run_root = str(tmp_path / "run")
+    jdir = os.path.join(run_root, "judge")
+    os.makedirs(jdir)
+    stopped_after.append(run_root)  # stops the spare's supervisor (no judge process to stop)
+    judge = Judge({"token": TOKEN, "nodes": ["node1"], "auto_cordon": True,
+                   "spares": ["node2"], "nnodes_min": 1}, jdir)
+    sock = listen_socket("127.0.0.1", 0)
+    threading.Thread(target=judge.run, args=(sock,), daemon=True).start()
+    judge_ref = {"addr": "127.0.0.1", "port": sock.getsockname()[1], "token": TOKEN}
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    node.standby({"run_root": run_root, "node": "node2", "spec": {
+        "run_id": "r1", "node": "node2", "cwd": str(tmp_path), "argv": sleeper}})
+    # a worker that ignores SIGTERM, on a node with a grace far beyond this test's waits:
+    # only the hung node's SIGKILL at once ends it in time
+    stubborn = [sys.executable, "-c", "import signal, time; "
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"]
+    node.start({"run_root": run_root, "node": "node1", "spec": {
+        "run_id": "r1", "node": "node1", "cwd": str(tmp_path), "argv": stubborn,
+        "grace": 600, "judge": judge_ref}})
+    try:
+        wait_for_sync(lambda: "node1" in judge.lines, 30, "node1's link to the judge")
+        worker = procs.run_pids(None, "r1/node1")
+        assert worker
+        wait_for_sync(lambda: ignores_sigterm(worker[0]), 30, "the worker ignoring SIGTERM")
+        judge.write(event("cordon proposed", "node1", reason="the verdict names rank 1 (x)"))
+        outcome = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "surgery"
+                                         and e.get("action") == "outcome"], 60, "outcome")[0]
+        assert (outcome["outcome"], outcome["left"], outcome["gpu"]) == ("done", [], "no GPU")
+        ended = node.node_state(os.path.join(run_root, "node1"))
+        assert ended["state"] == "stopped" and not ended["alive"], ended
+        assert ended["kill"]["killed"] == worker  # SIGKILLed, not waited for
+        assert "--auto-cordon" in ended["cause"]["message"]
+        assert not procs.run_pids(None, "r1/node1")
+        with pytest.raises(Exception, match="cordoned"):
+            node.restart({"run_root": run_root, "node": "node1"})
+        assert node.node_state(os.path.join(run_root, "node2"))["alive"]
+    finally:
+        judge.stop.set()
+        for pid in procs.run_pids(None, "r1/node1"):
+            os.kill(pid, 9)
+
+
+def ignores_sigterm(pid: int) -> bool:
+    """``pid``'s SigIgn mask (/proc/PID/status) has SIGTERM."""
+    with open("/proc/%d/status" % pid) as f:
+        mask = next(line.split()[1] for line in f if line.startswith("SigIgn:"))
+    return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
