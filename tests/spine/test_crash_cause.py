@@ -4,9 +4,10 @@ torchrun (issue 29): its node's cause names the rank and its exception, secret m
 Once the script has called ``init_process_group``, torch prefixes everything the rank's
 uncaught exception prints with ``[rank3]: `` (torch/distributed/distributed_c10d.py
 ``_distributed_excepthook``), so the last line of its stderr reads
-``[rank3]: RuntimeError: credential rejected: <secret>``. The rank fails in each of its four
-attempts within a second of its start; the secret in its message has another secret of the
-inventory as its prefix. The cause must read the same in the controller's state, in
+``[rank3]: RuntimeError: credential rejected: <secret>``. The rank fails in each of its two
+attempts (one restart) within a second of its start; the secret in its message has another
+secret of the inventory as its prefix. The other ranks wait until the test has seen rank 3's
+node fail for good, then end (a fixed sleep there held the run two minutes past the failure). The cause must read the same in the controller's state, in
 ``status --json`` and in the plain status table (what ``--no-tui`` prints at its end).
 """
 
@@ -25,6 +26,7 @@ from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from inventory.model import EnvValue
+from tests.waits import wait_for
 
 from .helpers import REPO, local_inventory, rank_log_files, wind_down
 
@@ -40,7 +42,9 @@ SCRIPT = """\
     if os.environ["RANK"] == "3":
         raise RuntimeError("credential rejected: " + os.environ["API_TOKEN"])
     print("rank", os.environ["RANK"], "waiting", flush=True)
-    time.sleep(120)
+    end = time.monotonic() + 300
+    while not os.path.exists(%r) and time.monotonic() < end:  # the test's release
+        time.sleep(0.2)
 """
 
 
@@ -64,8 +68,14 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 async def test_rank_raising_after_init_is_named_with_its_masked_exception(controller, tmp_path):
     ctl = controller
     script = tmp_path / "crash.py"
-    script.write_text(textwrap.dedent(SCRIPT))
-    await ctl.launch(LaunchSpec(script=str(script), max_restarts=3), preflight=False)
+    release = tmp_path / "release"
+    script.write_text(textwrap.dedent(SCRIPT % str(release)))
+    await ctl.launch(LaunchSpec(script=str(script), max_restarts=1, grace=3), preflight=False)
+    # rank 3's node out of restarts: the others may end (they would wait in a collective)
+    await wait_for(lambda: 3 in ctl.state.ranks and
+                   ctl.state.nodes[ctl.state.ranks[3].node].state == "failed", RUN_TIMEOUT,
+                   lambda: "rank 3's node failed: %s" % ctl.state.status()["nodes"])
+    release.write_text("")
     final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
     await ctl.stop_store()
     assert final == "failed", ctl.state.status()
