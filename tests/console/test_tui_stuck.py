@@ -197,8 +197,7 @@ async def test_a_real_hung_rank_is_named_and_its_node_restarted_from_the_view(tm
     cursor goes to its node, `w` shows its source line, `r` `y` restart it, and the run steps
     again (the trainer's fault fires once per run)."""
     ctl = RunController(local_inventory(tmp_path / "work"), LocalTransport(), History())
-    ctl.state.stall_min_s = 6.0
-    spec = LaunchSpec(script=TRAINER, max_restarts=2, grace=3, args=TINY + [
+    spec = LaunchSpec(script=TRAINER, max_restarts=2, grace=3, stall_after=6.0, args=TINY + [
         "--steps", "100000", "--ckpt-every", "0", "--pg-timeout", "600",
         "--hang-at-step", "6", "--hang-rank", "2"])
     app = RankdeckApp(ctl, lambda: ctl.launch(spec, preflight=False))

@@ -21,9 +21,9 @@ async def test_a_cut_host_is_named_unreachable_and_no_healthy_rank(user_ssh, sec
                                                                    host_workdir, project):
     ctl, _got = ssh_controller(user_ssh, tmp_path, host_workdir)
     st = ctl.state
-    st.stall_min_s = 6.0  # the default is 60 s
     try:
         await ctl.launch(LaunchSpec(script=SCRIPT, sync=str(project), max_restarts=0, grace=3,
+                                    stall_after=6.0,
                                     args=TINY + ["--steps", "100000", "--ckpt-every", "0",
                                                  "--pg-timeout", "600"]), preflight=False)
         await wait_for(lambda: len(st.ranks) == 4 and all((r.step or 0) >= 3

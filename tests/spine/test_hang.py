@@ -21,9 +21,8 @@ TIMEOUT = 300
 
 async def test_hung_rank_is_found_by_stacks_and_a_node_restart_recovers(tmp_path):
     ctl = RunController(local_inventory(tmp_path / "work"), LocalTransport(), History())
-    ctl.state.stall_min_s = 6.0  # the default is 60 s; the test has no minute to spare
     try:
-        await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=1, grace=3,
+        await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=1, grace=3, stall_after=6.0,
                                     args=TINY + ["--steps", "100000", "--ckpt-every", "4",
                                                  "--hang-at-step", "6", "--hang-rank", "1",
                                                  "--pg-timeout", "600"]), preflight=False)

@@ -61,7 +61,6 @@ async def test_spine_under_the_launcher(tmp_path, launcher):
         pytest.importorskip("deepspeed")
     work = tmp_path / "work"
     ctl = RunController(local_inventory(work, n=2), LocalTransport(), History())
-    ctl.state.stall_min_s = 6.0
     got = defaultdict(list)
     ctl.state.line_listeners.append(lambda b: got[(b.node, b.path)].append(
         (b.offset, text_to_bytes(b.text), b.rank)))
@@ -71,6 +70,7 @@ async def test_spine_under_the_launcher(tmp_path, launcher):
     try:
         await ctl.launch(LaunchSpec(
             script=script, nproc_per_node=2, max_restarts=2, grace=5, launch_with=launcher,
+            stall_after=6.0,
             # DeepSpeed's ranks each load their part of a checkpoint: one folder for both nodes
             env=dict(DS_ENV, RANKDECK_CKPT_DIR=str(work / "ckpt")) if launcher == "deepspeed"
             else {},

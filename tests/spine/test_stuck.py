@@ -31,8 +31,7 @@ def line_of(code: str) -> int:
 
 async def _launch(tmp_path, extra: list[str]) -> RunController:
     ctl = RunController(local_inventory(tmp_path / "work"), LocalTransport(), History())
-    ctl.state.stall_min_s = 6.0  # the default is 60 s; the test has no minute to spare
-    await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0, grace=3,
+    await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0, grace=3, stall_after=6.0,
                                 args=TINY + ["--steps", "100000", "--ckpt-every", "0",
                                              "--pg-timeout", "600"] + extra), preflight=False)
     return ctl
