@@ -206,12 +206,12 @@ class Judge:
         return {"nodes": sorted(self.view.nodes)}
 
     # -- asking the nodes ------------------------------------------------------------------
-    def ask_all(self, op, args, timeout):
-        """{node: data or an Exception} from every node, in parallel."""
+    def ask_all(self, op, args, timeout, skip=()):
+        """{node: data or an Exception} from every node but those in ``skip``, in parallel."""
         with self.lock:
-            lines = dict(self.lines)
+            lines = {node: nl for node, nl in self.lines.items() if node not in skip}
         out = {node: judge_wire.WireError("%s is not connected to the judge" % node)
-               for node in self.view.nodes if node not in lines}
+               for node in self.view.nodes if node not in lines and node not in skip}
         threads = []
 
         def one(node, nl):
@@ -227,9 +227,11 @@ class Judge:
             t.join(timeout + 5)
         return out
 
-    def _sample(self):
-        reports, unreachable = [], {}
-        for node, res in self.ask_all("why", {}, WHY_TIMEOUT).items():
+    def _sample(self, unanswered=None):
+        """(reports, {node: cause}); the nodes in ``unanswered`` (an earlier sample's) are not
+        asked again: each would cost another WHY_TIMEOUT of the same silence."""
+        reports, unreachable = [], dict(unanswered or {})
+        for node, res in self.ask_all("why", {}, WHY_TIMEOUT, skip=unreachable).items():
             if isinstance(res, Exception):
                 unreachable[node] = str(res)[:200]
                 continue
@@ -240,9 +242,9 @@ class Judge:
 
     def take_verdict(self, reason):
         """Two samples of every node's ranks, one verdict; journaled, and acted on."""
-        earlier, _ = self._sample()
+        earlier, unanswered = self._sample()
         time.sleep(SAMPLE_GAP)
-        reports, unreachable = self._sample()
+        reports, unreachable = self._sample(unanswered)
         with self.lock:
             expected = self.view.alive_ranks()
         verdict = decide(reports, unreachable, expected, earlier=earlier)

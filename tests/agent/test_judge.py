@@ -290,3 +290,31 @@ def test_on_hang_restart_of_a_static_world_restarts_every_node_on_a_fresh_store(
         stop_judge(run_root)
         stop_store(run_root)
         wait_for_sync(lambda: running_judge(run_root) is None, 30, "the judge ended")
+
+
+class _Line:
+    """A node's line on the judge that answers `why` with no ranks, or never (a cut host)."""
+
+    def __init__(self, answers: bool):
+        self.answers, self.asked = answers, 0
+
+    def request(self, op, args, timeout):
+        self.asked += 1
+        if not self.answers:
+            raise judge_wire.WireError("%s got no answer within %.0f s" % (op, timeout))
+        return {"ranks": []}
+
+
+def test_a_node_that_did_not_answer_the_first_sample_is_not_asked_again(tmp_path):
+    """A verdict takes two samples; a cut host would make each wait out WHY_TIMEOUT: its
+    silence in the first stands for the second, and it is named unreachable once."""
+    from agent.judge import Judge
+    judge = Judge({"token": TOKEN, "nodes": ["node0", "node1"]}, str(tmp_path))
+    for rank in (0, 1):
+        judge.view.apply("node%d" % rank, {"k": "file", "f": 1, "rank": rank, "world_size": 2}, 0)
+    judge.lines = {"node0": _Line(answers=True), "node1": _Line(answers=False)}
+    verdict = judge.take_verdict("stalled")
+    assert [judge.lines[n].asked for n in ("node0", "node1")] == [2, 1]
+    assert verdict["kind"] == "unreachable", verdict
+    assert list(verdict["evidence"]["unreachable"]) == ["node1"], verdict
+    assert "no answer" in verdict["evidence"]["unreachable"]["node1"], verdict
