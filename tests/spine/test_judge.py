@@ -45,8 +45,10 @@ def rankdeck(*args, timeout=240) -> subprocess.CompletedProcess:
 def launch_detached(tmp_path, trainer_args: list[str], *options: str,
                     nodes: int = 4) -> tuple[str, str]:
     inv, workdir = write_inventory(tmp_path, nodes)
-    out = rankdeck("launch", "--detach", "-i", inv, *options, TRAINER, "--", *TINY,
-                   *trainer_args)
+    # no preflight: it imports torch once per node (half a minute on a loaded 2-core box) and
+    # these runs test the judge; `check` has its own tests (tests/spine/test_field_console.py)
+    out = rankdeck("launch", "--detach", "--skip-preflight", "-i", inv, *options, TRAINER, "--",
+                   *TINY, *trainer_args)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout.strip().splitlines()[-1], workdir
 

@@ -49,7 +49,7 @@ async def test_a_run_that_prints_nothing_runs_then_stalls_when_its_cpu_stops(tmp
 
 def test_a_detached_run_that_prints_nothing_is_stalled_by_its_judge(tmp_path):
     inv, work = write_inventory(tmp_path, 2)
-    out = rankdeck("launch", "--detach", "-i", inv, "--max-restarts", "0",
+    out = rankdeck("launch", "--detach", "--skip-preflight", "-i", inv, "--max-restarts", "0",
                    "--stall-after", "8", "--env", "RANKDECK_SAMPLE_S=1", "--env", "BUSY_S=15",
                    SILENT)
     assert out.returncode == 0, out.stdout + out.stderr
