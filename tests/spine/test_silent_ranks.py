@@ -28,7 +28,7 @@ SILENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "silent_worker
 async def test_a_run_that_prints_nothing_runs_then_stalls_when_its_cpu_stops(tmp_path):
     ctl = RunController(local_inventory(tmp_path / "work", n=2), LocalTransport(), History())
     await ctl.launch(LaunchSpec(script=SILENT, max_restarts=0, grace=3, stall_after=8.0,
-                                env={"RANKDECK_SAMPLE_S": "1", "BUSY_S": "25"}), preflight=False)
+                                env={"RANKDECK_SAMPLE_S": "1", "BUSY_S": "12"}), preflight=False)
     ranks = ctl.state.ranks
     try:
         await wait_for(lambda: len(ranks) == 2 and all(r.state == "running" for r in ranks.values()),
@@ -50,7 +50,7 @@ async def test_a_run_that_prints_nothing_runs_then_stalls_when_its_cpu_stops(tmp
 def test_a_detached_run_that_prints_nothing_is_stalled_by_its_judge(tmp_path):
     inv, work = write_inventory(tmp_path, 2)
     out = rankdeck("launch", "--detach", "--skip-preflight", "-i", inv, "--max-restarts", "0",
-                   "--stall-after", "8", "--env", "RANKDECK_SAMPLE_S=1", "--env", "BUSY_S=15",
+                   "--stall-after", "8", "--env", "RANKDECK_SAMPLE_S=1", "--env", "BUSY_S=8",
                    SILENT)
     assert out.returncode == 0, out.stdout + out.stderr
     run_id = out.stdout.strip().splitlines()[-1]
