@@ -23,9 +23,11 @@ from textual.binding import Binding
 from ..sanitize import clean
 from ..sources import NODE, RANK
 from ..state import RunState
+from .cells import width_of
 from .messages import SourceChosen
+from .nodecells import GAP, fit_cells, short_form
 from .nodeorder import ORDERS, TELEMETRY, header_label, ordered, worst
-from .rowsview import RowsView
+from .rowsview import RowsView, line_width
 from ..summary import node_detail, node_phase, node_step, ranks_by_node
 from ..telemetry import far_nodes, node_row, row_cells
 from ..text import fmt_float
@@ -66,6 +68,8 @@ class NodesTable(RowsView):
         self._by_node: dict[str, list] = {}
         self._name_w = 9
         self._cells: dict[str, list] = {}  # node -> its telemetry cells (row_cells)
+        self._rows: dict[str, dict] = {}  # node -> its telemetry row (node_row)
+        self._fitted_width = 0  # the width the rows were fitted to (nodecells.py)
         self._far: dict[str, set] = {}  # node -> columns in which it is far from the others
 
     def on_mount(self) -> None:
@@ -88,6 +92,7 @@ class NodesTable(RowsView):
         self._by_node = by_node = ranks_by_node(state)
         rows = {ns.name: node_row(ns, by_node.get(ns.name, []))
                 for ns in state.nodes.values() if ns.gpu or ns.host}
+        self._rows = rows
         self._cells = {name: row_cells(row) for name, row in rows.items()}
         self._far = far_nodes(rows)
         keys, heights = [], []
@@ -205,8 +210,10 @@ class NodesTable(RowsView):
             return ()
         name, phase, step, restarts, detail = values
         if key.startswith("r:"):
-            line = self._line(values, "", state_style(phase))
             rs = self.state.ranks[int(key[2:])]
+            detail, in_rst = self._fitted_detail(
+                rs, width_of(diverged_mark(rs)) + 2 if has_diverged(rs) else 0)
+            line = self._line(values[:4] + (detail,), "", state_style(phase), rst=not in_rst)
             if has_diverged(rs):
                 line = line[:-1] + ((diverged_mark(rs) + "  ", DIVERGED_STYLE),) + line[-1:]
             return (marked_line(self.state, key, line),)
@@ -215,16 +222,19 @@ class NodesTable(RowsView):
             values if not ns.cause else values[:4] + ("",), "bold", state_style(phase)))
         odd = () if self.is_open(ns.name) else self._odd_ranks(ns.name) + self._diverged(ns.name)
         if not ns.cause and detail and detail == self._telemetry_text(ns.name):
-            return (line[:-1] + odd + self._telemetry_pieces(ns.name),)
+            room = self._room(line_width(line[:-1] + odd))
+            return (line[:-1] + odd + self._telemetry_pieces(ns.name, room),)
         if not ns.cause:
             return (line[:-1] + odd + line[-1:],)
         return (line, (("  ↳ " + detail, "red" if ns.state in BAD else "yellow"),))
 
-    def _line(self, values: tuple, name_style: str, phase_style: str) -> tuple:
+    def _line(self, values: tuple, name_style: str, phase_style: str,
+              rst: bool = True) -> tuple:
+        """``rst`` False: no restarts column, the detail starts there (a rank row's)."""
         name, phase, step, restarts, detail = values
         return ((name.ljust(self._name_w), name_style), (" ", ""),
                 (phase[:STATE_W].ljust(STATE_W), phase_style), (step.rjust(STEP_W), ""),
-                (" ", ""), (restarts.ljust(RST_W), ""), (detail, "dim"))
+                (" ", ""), (restarts.ljust(RST_W) if rst else "", ""), (detail, "dim"))
 
     def _odd_ranks(self, node: str) -> tuple:
         """A folded node's ranks whose state is not the most common one among them, by state:
@@ -257,12 +267,47 @@ class NodesTable(RowsView):
     def _telemetry_text(self, node: str) -> str:
         return clean("  ".join(text for text, _cols in self._cells.get(node, ())))
 
-    def _telemetry_pieces(self, node: str) -> tuple:
-        """The node's telemetry cells; a value far from the other nodes' in bold red."""
+    def _telemetry_pieces(self, node: str, room: int | None = None) -> tuple:
+        """The node's telemetry cells fitted into ``room`` (nodecells.py; None: all whole);
+        a value far from the other nodes' in bold red. Bad news (an alert) and the cell of
+        the order the rows follow are kept first, then the cells in their order."""
         far = self._far.get(node, set())
-        return tuple((("  " if i else "") + clean(text),
-                      "bold red" if "alert" in cols or far.intersection(cols) else "dim")
-                     for i, (text, cols) in enumerate(self._cells.get(node, ())))
+        cells = self._cells.get(node, ())
+        ordered_by = set(TELEMETRY[self.order][0]) if self.order in TELEMETRY else set()
+        row = self._rows.get(node, {})
+        fitted = fit_cells([(clean(text), clean(short_form(text, row)),
+                             0 if "alert" in cols else 1 if ordered_by.intersection(cols) else 2)
+                            for text, cols in cells], room)
+        return tuple(((GAP if n else "") + text,
+                      "bold red" if "alert" in cells[i][1] or far.intersection(cells[i][1])
+                      else "dim")
+                     for n, (i, text) in enumerate(fitted))
+
+    def _room(self, used: int) -> int | None:
+        """The cells left on a row after ``used`` (None before the table has a size)."""
+        width = self.scrollable_content_region.width
+        return max(0, width - used) if width > 0 else None
+
+    def _fitted_detail(self, rs, marked: int = 0) -> tuple[str, bool]:
+        """A rank row's detail fitted to its room, its pieces whole or left out (nodecells),
+        and whether it starts in the restarts column: a rank row has none, so its detail
+        takes that room when its first piece would not fit whole without it. ``marked``: the
+        cells a divergence mark takes before it."""
+        detail = self._rank_detail(rs)
+        room = self._room(self._name_w + 1 + STATE_W + STEP_W + 1 + RST_W + marked)
+        if room is None or width_of(detail) <= room:
+            return detail, False
+        pieces = detail.split(GAP)
+        in_rst = width_of(pieces[0]) > room
+        fitted = fit_cells([(p, p, i) for i, p in enumerate(pieces)],
+                           room + RST_W if in_rst else room)
+        return GAP.join(text for _i, text in fitted), in_rst
+
+    def on_resize(self, event) -> None:
+        """Rows are fitted to the table's width: built again when it changes."""
+        if self.scrollable_content_region.width != self._fitted_width:
+            self._fitted_width = self.scrollable_content_region.width
+            self.invalidate()
 
     @staticmethod
     def _rank_detail(rs) -> str:

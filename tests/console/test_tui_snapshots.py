@@ -19,6 +19,7 @@ import console.state
 from console.sources import RANK
 from console.tui.app import RankdeckApp
 from console.tui.help import HelpScreen
+from console.tui.rowsview import line_width
 from tests.console.scripted import (RUN_ID, T0, controller, host_names, host_sample,
                                     no_gpu_snapshot, standard_script)
 from tests.console.settle import screen_text, settled
@@ -93,6 +94,11 @@ async def reads_whole(pilot):
                for line in pilot.app.events.shown) == 1
     assert "checkpoint" not in text and "preflight preflight" not in text
     assert "rank 7 @node4" in text  # pane 2: the last rank
+    nodes = pilot.app.nodes  # every row fits the table: its telemetry whole or left out
+    room = nodes.scrollable_content_region.width
+    assert all(line_width(line) <= room for key in nodes._keys for line in nodes.lines_of(key))
+    for node in ("node1", "node4"):  # its last figure has its unit: whole, not cut
+        assert nodes.row_text("n:" + node)[0].rstrip()[-1] in "%Gs", node
 
 
 @pytest.mark.parametrize("size", SIZES, ids=["%dx%d" % size for size in SIZES])
