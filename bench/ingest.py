@@ -99,35 +99,74 @@ async def run_rankdeck(rate: int, seconds: float, work: str) -> dict:
                       launcher=[sys.executable], max_restarts=0)
     cpu0 = own_cpu()
     await ctl.launch(spec)
-    watched = {}  # pid -> last cpu seen (supervisors exit at the end: sample while alive)
     serves = [l.stream.proc.pid for l in ctl.links.values()]
-
-    async def sample():
-        while True:
-            for pid in list(procs_of_run(ctl.run_id)) + serves:
-                c = cpu_of(pid)
-                if c:
-                    watched[pid] = c
-            await asyncio.sleep(0.25)
-    sampler = asyncio.ensure_future(sample())
+    sampler = Sampler(ctl.run_id, serves, meter)
+    sampler.start()
     await ctl.wait_done()
     await asyncio.sleep(0.5)
-    sampler.cancel()
-    for pid in serves:
-        watched[pid] = cpu_of(pid) or watched.get(pid, 0.0)
-    console_cpu = own_cpu() - cpu0
+    sampler.stop()
+    # the sampler's reads of /proc are the bench's, not the console's: its thread's CPU out
+    console_cpu = own_cpu() - cpu0 - sampler.cpu
     await ctl.stop_store()
     await ctl.close()
-    agent_cpu = sum(watched.values())
+    watched = sampler.watched
+    # the launcher (bench/writer.py standing in for torchrun) is the workload, as the writers
+    # are in the baseline: shown apart, not counted as the agent's
+    agent_cpu = sum(cpu for pid, cpu in watched.items() if sampler.kinds.get(pid) != "launcher")
+    kinds = {}
+    for pid, cpu in watched.items():
+        kind = sampler.kinds.get(pid, "?")
+        kinds[kind] = kinds.get(kind, 0.0) + cpu
     return {"lines": meter.lines, "rate": meter.rate(), "p50": meter.pct(0.5),
-            "p99": meter.pct(0.99), "agent_cpu": agent_cpu, "console_cpu": console_cpu}
+            "p99": meter.pct(0.99), "agent_cpu": agent_cpu, "console_cpu": console_cpu,
+            "kinds": kinds, "startup": sampler.at_first or 0.0}
+
+
+class Sampler(threading.Thread):
+    """Samples the CPU of the run's agent processes every 0.25 s (supervisors exit at the end:
+    sample while alive) on its own thread, whose CPU time (``cpu``) is the bench's, not the
+    console's. ``kinds``: pid -> serve / supervisor / launcher."""
+
+    def __init__(self, run_id, serves, meter):
+        super().__init__(daemon=True)
+        self.meter = meter
+        self.at_first = None  # the agent's CPU when the first line arrived (its start-up)
+        self.run_id = run_id
+        self.watched = {}  # pid -> last cpu seen
+        self.kinds = {pid: "serve" for pid in serves}
+        self.cpu = 0.0
+        self.done = threading.Event()
+
+    def run(self):
+        known = set()
+        while not self.done.is_set():
+            if len(known) < 2 * NODES:  # each node's supervisor and launcher, found once
+                for pid, kind in procs_of_run(self.run_id):
+                    known.add(pid)
+                    self.kinds[pid] = kind
+            for pid in list(known) + [p for p, k in self.kinds.items() if k == "serve"]:
+                c = cpu_of(pid)
+                if c:
+                    self.watched[pid] = c
+            if self.at_first is None and self.meter.first is not None:
+                self.at_first = sum(c for pid, c in self.watched.items()
+                                    if self.kinds.get(pid) != "launcher")
+            self.done.wait(0.25)
+        for pid, kind in self.kinds.items():
+            if kind == "serve":
+                self.watched[pid] = cpu_of(pid) or self.watched.get(pid, 0.0)
+        self.cpu = time.thread_time()
+
+    def stop(self):
+        self.done.set()
+        self.join()
 
 
 def procs_of_run(run_id: str):
     for pid in procs.all_pids():
         env = procs.environ(pid)
         if env.get(procs.MARKER, "").startswith(run_id + "/") and "BENCH_WORKER" not in env:
-            yield pid
+            yield pid, "launcher"
     # supervisors are not marked: find them by their state.json-declared command line
     for pid in procs.all_pids():
         try:
@@ -136,7 +175,7 @@ def procs_of_run(run_id: str):
         except OSError:
             continue
         if b"supervisor" in cmd and run_id.encode() in cmd:
-            yield pid
+            yield pid, "supervisor"
 
 
 def run_baseline(rate: int, seconds: float, work: str) -> dict:
@@ -188,6 +227,12 @@ def main() -> int:
     ap.add_argument("--rates", default="10000,50000,100000,200000")
     args = ap.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
+    # A host's agent keeps its bytecode (__pycache__) from its first start on; this machine's
+    # environment may say not to write it, which would make every agent process compile its
+    # modules again (~0.1 s of CPU each): compile them once, as a host's first start does.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(REPO, "agent")],
+                   check=True)
     print("%d nodes x %d ranks, %.0f s per rate; latency = write to arrival in RunState "
           "(rankdeck) or to the reader (tail -F)" % (NODES, NPROC, args.seconds))
     head = ("target/s", "who", "lines", "delivered/s", "p50 ms", "p99 ms", "agent s/M",
@@ -203,6 +248,11 @@ def main() -> int:
             print("%-9d %-9s %9d %12.0f %8.1f %8.1f %10.2f %11.2f" % (
                 rate, who, r["lines"], r["rate"], r["p50"], r["p99"],
                 per_m(r["agent_cpu"], r["lines"]), per_m(r["console_cpu"], r["lines"])))
+        print("          agent CPU s/M by process: %s; agent CPU before the first line "
+              "%.2f s (%.2f s/M)" % (", ".join(
+                  "%s %.2f" % (kind, per_m(cpu, rd["lines"]))
+                  for kind, cpu in sorted(rd["kinds"].items())),
+                  rd["startup"], per_m(rd["startup"], rd["lines"])))
         rows.append((rate, rd, base))
         sys.stdout.flush()
     print("\nratios rankdeck / tail -F:")
