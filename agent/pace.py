@@ -6,8 +6,12 @@ scan, a message), so at a chatty trainer's 10 lines a second per rank, turns eve
 most of the agent's CPU finding one line each (docs/BENCHMARKS.md, "The whole agent"). A turn
 whose bytes come in at ``RATE`` or more keeps the next one ``FAST``; a slower trickle doubles
 the wait up to ``SLOW``. So a flood (where the latency target lives: p99 <= 200 ms at 10k
-lines/s) is read every 20 ms, and a trickle in batches of 100 ms, which a person reading the
+lines/s) is read every 50 ms, and a trickle in batches of 100 ms, which a person reading the
 lines cannot tell apart; the first line after a quiet spell waits at most ``SLOW`` per stage.
+A flood was read every 20 ms until the ingest bench showed what each turn costs beyond its
+bytes (a read per file, a journal write, a message, the console's decode of it): at 100k
+lines/s 50 ms turns took about a fifth less of the agent's CPU a line, for ~25 ms more
+latency (docs/BENCHMARKS.md, "Ingest, 2026-11-26").
 
 Where inotify wakes them (agent/watch.py) ``serve`` reads the journal as soon as the
 supervisor appends, so the supervisor may spend the pair's budget alone: ``SLOW_WATCHED``
@@ -15,7 +19,7 @@ batches a trickle two turns into one, and a quiet spell costs a turn a second
 (agent/supervisor.py ``IDLE_WATCHED``).
 """
 
-FAST = 0.02
+FAST = 0.05
 SLOW = 0.1
 SLOW_WATCHED = 0.2  # the supervisor's ceiling when serve is woken by its appends
 RATE = 32 << 10  # bytes a second: 8 ranks x 10 lines/s is ~8 KiB/s, a busy node 100 KiB/s+

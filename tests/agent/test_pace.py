@@ -21,7 +21,7 @@ def test_the_flood_rate_is_bytes_per_second_not_per_turn():
     for _ in range(5):
         pace.after(0)
     assert pace.wait == SLOW
-    assert pace.after(int(RATE * FAST)) == SLOW  # 20 ms worth of the rate in a 100 ms turn: slow
+    assert pace.after(int(RATE * FAST)) == SLOW  # FAST worth of the rate in a SLOW turn: slow
     assert pace.after(ceil(RATE * SLOW)) == FAST
 
 
