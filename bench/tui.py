@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import resource
@@ -38,6 +39,7 @@ LINES_PER_TICK = 10  # per rank and push
 VARIANTS = 32  # distinct pre-encoded data messages per node, cycled
 LINE_BUDGET_MB = [BUDGET_MB]  # set from --line-budget
 WARMUP_S = 10  # also reported: latency after the first seconds (imports, first paints)
+WINDOW_S = 30  # keys and collections are also reported by window of the run
 
 
 def rss_mb() -> float:
@@ -122,7 +124,7 @@ async def rss_sampler(samples: list, stop: asyncio.Event, state) -> None:
     while not stop.is_set():
         await asyncio.sleep(10)
         samples.append((round(time.perf_counter() - start), round(rss_mb(), 1),
-                        state.total_lines))
+                        state.total_lines, len(gc.get_objects())))
 
 
 def setup(work: str, hosts_n: int, nproc: int):
@@ -176,6 +178,17 @@ async def bench_app(args) -> dict:
 
         screen._compositor_refresh = timed_refresh
         t_start = time.perf_counter()
+        collections = result["gc"] = []  # (at s, generation, on-CPU ms) of each collection
+        started = {}
+
+        def on_gc(phase, info):
+            if phase == "start":
+                started["c"] = time.thread_time()
+            elif "c" in started:
+                collections.append((time.perf_counter() - t_start, info["generation"],
+                                    (time.thread_time() - started.pop("c")) * 1000))
+
+        gc.callbacks.append(on_gc)
         stop = asyncio.Event()
         tasks = [asyncio.ensure_future(loop_lag(result["lag"], stop)),
                  asyncio.ensure_future(rss_sampler(result["rss"], stop, ctl.state))]
@@ -200,6 +213,7 @@ async def bench_app(args) -> dict:
                 result["latency_cpu_ms"].append((time.thread_time() - waiting["c0"]) * 1000)
                 waiting.clear()
         elapsed = time.perf_counter() - t_start
+        gc.callbacks.remove(on_gc)
         result["cpu_s"] = time.process_time() - cpu0
         result["wait_s"] = run_delay_s() - wait0
         await pilot.pause(1.0)  # let the last key be handled before the app closes
@@ -268,14 +282,26 @@ def table(app: dict, base: dict, args) -> str:
     rows.append(("  same, on-CPU", "%.1f" % pct([app["latency_cpu_ms"][i] for i in warm], 99),
                  "n/a"))
     rows.append(("key presses", "%d" % len(app["latency_ms"]), "n/a"))
+    span = WINDOW_S if args.seconds > 2 * WINDOW_S else max(1.0, args.seconds / 3)
+    for start in range(0, int(args.seconds), int(span)):  # what grows with the run's age
+        keys = [app["latency_cpu_ms"][i] for i, t in enumerate(app["key_at_s"])
+                if start <= t < start + span]
+        full = [ms for t, gen, ms in app.get("gc", ()) if gen == 2 and start <= t < start + span]
+        young = [ms for t, gen, ms in app.get("gc", ()) if gen < 2 and start <= t < start + span]
+        rows.append(("%3d-%3d s: keys on-CPU p50/p99, gc" % (start, start + span),
+                     "%.1f / %.1f; full %d (max %.0f ms), young %d (max %.0f ms)" % (
+                         pct(keys, 50), pct(keys, 99), len(full), max(full or [0]),
+                         len(young), max(young or [0])), "n/a"))
     both("loop lag p99 ms", lambda r: pct(r["lag"], 99) * 1000, "%.1f")
     both("peak RSS MB", lambda r: r["peak_rss"], "%.0f")
+    base = base or {"rss": []}
     for i in range(max(len(app["rss"]), len(base["rss"]))):
         a = app["rss"][i] if i < len(app["rss"]) else None
         b = base["rss"][i] if i < len(base["rss"]) else None
         t = (a or b)[0]
-        rows.append(("RSS MB at %3d s" % t, "%.0f" % a[1] if a else "-",
-                     "%.0f" % b[1] if b else "-"))
+        rows.append(("RSS MB (objects the collector tracks) at %3d s" % t,
+                     "%.0f (%d)" % (a[1], a[3]) if a else "-",
+                     "%.0f (%d)" % (b[1], b[3]) if b else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     head = "rankdeck TUI bench: %d nodes x %d ranks, %d lines/s offered, %d s, gc %s" % (
         args.nodes, args.nproc, args.rate, args.seconds, args.gc)
@@ -294,6 +320,9 @@ def main() -> int:
     ap.add_argument("--line-budget", type=int, default=BUDGET_MB, metavar="MB",
                     help="the console's line budget (rankdeck --line-budget)")
     ap.add_argument("--mode", choices=("both", "app", "baseline"), default="both")
+    ap.add_argument("--app-only", action="store_true",
+                    help="no baseline run beside the app (the long runs: the baseline's figures "
+                    "do not grow with the run's age)")
     ap.add_argument("--gc", choices=("tuned", "default"), default="tuned",
                     help="the app's garbage collector settings: run_app's, or CPython's")
     args = ap.parse_args()
@@ -304,15 +333,16 @@ def main() -> int:
             args.work = work
             print(json.dumps(asyncio.run(fn(args))))
         return 0
-    results = {}
-    for mode in ("app", "baseline"):
+    results = {"baseline": None}
+    for mode in ("app",) if args.app_only else ("app", "baseline"):
         out = subprocess.run([sys.executable, __file__, "--mode", mode, "--gc", args.gc,
                               "--seconds", str(args.seconds), "--rate", str(args.rate),
                               "--nodes", str(args.nodes), "--nproc", str(args.nproc),
                               "--line-budget", str(args.line_budget)],
                              capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
-            print(out.stderr[-4000:], file=sys.stderr)
+            print("the %s run failed (exit %s): %s" % (mode, out.returncode,
+                                                      out.stderr[-4000:]), file=sys.stderr)
             return 1
         results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     print(table(results["app"], results["baseline"], args))
