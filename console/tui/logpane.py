@@ -96,10 +96,13 @@ class LogPane(Vertical):
 
     def add_entries(self, entries: list) -> None:
         """New lines of this pane's source (a feed flush)."""
+        views = self.query(LogView)
+        if not views:  # not composed yet, or being removed (seen in test_tui_stuck under
+            return  # load): its show() refills from what RunState kept, these lines among them
         if self._refilled_to:
             entries = self._not_refilled(entries)
         if entries:
-            self.view.add_entries(entries)
+            views.first().add_entries(entries)
 
     def _not_refilled(self, entries: list) -> list:
         """``entries`` less those the last refill showed; a node's mark goes once passed."""
