@@ -55,6 +55,7 @@ class CheckpointWatch:
         self._expected = ()  # names the last complete folder checkpoint had
         self._next = 0.0
         self._next_settle = 0.0
+        self.complete_at = 0.0  # when the newest save found complete was announced
 
     def _full(self, path):
         return os.path.join(self.cwd, os.path.expanduser(path))
@@ -139,6 +140,8 @@ class CheckpointWatch:
 
     def _done(self, save, snap, complete):
         save.done = True
+        if complete:
+            self.complete_at = max(self.complete_at, save.start)
         rec = self._record("ckpt_done", save)
         last_write = snap.newest_mtime
         rec.update(complete=complete, bytes=snap.bytes if snap.exists else None,

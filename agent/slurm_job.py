@@ -1,4 +1,5 @@
-"""The Slurm job that holds this node's run, watched so the run ends with it.
+"""The Slurm job that holds this node's run, watched so the run ends with it, or waits out a
+requeue.
 
 A run launched with ``--slurm`` (console/transport/slurm.py) starts its agents as steps of
 the job, with ``RANKDECK_SLURM_JOB`` in their environment. When the job ends (``scancel``, its
@@ -6,6 +7,15 @@ time limit, a node failure) Slurm kills its steps, but with ``proctrack/linuxpro
 supervisor, torchrun and workers, which left the step's process tree: the supervisor must end
 them itself. :class:`JobWatch` asks ``squeue`` every few seconds; an answer it cannot read (no
 ``squeue`` on the node, the controller away) never ends the run.
+
+With ``--signal-before SECONDS`` (the spec's ``slurm_limit``) :class:`JobTurns` also watches
+the time left (``%L``): at SECONDS or less it writes the checkpoint request the ranks read
+(``RANKDECK_CHECKPOINT_REQUEST``, trainer/ckpt_request.py), once per time the job runs. With
+``--requeue`` the run's first node then asks Slurm to requeue the job (``scontrol requeue``)
+once a checkpoint completed after the request (or, with no such checkpoint, at REQUEUE_LATE_S
+left); every node's supervisor ends its ranks while the job waits in the queue and starts them
+again (a restart, resuming from the last complete checkpoint) once the job runs again with
+this node in it.
 """
 
 import os
@@ -13,9 +23,12 @@ import shutil
 import subprocess
 import time
 
+from .slurm_words import ALIVE, QUEUED, seconds_left
+
 JOB_ENV = "RANKDECK_SLURM_JOB"
+REQUEST_ENV = "RANKDECK_CHECKPOINT_REQUEST"
 EVERY_S = 5.0
-ALIVE = ("RUNNING", "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT")
+REQUEUE_LATE_S = 15  # seconds left: requeue now, checkpoint or not (Slurm's KillWait follows)
 
 
 class JobWatch:
@@ -36,32 +49,177 @@ class JobWatch:
             return None
         return cls(job, squeue)
 
-    def ended(self, now=None):
+    def look(self, now=None, force=False):
+        """``(code, out, err)`` of ``squeue -o '%T|%r|%L|%N|%e'``, at most every ``every``
+        seconds unless ``force`` (else None); None too when squeue could not run."""
         now = time.monotonic() if now is None else now
-        if now - self.last < self.every:
+        if now - self.last < self.every and not force:
             return None
         self.last = now
         try:
             res = subprocess.run([self.squeue, "-h", "--states=all", "-j", self.job, "-o",
-                                  "%T|%r"],
+                                  "%T|%r|%L|%N|%e"],
                                  capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        return job_end(self.job, res.returncode, res.stdout, res.stderr)
+        return res.returncode, res.stdout, res.stderr
+
+    def ended(self, now=None):
+        answer = self.look(now)
+        return job_end(self.job, *answer) if answer else None
+
+
+def fields_of(out):
+    """``[state, reason, time left, nodes, end time]`` of one squeue answer (missing ones
+    empty)."""
+    fields = [f.strip() for f in (out.strip().splitlines() or [""])[0].split("|")]
+    return (fields + [""] * 5)[:5]
 
 
 def job_end(job, code, out, err):
-    """Why the run ends from one ``squeue -h --states=all -j JOB -o '%T|%r'`` answer, or None
-    (alive, or an answer that says nothing: the controller busy or away)."""
-    fields = (out.strip().splitlines() or [""])[0].split("|")
-    state = fields[0].strip()
+    """Why the run ends from one ``squeue -h --states=all -j JOB -o '%T|%r...'`` answer, or
+    None (alive, or an answer that says nothing: the controller busy or away)."""
+    state, reason = fields_of(out)[:2]
     if (code != 0 and "Invalid job id" in err) or (code == 0 and not state):
         return "Slurm job %s is over (no longer known to Slurm): the run ended with it" % job
     if code != 0 or state in ALIVE:
         return None
-    reason = fields[1].strip() if len(fields) > 1 else ""
     how = {"CANCELLED": "was cancelled (scancel)", "TIMEOUT": "reached its time limit",
            "NODE_FAIL": "lost a node", "PREEMPTED": "was preempted",
            "COMPLETING": "is ending", "COMPLETED": "has ended"}.get(state, "is %s" % state)
     return "Slurm job %s %s%s: the run ended with it" % (
         job, how, " (%s)" % reason if reason and reason != "None" else "")
+
+
+class JobTurns:
+    """What the job asks of this node's supervisor now, one squeue answer at a time:
+    ``turn()`` is None, ``("end", why)``, ``("wait", why)`` (requeued: end the ranks, keep
+    the run) or ``("resume", why)`` (running again: start the ranks again)."""
+
+    def __init__(self, watch, node, node_dir, limit=None, scontrol="scontrol", log=None):
+        self.watch = watch
+        self.node = node
+        self.request = os.path.join(node_dir, "checkpoint-request")
+        limit = limit or {}
+        self.before = limit.get("signal_before")
+        self.requeue = bool(limit.get("requeue"))
+        self.requeuer = bool(limit.get("requeuer"))  # the run's first node asks Slurm
+        self.scontrol = scontrol
+        self.asked_at = None  # when this node wrote its request (time.time())
+        self.requeue_asked = False  # this node ran scontrol requeue
+        self.waiting = False  # the job is back in the queue: the ranks were ended
+        self.round = ""  # the job's end time (digits) since it runs again after a requeue
+        self.log = log  # the supervisor's log, for scontrol's refusals
+
+    def new_run(self):
+        """The job (re)started the ranks: no request yet, none left on disk."""
+        self.asked_at = None
+        self.requeue_asked = self.waiting = False
+        try:
+            os.unlink(self.request)
+        except OSError:
+            pass
+
+    def turn(self, complete_at=lambda: 0.0):
+        """One look (agent/supervisor.py calls it every turn; squeue runs every few
+        seconds). ``complete_at()``: when the node's newest complete checkpoint was saved."""
+        answer = self.watch.look()
+        return self._decide(*answer, complete_at) if answer else None
+
+    def after_exit(self, wait_s=15.0):
+        """The ranks ended on their own (a peer's node ended its ranks first) after a request
+        with ``--requeue``: ``("wait", why)`` when the job is back in the queue, looked for
+        up to ``wait_s``; else None (a failure of the run's own)."""
+        if not self.requeue or self.asked_at is None or self.waiting:
+            return None
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            answer = self.watch.look(force=True)
+            state = fields_of(answer[1])[0] if answer and answer[0] == 0 else ""
+            if state in QUEUED:
+                return self._decide(*answer)
+            time.sleep(1.0)
+        return None
+
+    def _decide(self, code, out, err, complete_at=lambda: 0.0):
+        state, reason, left, nodes, end = fields_of(out)
+        if code == 0 and self.requeue and state == "COMPLETING":
+            return None  # a requeue passes through it too: the state after it says which
+        if code == 0 and self.requeue and state in QUEUED:
+            return self._queued(reason if reason not in ("", "None") else state)
+        if code == 0 and state == "RUNNING" and self.waiting:
+            if not self._holds_me(nodes):
+                return ("end", "Slurm job %s runs again on other nodes (%s): this node's "
+                        "part of the run ended" % (self.watch.job, nodes))
+            self.round = "".join(c for c in end if c.isdigit())
+            return ("resume", "Slurm job %s runs again: the ranks start from the last "
+                    "complete checkpoint" % self.watch.job)
+        gone = job_end(self.watch.job, code, out, err)
+        if gone:
+            return ("end", gone)
+        if code == 0 and state == "RUNNING" and self.before is not None:
+            return self._near_limit(seconds_left(left), end, complete_at)
+        return None
+
+    def _queued(self, why):
+        if self.waiting:
+            return None
+        self.waiting = True
+        return ("wait", "Slurm job %s requeued (%s): the ranks end; they start again from the "
+                "last complete checkpoint when it runs" % (self.watch.job, why))
+
+    def _near_limit(self, left, end, complete_at):
+        if left is None or left > self.before:
+            return None
+        if self.asked_at is None:
+            # when the time left crossed the line: any node's request, and the checkpoint the
+            # ranks agreed on, came after it (each node's squeue looks a few seconds apart)
+            self.asked_at = time.time() - (self.before - left)
+            number = "".join(c for c in end if c.isdigit()) or "1"  # the same on every node
+            tmp = self.request + ".tmp"
+            with open(tmp, "w") as f:
+                f.write("%s Slurm job %s: %d s left before its time limit (%s)\n"
+                        % (number, self.watch.job, left, end))
+            os.replace(tmp, self.request)
+        if not (self.requeue and self.requeuer and not self.requeue_asked
+                and (complete_at() >= self.asked_at or left <= REQUEUE_LATE_S)):
+            return None
+        self.requeue_asked = True
+        try:
+            res = subprocess.run([self.scontrol, "requeue", self.watch.job],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            res = subprocess.CompletedProcess([], 1, "", str(exc))
+        if res.returncode != 0:  # (a job of salloc's: Slurm requeues batch jobs only)
+            if self.log:
+                self.log("scontrol requeue %s: %s" % (self.watch.job, res.stderr.strip()))
+            return None
+        return self._queued("scontrol requeue, %d s before its time limit" % left)
+
+    def rejoin_argv(self, argv):
+        """torchrun's ``argv`` for the ranks started again after a requeue: a rendezvous id of
+        this time the job runs (the same on every node), since the last one was closed by the
+        torchrun that ended first (its workers' peers gone)."""
+        argv = list(argv)
+        if self.round and "--rdzv-id" in argv[:-1]:
+            at = argv.index("--rdzv-id") + 1
+            argv[at] = "%s-%s" % (argv[at].split("-job")[0], "job" + self.round)
+        return argv
+
+    def _holds_me(self, nodes):
+        """Whether the job's node list (``node[0-3]``) names this node; True when it cannot
+        tell (no scontrol to expand it)."""
+        try:
+            res = subprocess.run([self.scontrol, "show", "hostnames", nodes],
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return True
+        return res.returncode != 0 or self.node in res.stdout.split()
+
+    @classmethod
+    def from_env(cls, node, node_dir, limit=None, log=None, environ=None):
+        """The turns of this process's job (``RANKDECK_SLURM_JOB``), or None outside one."""
+        watch = JobWatch.from_env(environ)
+        if watch is None:
+            return None
+        return cls(watch, node, node_dir, limit, shutil.which("scontrol") or "scontrol", log)

@@ -41,7 +41,7 @@ from .ranksample import RankSampler, period_of
 from .recorder import Recorder
 from .node import STOP_END, job_env
 from .runfiles import read_json, write_json_atomic
-from .slurm_job import JobWatch
+from .slurm_job import REQUEST_ENV, JobTurns
 from .tail import LogFollower, rank_files
 from .watch import open_watch
 from .torchrun_log import RANK_RECORD, TorchrunLog, with_rank_record
@@ -108,7 +108,9 @@ class Supervisor:
                                     watch=open_watch(),  # woken by writes (agent/watch.py)
                                     keep_whole=self.masker.safe_cut)  # never in a secret
         self.torchrun = None  # pid
-        self.slurm_job = JobWatch.from_env()  # the job holding a --slurm run (agent/slurm_job.py)
+        # the job holding a --slurm run: its end, time limit, requeue (agent/slurm_job.py)
+        self.slurm_job = JobTurns.from_env(spec["node"], self.node_dir,
+                                           spec.get("slurm_limit"), self.log)
         self.judge_link = None  # agent/judge_link.py, once run() starts
         self.instance_before = set()
         self.requests = []
@@ -165,6 +167,9 @@ class Supervisor:
         env["RANKDECK_NODE_DIR"] = self.node_dir
         env["RANKDECK_LOG_DIR"] = self.log_dir
         env.setdefault("RANKDECK_CKPT_DIR", os.path.join(self.node_dir, "ckpt"))
+        if self.slurm_job is not None:  # asked to save before the job's time limit
+            self.slurm_job.new_run()
+            env[REQUEST_ENV] = self.slurm_job.request
         frhook.install(self.node_dir, env)  # live flight-recorder dumps (docs/STUCK.md)
         try:
             self.instance_before = set(os.listdir(self.log_dir))
@@ -379,11 +384,14 @@ class Supervisor:
                         self.spec["argv"] = static_world.with_master_port(self.spec["argv"], port)
                     self.launch()
                     continue
-            gone = self.slurm_job.ended() if self.slurm_job is not None else None
-            if gone:  # its steps are dead; what left their tree is this process's to end
+            job = self.slurm_job.turn(lambda: self.recorder.checkpoints.complete_at) \
+                if self.slurm_job is not None else None
+            if job and job[0] == "end":  # its steps are dead; what left their tree is ours
                 self.save(state="stopping")
                 self.recorder.event("stopping")
-                return self.finish("stopped", None, self.kill(grace), cause={"message": gone})
+                return self.finish("stopped", None, self.kill(grace), cause={"message": job[1]})
+            if job:  # requeued: the ranks end while it waits, start when it runs again
+                self.on_requeue(job, grace)
             self.watch_exiting()
             code = self.reap_torchrun()
             if code is not None:
@@ -391,11 +399,30 @@ class Supervisor:
                 self.recorder.pump(final=True)
                 report = procs.kill_run(os.getpid(), self.marker, grace=ORPHAN_GRACE,
                                         on_wait=self.recorder.pump)
+                job = self.slurm_job.after_exit() if code and self.slurm_job else None
+                if job:  # its peers ended first: the job was requeued
+                    self.on_requeue(job, grace)
+                    continue
                 if code == 0:
                     return self.finish("exited", 0, report)
                 return self.finish("failed", code, report, cause=self.root_cause(code))
             self.follower.wait(pace.after(read),
                                PHASE_POLL if self.follower.watch is None else IDLE_WATCHED)
+
+    def on_requeue(self, job, grace):
+        """``("wait", why)``: end the ranks, the run waits (restarting) for its job to run
+        again; ``("resume", why)``: start them again, a restart (agent/slurm_job.py)."""
+        kind, why = job
+        self.recorder.event("restarting", cause={"message": why})
+        if kind == "wait":  # as a restart kills: the run's rendezvous stays open for later
+            report = self.kill(grace, leave_torchrun=True)
+            self.reap_torchrun()
+            self.recorder.event("killed", report=report)
+            self.save(state="restarting", cause={"message": why})
+        else:
+            self.state["restarts"] += 1
+            self.spec["argv"] = self.slurm_job.rejoin_argv(self.spec["argv"])
+            self.launch()
 
     def save_phase(self):
         """state.json's ``phase``: where torchrun is (rendezvous round, workers running...)."""

@@ -123,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--slurm", metavar="JOBID", help="run on the nodes of this running Slurm "
                     "job (alone: the job of SLURM_JOB_ID); the inventory names only the login "
                     "host (docs/SLURM.md)")
+    la.add_argument("--signal-before", type=SECONDS, metavar="SECONDS", help="on Slurm: this "
+                    "long before the job's time limit, ask the ranks to save a checkpoint "
+                    "(the file RANKDECK_CHECKPOINT_REQUEST names; docs/SLURM.md)")
+    la.add_argument("--requeue", action="store_true", help="on Slurm, a batch job: after that "
+                    "checkpoint, requeue the job; the run resumes from it when the job runs "
+                    "again (--signal-before defaults to 120)")
     la.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name")
     la.add_argument("script", help="training script, as a path on the hosts (relative to "
                     "each host's workdir)")

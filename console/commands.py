@@ -18,7 +18,7 @@ import trainer
 from agent.judge_notify import KINDS as NOTIFY_KINDS
 from inventory.loader import load_inventory
 from inventory.model import Inventory
-from . import slurm, slurm_submit
+from . import slurm, slurm_stop, slurm_submit
 from .actions import action_rows, run_actions
 from .cordon import cordon, uncordon, uncordon_refusal, unreachable
 from .dryrun import render as render_dry_run
@@ -155,6 +155,7 @@ async def cmd_launch(args) -> int:
                       sync=sync_folder(args.sync, inv.sync, path),
                       sync_include=list(args.sync_include),
                       checkpoint_dir=args.checkpoint_dir,
+                      **slurm_limit(args),
                       launch_with=launcher,
                       **judge_settings(args, inv))
     if spec.auto_cordon and (spec.launch_with != "torchrun" or spec.launcher):
@@ -186,6 +187,17 @@ async def slurm_inventory(inv: Inventory, args) -> Inventory:
         await transport.close()
 
 
+def slurm_limit(args) -> dict:
+    """``--signal-before``/``--requeue`` as LaunchSpec fields; on Slurm runs only."""
+    before, requeue = getattr(args, "signal_before", None), getattr(args, "requeue", False)
+    if (before is not None or requeue) and not getattr(args, "slurm", None):
+        raise UsageError("--signal-before and --requeue act on a Slurm job's time limit: use "
+                         "them with launch --slurm or submit (docs/SLURM.md)")
+    if requeue and before is None:
+        before = 120.0
+    return {"signal_before": before, "requeue": requeue}
+
+
 def mark_spares(inv: Inventory, names: str) -> None:
     """``launch --spares node4,node5``: those hosts of the inventory wait as spares."""
     wanted = [n.strip() for n in names.split(",") if n.strip()]
@@ -202,7 +214,7 @@ async def cmd_submit(args) -> int:
     """`rankdeck submit`: a batch job that holds the nodes, followed while it is pending, then a
     run in it as `launch --slurm` (console/slurm_submit.py); the job ends with the run."""
     script = slurm_submit.batch_script(args.nodes, args.time, args.partition,
-                                       args.gpus_per_node)
+                                       args.gpus_per_node, args.requeue)
     if args.dry_run:
         print(script, end="")
         return EXIT_OK
@@ -384,7 +396,7 @@ async def cmd_status(args) -> int:
         job = slurm.job_of(ctl.record.get("transport", ""))
         if job:  # the job now: its state, time left; a run it outlived ended with it
             status = slurm.with_job(status, await slurm.job_now(
-                ctl.transport, ctl.inventory.hosts[0], job))
+                ctl.transport, ctl.inventory.hosts[0], job), getattr(ctl.spec, "requeue", False))
         if not failed:
             ctl.save_status()
     ended = (status.get("slurm") or {}).get("ended")
@@ -469,30 +481,14 @@ async def control(args, verb: str) -> int:
 
 
 async def cmd_stop(args) -> int:
-    code = await control(args, "stop")
     record = History().load(args.run_id)
-    job = slurm.job_of(record.get("transport", ""))
-    if job and not args.node and code == EXIT_OK:  # and no step of ours left in the job
-        transport = make_transport(record["transport"])
-        try:
-            left = await slurm.steps_left(transport, inventory_from_record(record).hosts[0],
-                                          job)
-        finally:
-            await transport.close()
-        if left:
-            print("rankdeck: Slurm job %s still has rankdeck's steps %s (squeue -s); "
-                  "`scancel %s` ends them" % (job, ", ".join(left), " ".join(left)),
-                  file=sys.stderr)
-            return EXIT_FAILED
-        print("Slurm job %s: %s" % (job, "no step of rankdeck left (squeue -s)" if left == []
-                                    else "squeue did not answer; steps not checked"))
-        if record.get("slurm_submitted"):  # rankdeck made the job: it ends it too
-            transport = make_transport(record["transport"])
-            try:
-                print(await slurm_submit.cancel(transport, inventory_from_record(record)
-                                                .hosts[0], job))
-            finally:
-                await transport.close()
+    if not args.node:  # a Slurm run's job back in the queue: no node to reach (slurm_stop.py)
+        queued = await slurm_stop.stop_queued(record)
+        if queued is not None:
+            return queued
+    code = await control(args, "stop")
+    if slurm.job_of(record.get("transport", "")) and not args.node and code == EXIT_OK:
+        code = await slurm_stop.after_stop(record)
     return code
 
 

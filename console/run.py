@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict
 
 from inventory.model import Host, Inventory
-from . import rendezvous, run_env
+from . import rendezvous, run_env, slurm
 from .errors import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, AgentError,
                      LaunchError, UsageError)
 from .finish import ends_due
@@ -53,6 +53,7 @@ CONNECT_AT_ONCE = 64
 # on top of the run's grace (its workers' time between SIGTERM and SIGKILL): what a stop or
 # restart may take for the agent to end torchrun's process tree and confirm it is gone
 STOP_SLACK_S = 120
+JOB_EVERY_S = 30.0  # how often an attached console asks squeue for a Slurm run's job
 
 
 class RunController:
@@ -194,6 +195,10 @@ class RunController:
             # where the run's judge listens; its token only from the console that made it (a
             # later console's restart: the host kept it, agent/judge_wire.py)
             "judge": self.judge_ref,
+            # before the Slurm job's time limit (agent/slurm_job.py): the first node requeues
+            "slurm_limit": {"signal_before": spec.signal_before, "requeue": spec.requeue,
+                            "requeuer": host.name == self.run_hosts()[0].name}
+            if spec.signal_before is not None else None,
         }
 
     def mask_env_secrets(self, env: dict[str, str]) -> None:
@@ -412,6 +417,16 @@ class RunController:
                                 [n for n in self.connected() if n in self.in_run()])
         await self._subscribe_judge()
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
+        job = slurm.job_of(self.inventory.transport or "")
+        if job:
+            self._tasks.append(asyncio.ensure_future(self._follow_job(job)))
+
+    async def _follow_job(self, job: str) -> None:
+        """A Slurm run's job now (state, time left) in ``state.slurm``, for the header."""
+        while True:
+            now = await slurm.job_now(self.transport, self.inventory.hosts[0], job)
+            self.state.slurm = dict(now, at=time.time())
+            await asyncio.sleep(JOB_EVERY_S)
 
     # -- the run's judge (agent/judge.py, console/judged.py) ---------------------------------
     async def _start_judge(self, rdzv: Host, hosts: list[Host], spec: LaunchSpec) -> None:

@@ -19,6 +19,9 @@ import re
 import time
 from dataclasses import dataclass, replace
 
+# squeue's words, read alike by the supervisors on the nodes (agent/slurm_words.py)
+from agent.slurm_words import ALIVE as JOB_ALIVE, QUEUED as JOB_QUEUED
+from agent.slurm_words import seconds_left as time_left_s
 from inventory.model import Host, Inventory
 from .errors import EXIT_UNREACHABLE, LaunchError, UsageError
 
@@ -167,23 +170,8 @@ def job_of(transport_kind: str) -> str | None:
 
 
 # -- a Slurm run's job now: state, reason, time left (status) -----------------------------
-JOB_ALIVE = ("RUNNING", "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT")
 JOB_ENDS = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "NODE_FAIL": "failed",
             "PREEMPTED": "cancelled", "FAILED": "failed", "OUT_OF_MEMORY": "failed"}
-
-
-def time_left_s(text: str) -> int | None:
-    """squeue's ``%L`` (``4:32``, ``1:02:03``, ``2-01:00:00``) in seconds; None for
-    ``UNLIMITED``, ``NOT_SET`` or anything else."""
-    days, _, clock = text.strip().rpartition("-")
-    parts = clock.split(":")
-    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 \
-            or (days and not days.isdigit()):
-        return None
-    seconds = 0
-    for p in parts:
-        seconds = seconds * 60 + int(p)
-    return seconds + int(days or 0) * 86400
 
 
 async def job_now(transport, login: Host, job: str) -> dict:
@@ -205,13 +193,21 @@ async def job_now(transport, login: Host, job: str) -> dict:
             "time_left_s": time_left_s(fields[2]) if len(fields) > 2 else None}
 
 
-def with_job(status: dict, job: dict) -> dict:
+def with_job(status: dict, job: dict, requeue: bool = False) -> dict:
     """``status`` with ``slurm`` (the job now) added; a run its job outlived is ended by it:
     ``cancelled`` (scancel, preemption), ``timeout`` or ``failed``, ``slurm.ended`` saying
-    why in words."""
+    why in words; ``slurm.checkpoint_age_s`` beside the time left. A ``requeue`` run's job back in the queue is waited for
+    (``slurm.requeued``)."""
     status["slurm"] = dict(job)
+    # beside the time left, how old the run's last complete checkpoint is (None: none yet)
+    last = next((c for c in status.get("checkpoints") or () if c.get("last_complete")), None)
+    status["slurm"]["checkpoint_age_s"] = round(time.time() - last["ts"]) \
+        if last and last.get("ts") else None
     state = job["state"]
     if state in JOB_ALIVE or state == "UNKNOWN":
+        return status
+    if state in JOB_QUEUED and requeue:
+        status["slurm"]["requeued"] = True  # the run waits for it (agent/slurm_job.py)
         return status
     words = {"CANCELLED": "was cancelled (scancel, by you or an administrator)",
              "TIMEOUT": "reached its time limit", "GONE": "is over (Slurm no longer knows it)",

@@ -33,8 +33,9 @@ REASONS = {
 
 
 def batch_script(nodes: int, time_limit: str, partition: str | None = None,
-                 gpus_per_node: int | None = None) -> str:
-    """The sbatch script that holds ``nodes`` nodes for ``time_limit``."""
+                 gpus_per_node: int | None = None, requeue: bool = False) -> str:
+    """The sbatch script that holds ``nodes`` nodes for ``time_limit`` (``requeue``: a job
+    Slurm may put back in the queue, as rankdeck's ``--requeue`` asks before its limit)."""
     if not TIME.fullmatch(time_limit):
         raise UsageError("--time %r: write Slurm's time, e.g. 00:30:00, 90 (minutes) or "
                          "1-00:00:00" % time_limit)
@@ -45,6 +46,8 @@ def batch_script(nodes: int, time_limit: str, partition: str | None = None,
         lines.append("#SBATCH --partition=" + shlex.quote(partition))
     if gpus_per_node:
         lines.append("#SBATCH --gpus-per-node=%d" % gpus_per_node)
+    if requeue:
+        lines.append("#SBATCH --requeue")
     lines += ["# Written by `rankdeck submit`: this job only holds the nodes. rankdeck starts its",
               "# agents as steps of it (srun --jobid --overlap) once it runs, and cancels it when",
               "# the run it followed ends or is stopped; else it ends at its time limit.",

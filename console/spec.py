@@ -53,6 +53,10 @@ class LaunchSpec:
     # trouble again this soon after its restart is proposed (0: never)
     auto_cordon: bool = False
     cordon_within: float = 600.0
+    # on Slurm (docs/SLURM.md): ask for a checkpoint this many seconds before the job's time
+    # limit; ``requeue``: then requeue the job and resume the run when it runs again
+    signal_before: float | None = None
+    requeue: bool = False
 
 
 # launchers whose ranks form one static world (no rendezvous a node could rejoin or leave):

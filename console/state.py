@@ -188,6 +188,9 @@ class RunState:
         self.total_lines = 0
         self.world_size: int | None = None
         self.waiting: dict | None = None  # the rendezvous waited in too long (liveness.py)
+        # a Slurm run's job now (console/slurm.py job_now), ``at`` when asked: the header's
+        # time left
+        self.slurm: dict | None = None
         # the run's secrets: masked in every line, event text and cause as they come in
         self.masker: Masker = NO_SECRETS
         self.checkpoints = Checkpoints()

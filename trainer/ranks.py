@@ -57,13 +57,13 @@ class Ranks:
         dist.broadcast(wire, src=src)
         return pickle.loads(_to_bytes(wire))
 
-    def any(self, flag: bool) -> bool:
-        """True on every rank if ``flag`` is true on at least one."""
+    def highest(self, values: list[int]) -> list[int]:
+        """Per position, the largest of ``values`` any rank gave, on every rank."""
         if not self.distributed:
-            return flag
-        t = torch.tensor([int(flag)], device=self.device)
+            return list(values)
+        t = torch.tensor(values, dtype=torch.long, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        return [int(v) for v in t.tolist()]
 
 
 def _to_bytes(t: torch.Tensor) -> bytearray:

@@ -13,7 +13,9 @@ per event, flushed as printed:
 SIGTERM: the ranks finish the step they are in, agree to stop, local rank 0 of each node
 saves a checkpoint, and every rank exits with 143. A rank that reaches no step boundary within
 --term-grace seconds (stuck in a collective) dumps its stacks and exits 143 without saving.
-SIGUSR1 dumps all threads' stacks to stderr. Usage errors exit 2 with one "error: ..." line.
+SIGUSR1 dumps all threads' stacks to stderr. A request in the file RANKDECK_CHECKPOINT_REQUEST
+names (rankdeck, before a Slurm time limit: trainer/ckpt_request.py) saves a checkpoint at the
+next step boundary, and training goes on. Usage errors exit 2 with one "error: ..." line.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from trainer import checkpoint, faults
 from trainer.data import FileBytes, SyntheticBytes, build_loader, micro_batches
 from trainer.model import ByteTransformer, ModelConfig
 from trainer.ranks import Ranks, restart_hazard, setup
+from trainer.ckpt_request import CheckpointRequest
 from trainer.shutdown import EXIT_SIGTERM, StopRequest
 
 EXIT_USAGE = 2
@@ -261,6 +264,7 @@ class Trainer:
     def run(self, armed: list[faults.Fault], stop: StopRequest) -> int:
         """Train from self.step to --steps; returns the process exit code."""
         args, ranks = self.args, self.ranks
+        asked = CheckpointRequest()
         batches = micro_batches(self.loader, self.sampler, skip=self.step * args.grad_accum)
         tokens_per_step = args.batch_size * args.seq_len * args.grad_accum
         losses, seconds = [], 0.0
@@ -286,9 +290,20 @@ class Trainer:
                 losses, seconds = [], 0.0
             if args.ckpt_every and self.step % args.ckpt_every == 0:
                 self.save()
-            if ranks.any(stop.requested):
+            # one collective decides both: a SIGTERM on any rank stops every rank; the
+            # highest checkpoint request any node has (trainer/ckpt_request.py) is saved once
+            stopping, wanted = ranks.highest([int(stop.requested), asked.number()])
+            if stopping:
                 self.save()
                 return EXIT_SIGTERM
+            if wanted and wanted != asked.done:
+                if ranks.rank == 0:
+                    said = asked.reason() if asked.number() == wanted else ""
+                    print(f"checkpoint requested: {said or f'request {wanted} of another node'}",
+                          flush=True)
+                if self.last_saved != self.step:
+                    self.save()
+                asked.answered(wanted)
         if self.last_saved != self.step:
             self.save()
         print(f"done steps={self.step}", flush=True)

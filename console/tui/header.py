@@ -1,5 +1,6 @@
 """RunHeader: run id, run state or launch phase (with ``--sync`` progress while code goes
-to the hosts), elapsed time, step, steps/s and ETA.
+to the hosts), elapsed time, step, steps/s and ETA; on Slurm the job's time left beside the age
+of the last complete checkpoint.
 
 ETA needs the total number of steps, taken from the trainer's ``--steps N`` in the run spec;
 without it the ETA is "?". ``clock`` is injectable so snapshots can freeze elapsed time.
@@ -67,6 +68,8 @@ class RunHeader(Static):
         rate = steps_per_s(state)
         pieces.append(("  %s steps/s" % ("-" if rate is None else "%.2f" % rate), "", 3))
         pieces.append(("  ETA %s" % hms(eta_s(state, self.record, rate)), "", 2))
+        if state.slurm and state.slurm.get("time_left_s") is not None:  # a Slurm run's job
+            pieces.append(("  %s" % job_left(state, self.clock()), "", 1))
         up = sum(1 for n in state.nodes.values() if n.state not in ("unreachable", "lost",
                                                                     "connecting"))
         pieces.append(("  nodes %d/%d up" % (up, len(state.nodes)), "", 1))
@@ -82,3 +85,13 @@ class RunHeader(Static):
 
     def update_info(self) -> None:
         self.update(self.info(), layout=False)  # one line, fixed size
+
+
+def job_left(state: RunState, now: float) -> str:
+    """``Slurm 12:04 left, ckpt 3:10 ago``: the job's time left (squeue's, counted down since
+    it was asked) beside the age of the run's last complete checkpoint."""
+    job = state.slurm or {}
+    left = max(0.0, job["time_left_s"] - (now - job.get("at", now)))
+    last = state.checkpoints.last_complete()
+    age = "ckpt %s ago" % hms(now - last.ts) if last is not None and last.ts else "no ckpt yet"
+    return "Slurm %s left, %s" % (hms(left), age)

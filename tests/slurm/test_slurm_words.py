@@ -105,6 +105,18 @@ def test_the_batch_script_holds_the_nodes_and_says_so():
         assert line in script.splitlines()
     with pytest.raises(UsageError, match="--time"):
         batch_script(4, "half an hour")
+    assert "#SBATCH --requeue" in batch_script(2, "10", requeue=True).splitlines()
+    assert "--requeue" not in script
+
+
+def test_signal_before_outside_slurm_is_a_usage_error(tmp_path):
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("hosts:\n  - name: a\n    ssh: a.example\n    addr: 10.0.0.1\n")
+    res = subprocess.run([sys.executable, "-m", "console", "launch", "-i", str(inv),
+                          "--signal-before", "60", "train.py"], cwd=REPO,
+                         env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and "launch --slurm or submit" in res.stderr, res.stderr
 
 
 def test_a_run_its_job_outlived_ends_with_it_once_slurm_says_how():
@@ -117,3 +129,29 @@ def test_a_run_its_job_outlived_ends_with_it_once_slurm_says_how():
     assert over["state"] == "cancelled" and "was cancelled" in over["slurm"]["ended"]
     assert with_job({"state": "succeeded"}, dict(job, state="TIMEOUT"))["state"] == "succeeded"
     assert "ended" not in with_job({"state": "running"}, dict(job, state="RUNNING"))["slurm"]
+
+
+def test_the_header_counts_the_time_left_down_beside_the_last_complete_checkpoint():
+    from console.state import RunState
+    from console.tui.header import job_left
+
+    state = RunState("r1", [("node0", "10.0.0.1")])
+    state.slurm = {"job": "9", "state": "RUNNING", "time_left_s": 600, "at": 1000.0}
+    assert job_left(state, 1030.0) == "Slurm 0:09:30 left, no ckpt yet"
+    state.checkpoints.saved("node0", 0, {"step": 50, "path": "/c/step_50.pt", "ts": 900.0})
+    state.checkpoints.done("node0", {"path": "/c/step_50.pt", "complete": True, "ts": 901.0})
+    assert job_left(state, 1030.0) == "Slurm 0:09:30 left, ckpt 0:02:10 ago"
+    assert job_left(state, 2000.0).startswith("Slurm 0:00:00 left")
+
+
+def test_status_says_how_old_the_last_complete_checkpoint_is_and_waits_out_a_requeue():
+    import time
+
+    from console.slurm import with_job
+
+    job = {"job": "9", "state": "PENDING", "reason": "BeginTime", "time_left_s": None}
+    st = with_job({"state": "running", "checkpoints": [
+        {"step": 50, "ts": time.time() - 70, "last_complete": True}]}, job, requeue=True)
+    assert st["state"] == "running" and st["slurm"]["requeued"] and "ended" not in st["slurm"]
+    assert 69 <= st["slurm"]["checkpoint_age_s"] <= 80
+    assert with_job({"state": "running"}, job)["state"] == "stopped"  # not ours to wait for

@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # judge's notification kinds and the agent's version.
 CONSOLE_TAKES = {"agent.protocol", "agent.sync_wire", "agent.judge_wire", "agent.mask",
                  "agent.verdict", "agent.straggler", "agent.judge_notify", "agent.judge_rules",
-                 "agent.version", "agent.rendezvous", "agent.rankcpu"}
+                 "agent.version", "agent.rendezvous", "agent.rankcpu", "agent.slurm_words"}
 
 
 def lint_imports() -> str:

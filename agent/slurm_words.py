@@ -1,0 +1,20 @@
+"""What Slurm's ``squeue`` says, read the same on both sides: the job states in which a run
+lives or waits, and ``%L`` (time left) in seconds. The agent's supervisors read it on the
+nodes (agent/slurm_job.py), the console on the login host (console/slurm.py)."""
+
+ALIVE = ("RUNNING", "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT")
+QUEUED = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD")  # a requeued job waits in them
+
+
+def seconds_left(text):
+    """squeue's ``%L`` (``4:32``, ``1:02:03``, ``2-01:00:00``) in seconds; None for
+    ``UNLIMITED``, ``NOT_SET`` or anything else."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 \
+            or (days and not days.isdigit()):
+        return None
+    seconds = 0
+    for p in parts:
+        seconds = seconds * 60 + int(p)
+    return seconds + int(days or 0) * 86400

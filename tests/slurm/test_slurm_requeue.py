@@ -1,0 +1,75 @@
+"""A Slurm time limit on a real Slurm: `submit --time 2 --signal-before 100 --requeue`. Before the
+limit each node's supervisor asks the reference trainer for a checkpoint (its request file), the
+first node requeues the job once it is complete, the ranks end while the job waits in the queue
+and start again when it runs: the same run id, each node's restart counted, every rank resuming
+from the requested checkpoint, every line shown once across the requeue."""
+
+import collections
+import re
+
+from tests.slurm.test_slurm_run import (PREFIX, TIMEOUT, login, rankdeck,  # noqa: F401
+                                        run_left_on_nodes, status)
+from tests.spine.helpers import TINY, rank_log_files
+from tests.waits import wait_for_sync
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+SAVED = re.compile(r"checkpoint saved step=(\d+) ")
+
+
+def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
+        slurm, login, project, host_workdir):  # noqa: F811
+    res = rankdeck("submit", "-i", login, "--nodes", "4", "--time", "2", "--signal-before",
+                   "100", "--requeue", "--detach", "--sync", str(project), "--max-restarts",
+                   "0", "trainer/train.py", *TINY, "--steps", "100000", "--ckpt-every", "0")
+    run_id = res.stdout.split()[-1]
+    job = re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
+    try:
+        # once requeued, an administrator gives the job 5 minutes: its next run is not
+        # requeued again while the test looks at it
+        wait_for_sync(lambda: "Restarts=0" not in slurm.cmd(["scontrol", "show", "job", "-o",
+                                                             job]), TIMEOUT,
+                      lambda: "job %s requeued: %s" % (job, status(run_id)), every=0.5)
+        slurm.cmd(["scontrol", "update", "JobId=" + job, "TimeLimit=5"])
+
+        def resumed():
+            lines = rankdeck("logs", run_id, check=False).stdout.splitlines()
+            asked = [ln for ln in lines if "checkpoint requested: " in ln]
+            saved = [int(m.group(1)) for m in map(SAVED.search, lines) if m]
+            back = [ln for ln in lines if re.search(r"resumed step=\d+ ", ln)]
+            return asked and saved and len(back) >= 4 and (saved, back)
+        def seen():
+            st = status(run_id)
+            nodes = [(n["name"], n["state"], n.get("cause"), n["restarts_used"],
+                      (n.get("phase") or {}).get("text")) for n in st.get("nodes") or ()]
+            tail = rankdeck("logs", run_id, check=False).stdout.splitlines()[-25:]
+            return "every rank resumed after the requeue: %s %s\n%s" % (
+                st.get("slurm"), nodes, "\n".join(tail))
+        saved, back = wait_for_sync(resumed, TIMEOUT, seen)
+        # every rank resumed from one step every node saved (asked for, or as the ranks ended)
+        steps = {re.search(r"resumed step=(\d+) ", ln).group(1) for ln in back[:4]}
+        assert len(steps) == 1 and saved.count(int(steps.pop())) == 4, (saved, back)
+        st = status(run_id)
+        assert st["slurm"]["job"] == job and all(n["restarts_used"] >= 1 for n in st["nodes"]), st
+        # every line each rank wrote, before and after the requeue, shown once by `logs`
+        # (the files first: a line written after them may be shown, never one missing)
+        written = collections.Counter()
+        for node in slurm.nodes:
+            for path in rank_log_files(slurm.hosts.local_path(node, host_workdir), run_id,
+                                       node):
+                with open(path, errors="replace") as f:
+                    # whole lines only: the ranks still write
+                    written.update((node, line) for line in f.read().split("\n")[:-1])
+        shown = collections.Counter()
+        for line in rankdeck("logs", run_id).stdout.splitlines():
+            m = PREFIX.match(line)
+            if m:
+                shown[(m.group(1), m.group(3))] += 1
+        assert written and {k: shown[k] for k in written} == dict(written)
+        stop = rankdeck("stop", run_id)
+        assert "Slurm job %s cancelled (rankdeck submitted it)" % job in stop.stdout
+        wait_for_sync(lambda: not run_left_on_nodes(slurm), 60,
+                      lambda: "nothing of the run left: %s" % run_left_on_nodes(slurm))
+    finally:
+        slurm.cmd(["scancel", job], check=False)

@@ -1,0 +1,100 @@
+"""Before a Slurm job's time limit (agent/slurm_job.py, trainer/ckpt_request.py): the request
+the ranks read, the requeue one node asks for, the wait and the restart. squeue and scontrol
+are small scripts here that answer what the test writes (tests/slurm has the real ones)."""
+
+import os
+import subprocess
+import sys
+
+from agent.slurm_job import JobTurns, JobWatch
+from trainer.ckpt_request import CheckpointRequest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def slurm_commands(tmp_path):
+    """(squeue, scontrol, answer file, calls file): squeue prints the answer file; scontrol
+    records its arguments and expands any node list to node0..node3."""
+    answer, calls = tmp_path / "answer", tmp_path / "calls"
+    squeue, scontrol = tmp_path / "squeue", tmp_path / "scontrol"
+    squeue.write_text("#!/bin/sh\ncat %s\n" % answer)
+    scontrol.write_text("#!/bin/sh\necho \"$@\" >> %s\n[ \"$1\" = show ] && echo node0 node1 "
+                        "node2 node3\nexit 0\n" % calls)
+    for path in (squeue, scontrol):
+        path.chmod(0o755)
+    return str(squeue), str(scontrol), answer, calls
+
+
+def turns(tmp_path, limit, node="node0"):
+    squeue, scontrol, answer, calls = slurm_commands(tmp_path)
+    job = JobTurns(JobWatch("41", squeue, every=0), node, str(tmp_path), limit, scontrol)
+    return job, answer, calls
+
+
+def test_the_request_comes_at_the_limit_and_the_first_node_requeues_after_a_checkpoint(tmp_path):
+    job, answer, calls = turns(tmp_path, {"signal_before": 60, "requeue": True,
+                                          "requeuer": True})
+    asked = CheckpointRequest(job.request)
+    answer.write_text("RUNNING|None|1:30|node[0-3]|2026-11-26T07:00:00\n")
+    assert job.turn() is None and not asked.pending()  # 90 s left: nothing yet
+    answer.write_text("RUNNING|None|0:58|node[0-3]|2026-11-26T07:00:00\n")
+    assert job.turn(lambda: 0.0) is None
+    assert asked.pending() and asked.number() == 20261126070000
+    assert asked.reason() == "Slurm job 41: 58 s left before its time limit (2026-11-26T07:00:00)"
+    assert not calls.exists()  # no checkpoint complete since the request: no requeue yet
+    asked.answered()
+    assert not asked.pending()
+    assert job.turn(lambda: job.asked_at - 1) is None and not calls.exists()  # an older save
+    kind, why = job.turn(lambda: job.asked_at + 1)  # a checkpoint since the line was crossed
+    assert calls.read_text().split("\n")[0] == "requeue 41"
+    assert kind == "wait" and "requeued (scontrol requeue, 58 s before its time limit)" in why
+    answer.write_text("PENDING|BeginTime|1:00|\n")
+    assert job.turn() is None  # said once
+    answer.write_text("RUNNING|None|1:00|node[0-3]|2026-11-26T07:03:00\n")
+    assert job.turn()[0] == "resume"
+    assert job.rejoin_argv(["torchrun", "--rdzv-id", "run1", "train.py"]) == \
+        ["torchrun", "--rdzv-id", "run1-job20261126070300", "train.py"]
+    job.new_run()
+    assert not os.path.exists(job.request) and job.turn() is None
+
+
+def test_the_other_nodes_never_requeue_and_a_job_back_on_other_nodes_ends_this_one(tmp_path):
+    job, answer, calls = turns(tmp_path, {"signal_before": 60, "requeue": True,
+                                          "requeuer": False}, node="node7")
+    answer.write_text("RUNNING|None|0:10|node[0-3]\n")  # late: the requeuer would go now
+    assert job.turn(lambda: 1e12) is None and not calls.exists()
+    answer.write_text("COMPLETING|None|0:00|node[0-3]\n")  # a requeue passes through it
+    assert job.turn() is None
+    answer.write_text("REQUEUED|None|1:00|\n")
+    kind, why = job.turn()
+    assert kind == "wait" and "requeued (REQUEUED)" in why
+    answer.write_text("RUNNING|None|1:00|node[0-3]\n")
+    kind, why = job.turn()
+    assert kind == "end" and "other nodes" in why
+
+
+def test_without_requeue_the_job_s_end_ends_the_run(tmp_path):
+    job, answer, _calls = turns(tmp_path, {"signal_before": 60})
+    answer.write_text("PENDING|None|1:00|\n")  # an administrator's requeue: not ours to wait
+    assert job.turn()[0] == "end"
+    answer.write_text("TIMEOUT|TimeLimit|0:00|node0\n")
+    kind, why = job.turn()
+    assert kind == "end" and "reached its time limit" in why
+
+
+def test_the_reference_trainer_saves_when_asked_and_goes_on(tmp_path):
+    request = tmp_path / "checkpoint-request"
+    request.write_text("20261126070000 Slurm job 41: 58 s left\n")
+    res = subprocess.run([sys.executable, "trainer/train.py", "--steps", "3", "--ckpt-every",
+                          "0", "--d-model", "16", "--layers", "1", "--seq-len", "16",
+                          "--synthetic-samples", "64", "--ckpt-dir", str(tmp_path / "ckpt")],
+                         cwd=REPO, env=dict(os.environ, RANKDECK_CHECKPOINT_REQUEST=str(request),
+                                            PYTHONPATH=REPO),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    asked = lines.index("checkpoint requested: Slurm job 41: 58 s left")
+    assert lines[asked - 1].startswith("step=1 ")
+    assert lines[asked + 1].startswith("checkpoint saved step=1 ")  # once, then on
+    assert [ln.split()[2] for ln in lines if ln.startswith("checkpoint saved")] == \
+        ["step=1", "step=3"] and lines[-1] == "done steps=3"
