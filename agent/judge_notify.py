@@ -32,9 +32,10 @@ def kind_of(rec):
     what = rec.get("what")
     if what == "stalled":
         return "stall"
-    if what == "run_ended":
-        return rec.get("state") if rec.get("state") in ("failed", "succeeded", "stopped") \
-            else None
+    if what == "run_ended":  # (a Slurm job's cancelled or timeout is a stop, notified so)
+        state = {"cancelled": "stopped", "timeout": "stopped"}.get(rec.get("state"),
+                                                                   rec.get("state"))
+        return state if state in ("failed", "succeeded", "stopped") else None
     if what in ("verdict", "restarted", "diverged"):
         return what
     if what == "cordon proposed":

@@ -432,6 +432,11 @@ def ends_due(view):
     return out
 
 
+# a run whose Slurm job was cancelled, preempted or timed out ends so (``status`` says the
+# same from squeue: console/slurm.py)
+SLURM_ENDS = {"CANCELLED": "cancelled", "PREEMPTED": "cancelled", "TIMEOUT": "timeout"}
+
+
 def run_over(view):
     """``(state, cause)`` once every node has ended (``succeeded`` when all exited), else
     None. The cause is the first failed node's."""
@@ -445,4 +450,8 @@ def run_over(view):
         cause = failed[0].cause or {}
         message = cause.get("message") if isinstance(cause.get("message"), str) else None
         return "failed", {"node": failed[0].name, "message": message}
+    for ns in view.nodes.values():  # its Slurm job ended under it (agent/slurm_job.py)
+        cause = ns.cause if isinstance(ns.cause, dict) else {}
+        if cause.get("slurm") in SLURM_ENDS and isinstance(cause.get("message"), str):
+            return SLURM_ENDS[cause["slurm"]], {"node": ns.name, "message": cause["message"]}
     return "stopped", None

@@ -93,8 +93,8 @@ def job_end(job, code, out, err):
 
 class JobTurns:
     """What the job asks of this node's supervisor now, one squeue answer at a time:
-    ``turn()`` is None, ``("end", why)``, ``("wait", why)`` (requeued: end the ranks, keep
-    the run) or ``("resume", why)`` (running again: start the ranks again)."""
+    ``turn()`` is None, ``("end", why, job state)``, ``("wait", why)`` (requeued: end the
+    ranks, keep the run) or ``("resume", why)`` (running again: start the ranks again)."""
 
     def __init__(self, watch, node, node_dir, limit=None, scontrol="scontrol", log=None):
         self.watch = watch
@@ -150,13 +150,13 @@ class JobTurns:
         if code == 0 and state == "RUNNING" and self.waiting:
             if not self._holds_me(nodes):
                 return ("end", "Slurm job %s runs again on other nodes (%s): this node's "
-                        "part of the run ended" % (self.watch.job, nodes))
+                        "part of the run ended" % (self.watch.job, nodes), "")
             self.round = "".join(c for c in end if c.isdigit())
             return ("resume", "Slurm job %s runs again: the ranks start from the last "
                     "complete checkpoint" % self.watch.job)
         gone = job_end(self.watch.job, code, out, err)
-        if gone:
-            return ("end", gone)
+        if gone:  # (the state, for the judge's word for the run's end: agent/judge_rules.py)
+            return ("end", gone, state if code == 0 else "")
         if code == 0 and state == "RUNNING" and self.before is not None:
             return self._near_limit(seconds_left(left), end, complete_at)
         return None

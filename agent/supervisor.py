@@ -389,7 +389,8 @@ class Supervisor:
             if job and job[0] == "end":  # its steps are dead; what left their tree is ours
                 self.save(state="stopping")
                 self.recorder.event("stopping")
-                return self.finish("stopped", None, self.kill(grace), cause={"message": job[1]})
+                return self.finish("stopped", None, self.kill(grace),
+                                   cause={"message": job[1], "slurm": job[2]})
             if job:  # requeued: the ranks end while it waits, start when it runs again
                 self.on_requeue(job, grace)
             self.watch_exiting()

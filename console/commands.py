@@ -395,8 +395,11 @@ async def cmd_status(args) -> int:
         status = ctl.status()
         job = slurm.job_of(ctl.record.get("transport", ""))
         if job:  # the job now: its state, time left; a run it outlived ended with it
-            status = slurm.with_job(status, await slurm.job_now(
-                ctl.transport, ctl.inventory.hosts[0], job), getattr(ctl.spec, "requeue", False))
+            login = ctl.inventory.hosts[0]
+            status = slurm.with_job(status, await slurm.job_now(ctl.transport, login, job),
+                                    getattr(ctl.spec, "requeue", False))
+            status = slurm.with_nodes(status, await slurm.nodes_now(
+                ctl.transport, login, [h.name for h in ctl.inventory.hosts]))
         if not failed:
             ctl.save_status()
     ended = (status.get("slurm") or {}).get("ended")
@@ -407,6 +410,8 @@ async def cmd_status(args) -> int:
         print(status_table(status))
         if ended:
             print("%s: the run ended with it (%s)" % (ended, status["state"]))
+        for node, words in ((status.get("slurm") or {}).get("nodes") or {}).items():
+            print("%s: Slurm says %s" % (node, words))
     if ended and failed:  # its nodes are out of reach with it: no more to say
         return EXIT_FAILED
     return EXIT_UNREACHABLE if failed else EXIT_OK

@@ -219,6 +219,46 @@ def with_job(status: dict, job: dict, requeue: bool = False) -> dict:
     return status
 
 
+NODE_WELL = ("allocated", "mixed", "idle", "completing", "reserved", "planned")
+
+
+def node_words(text: str, names: list[str]) -> dict:
+    """``{node: "draining (disk full)"}`` from ``sinfo -h -N -o '%N|%T|%E'``: each of
+    ``names`` Slurm does not have up and well, in Slurm's words (a ``*`` after the state:
+    not responding)."""
+    out = {}
+    for line in text.splitlines():
+        node, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        state, reason = state.strip(), reason.strip()
+        if node in names and state and state not in NODE_WELL:
+            words = state[:-1] + ", not responding" if state.endswith("*") else state
+            out[node] = words + (" (%s)" % reason if reason and reason != "none" else "")
+    return out
+
+
+async def nodes_now(transport, login: Host, names: list[str]) -> dict:
+    """The run's nodes Slurm has drained, down or failing (:func:`node_words`); {} when none,
+    or when sinfo could not answer."""
+    try:
+        code, out, _err = await transport.on_login(login, ["sinfo", "-h", "-N", "-n",
+                                                           ",".join(names), "-o", "%N|%T|%E"])
+    except Exception:  # noqa: BLE001 (the login host unreachable: job_now said so)
+        return {}
+    return node_words(out, names) if code == 0 else {}
+
+
+def with_nodes(status: dict, words: dict) -> dict:
+    """``status`` with each node Slurm has drained, down or failing said so in Slurm's words
+    (``slurm.nodes`` and the node's own ``slurm``)."""
+    if words:
+        status.setdefault("slurm", {})["nodes"] = dict(words)
+        for node in status.get("nodes") or ():
+            if node.get("name") in words:
+                node["slurm"] = words[node["name"]]
+    return status
+
+
 async def steps_left(transport, login: Host, job: str, wait_s: float = 20.0) -> list[str] | None:
     """rankdeck's steps still in ``job`` (``squeue -h -s -j JOB``: names ``rankdeck-*``),
     waited for up to ``wait_s``: the console's ``serve`` steps end just after its streams

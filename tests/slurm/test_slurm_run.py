@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from agent.journal import JournalReader
 from tests.slurm.slurmcluster import SlurmCluster
 from tests.spine.helpers import TINY, node_dir, rank_log_files
 from tests.waits import wait_for_sync
@@ -141,6 +142,12 @@ def test_scancel_from_outside_ends_the_run_cancelled_with_the_reason_and_nothing
                               % status(run_id))  # COMPLETING first, while Slurm cleans up
         assert "Slurm job %s was cancelled" % job in final["slurm"]["ended"]
         assert not slurm.steps(job)
+        # the run's judge on the first node says so too (a detached run's --notify)
+        journal = os.path.join(os.path.dirname(node_dir(slurm.hosts.local_path(
+            slurm.nodes[0], host_workdir), run_id, slurm.nodes[0])), "judge", "journal")
+        ended = wait_for_sync(lambda: [m for m, _d, _e in JournalReader(journal).read()
+                                       if m.get("what") == "run_ended"], 30, "the judge's end")
+        assert ended[0]["state"] == "cancelled" and "was cancelled" in ended[0]["text"], ended
     finally:
         slurm.cmd(["scancel", job], check=False)
 
@@ -201,9 +208,14 @@ def test_restart_of_one_node_inside_the_job_rejoins_and_training_goes_on(slurm, 
                     and len(steps_of(st)) == 4 and min(steps_of(st).values()) > before)
         wait_for_sync(rejoined, TIMEOUT, lambda: "node2 restarted and every rank past step "
                       "%d: %s" % (before, status(run_id)))
+        # an administrator drains node3: status says so in Slurm's words (the job goes on)
+        slurm.cmd(["scontrol", "update", "NodeName=node3", "State=DRAIN", "Reason=disk-test"])
+        node3 = [n for n in status(run_id)["nodes"] if n["name"] == "node3"][0]
+        assert node3["slurm"] == "draining (disk-test)", node3
         rankdeck("stop", run_id)
         wait_for_sync(lambda: not run_left_on_nodes(slurm) and not slurm.steps(job), 60,
                       lambda: "nothing of the run left: %s, steps %s"
                       % (run_left_on_nodes(slurm), slurm.steps(job)))
     finally:
         slurm.cmd(["scancel", job], check=False)
+        slurm.cmd(["scontrol", "update", "NodeName=node3", "State=RESUME"], check=False)

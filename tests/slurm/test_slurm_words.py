@@ -155,3 +155,16 @@ def test_status_says_how_old_the_last_complete_checkpoint_is_and_waits_out_a_req
     assert st["state"] == "running" and st["slurm"]["requeued"] and "ended" not in st["slurm"]
     assert 69 <= st["slurm"]["checkpoint_age_s"] <= 80
     assert with_job({"state": "running"}, job)["state"] == "stopped"  # not ours to wait for
+
+
+def test_a_node_slurm_drains_or_lost_is_said_in_slurm_s_words():
+    from console.slurm import node_words, with_nodes
+
+    text = ("node0|allocated|none\nnode1|draining|disk full\nnode2|down*|Not responding\n"
+            "node3|mixed|none\nnode9|drained|other job\n")
+    words = node_words(text, ["node0", "node1", "node2", "node3"])
+    assert words == {"node1": "draining (disk full)",
+                     "node2": "down, not responding (Not responding)"}
+    st = with_nodes({"nodes": [{"name": "node1"}, {"name": "node0"}]}, words)
+    assert st["nodes"][0]["slurm"] == "draining (disk full)" and "slurm" not in st["nodes"][1]
+    assert st["slurm"]["nodes"] == words

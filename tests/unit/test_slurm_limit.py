@@ -98,3 +98,19 @@ def test_the_reference_trainer_saves_when_asked_and_goes_on(tmp_path):
     assert lines[asked + 1].startswith("checkpoint saved step=1 ")  # once, then on
     assert [ln.split()[2] for ln in lines if ln.startswith("checkpoint saved")] == \
         ["step=1", "step=3"] and lines[-1] == "done steps=3"
+
+
+def test_a_run_its_slurm_job_cancelled_ends_cancelled_in_the_judge_s_journal_and_notifies_stopped():
+    from agent.judge_notify import kind_of
+    from agent.judge_rules import RunView, run_over
+
+    view = RunView(["node0", "node1"], 60)
+    why = "Slurm job 41 was cancelled (scancel): the run ended with it"
+    view.apply_state("node0", {"state": "stopped", "cause": {"message": why,
+                                                             "slurm": "CANCELLED"}})
+    view.apply_state("node1", {"state": "stopped", "cause": {"message": why, "slurm": "CANCELLED"}})
+    assert run_over(view) == ("cancelled", {"node": "node0", "message": why})
+    view.apply_state("node1", {"state": "stopped", "cause": {"message": "stopped by you"}})
+    view.apply_state("node0", {"state": "stopped", "cause": None})
+    assert run_over(view) == ("stopped", None)  # a stop of rankdeck's stays a stop
+    assert kind_of({"what": "run_ended", "state": "cancelled"}) == "stopped"
