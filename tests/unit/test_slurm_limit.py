@@ -69,7 +69,7 @@ def test_the_other_nodes_never_requeue_and_a_job_back_on_other_nodes_ends_this_o
     kind, why = job.turn()
     assert kind == "wait" and "requeued (REQUEUED)" in why
     answer.write_text("RUNNING|None|1:00|node[0-3]\n")
-    kind, why = job.turn()
+    kind, why, _state = job.turn()
     assert kind == "end" and "other nodes" in why
 
 
@@ -78,8 +78,8 @@ def test_without_requeue_the_job_s_end_ends_the_run(tmp_path):
     answer.write_text("PENDING|None|1:00|\n")  # an administrator's requeue: not ours to wait
     assert job.turn()[0] == "end"
     answer.write_text("TIMEOUT|TimeLimit|0:00|node0\n")
-    kind, why = job.turn()
-    assert kind == "end" and "reached its time limit" in why
+    kind, why, state = job.turn()
+    assert (kind, state) == ("end", "TIMEOUT") and "reached its time limit" in why
 
 
 def test_the_reference_trainer_saves_when_asked_and_goes_on(tmp_path):
