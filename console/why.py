@@ -17,14 +17,20 @@ SAMPLE_GAP_S = 1.0  # between the two samples: a healthy job enters many collect
 REQUEST_TIMEOUT_S = 20.0
 
 
-async def _sample(ctl) -> tuple[list[dict], dict[str, str]]:
-    """(one report per rank that answered, {node: cause} for nodes that did not)."""
+async def _sample(ctl, unanswered: dict[str, str] | None = None
+                  ) -> tuple[list[dict], dict[str, str]]:
+    """(one report per rank that answered, {node: cause} for nodes that did not). The nodes
+    in ``unanswered`` (an earlier sample's) are not asked again: each would cost another
+    REQUEST_TIMEOUT_S of the same silence (as the judge's, agent/judge.py)."""
+    reports: list[dict] = []
+    unreachable: dict[str, str] = dict(unanswered or {})
+    names = [n for n in ctl.links if n not in unreachable]
+    if not names:
+        return reports, unreachable
     results = await ctl.gather_nodes(
         lambda link: link.request("why", run_root=link.run_root, node=link.name,
                                   python=link.host.python or sys.executable,
-                                  timeout=REQUEST_TIMEOUT_S))
-    reports: list[dict] = []
-    unreachable: dict[str, str] = {}
+                                  timeout=REQUEST_TIMEOUT_S), names)
     for node, res in results.items():
         if isinstance(res, BaseException):
             unreachable[node] = clean(str(res), limit=200)
@@ -51,9 +57,9 @@ def expected_ranks(ctl) -> dict[int, str]:
 
 async def take_verdict(ctl, gap: float = SAMPLE_GAP_S) -> dict:
     """The verdict now; also kept in ``ctl.state.verdict`` for status, the view and headless."""
-    earlier, _ = await _sample(ctl)
+    earlier, unanswered = await _sample(ctl)
     await asyncio.sleep(gap)
-    reports, unreachable = await _sample(ctl)
+    reports, unreachable = await _sample(ctl, unanswered)
     verdict = mask_tree(decide(reports, unreachable, expected_ranks(ctl), earlier=earlier),
                         ctl.state.masker)
     ctl.state.set_verdict(verdict)
