@@ -127,10 +127,11 @@ class JobTurns:
         return self._decide(*answer, complete_at) if answer else None
 
     def after_exit(self, wait_s=15.0):
-        """The ranks ended on their own (a peer's node ended its ranks first) after a request
-        with ``--requeue``: ``("wait", why)`` when the job is back in the queue, looked for
-        up to ``wait_s``; else None (a failure of the run's own)."""
-        if not self.requeue or self.asked_at is None or self.waiting:
+        """The ranks failed with ``--requeue``: ``("wait", why)`` when it is because the job
+        was requeued (another node ended its ranks first, maybe before this node's own look
+        crossed the line), looked for up to ``wait_s`` while Slurm ends the job's run
+        (COMPLETING); None for a job still running (a failure of the run's own)."""
+        if not self.requeue or self.waiting:
             return None
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
@@ -138,6 +139,8 @@ class JobTurns:
             state = fields_of(answer[1])[0] if answer and answer[0] == 0 else ""
             if state in QUEUED:
                 return self._decide(*answer)
+            if state == "RUNNING":  # (a requeue makes it PENDING or COMPLETING at once)
+                return None
             time.sleep(1.0)
         return None
 

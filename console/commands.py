@@ -18,7 +18,7 @@ import trainer
 from agent.judge_notify import KINDS as NOTIFY_KINDS
 from inventory.loader import load_inventory
 from inventory.model import Inventory
-from . import slurm, slurm_stop, slurm_submit
+from . import slurm, slurm_queued, slurm_stop, slurm_submit
 from .actions import action_rows, run_actions
 from .cordon import cordon, uncordon, uncordon_refusal, unreachable
 from .dryrun import render as render_dry_run
@@ -83,6 +83,12 @@ def recorded_run(run_id: str, stall_after: float | None = None,
     """A controller for a run recorded on this laptop, not connected yet. ``node``: a node the
     caller will act on; an unknown one is refused (UsageError) before connecting."""
     history = History()
+    entry = slurm_queued.queued(run_id)
+    if entry is not None:
+        raise UsageError("run %s has not started: its Slurm job %s waits in the queue; "
+                         "`rankdeck status %s` says why, and it or `rankdeck attach %s` "
+                         "launches the run once the job runs" % (run_id, entry["job"], run_id,
+                                                                run_id))
     record = history.load(run_id)
     ctl = RunController.from_record(record, make_transport(record.get("transport", "ssh")),
                                     history)
@@ -119,7 +125,8 @@ async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str)
     for warning in secret_warnings(launch_secrets(inv, spec.env)):  # before a TUI starts
         print("rankdeck: warning: %s" % warning, file=sys.stderr)
     transport = make_transport(inv.transport, getattr(args, "accept_new_host_keys", False))
-    async with RunController(inv, transport, History(), max_restarts=spec.max_restarts) as ctl:
+    async with RunController(inv, transport, History(), max_restarts=spec.max_restarts,
+                             run_id=getattr(args, "run_id_given", None)) as ctl:
         ctl.state.stall_min_s = spec.stall_after
         ctl.mask_env_secrets(spec.env)  # before the view takes the secrets
 
@@ -227,6 +234,16 @@ async def cmd_submit(args) -> int:
         job = await slurm_submit.submit(transport, login, script)
         say = lambda line: print("rankdeck: " + line, file=sys.stderr, flush=True)  # noqa: E731
         say("submitted Slurm job %s (%d nodes, --time %s)" % (job, args.nodes, args.time))
+        if args.detach and slurm_queued.keepable(args, load_inventory(path)):
+            now = await slurm.job_now(transport, login, job)
+            if now["state"] != "RUNNING":  # the run id now; the launch at its next status
+                run_id = slurm_queued.keep(args, job, script, path)
+                say("%s; the job holds its nodes idle until `rankdeck status %s` (or attach, "
+                    "which waits for it) launches the run in it" % (slurm_submit.pending_line(now),
+                                                                   run_id))
+                print(run_id)
+                launched = True
+                return EXIT_OK
         await slurm_submit.wait_running(transport, login, job, say)
         args.slurm = job
         code = await cmd_launch(args)
@@ -239,11 +256,7 @@ async def cmd_submit(args) -> int:
                   file=sys.stderr)  # the run it held is over, or never started
         await transport.close()
     if launched:
-        history = History()
-        for record in history.list():
-            if record.get("transport") == slurm.TRANSPORT_PREFIX + job:
-                record["slurm_submitted"] = {"job": job, "script": script}
-                history.save(record)
+        slurm_queued.mark_submitted(job, script)
     return code
 
 
@@ -345,6 +358,9 @@ async def cmd_check(args) -> int:
 # -- a recorded run ----------------------------------------------------------------------------
 async def cmd_attach(args) -> int:
     tui = wants_tui(args)
+    if await slurm_queued.follow(args.run_id, cmd_launch, wait=True) is not None:
+        raise LaunchError("the Slurm job of run %s ended before it ran" % args.run_id,
+                          EXIT_FAILED)
     await known_or_fetched(args.run_id, args.inventory, args.accept_new_host_keys)
     async with recorded_run(args.run_id, args.stall_after) as ctl:
         # said in every connection's hello: the agents list this console, and refuse a
@@ -383,6 +399,14 @@ async def cmd_actions(args) -> int:
 
 
 async def cmd_status(args) -> int:
+    queued = await slurm_queued.follow(args.run_id, cmd_launch)
+    if queued is not None:  # submit --detach's job still waits (console/slurm_queued.py)
+        if args.json:
+            print_json(queued)
+        else:
+            print("run %s %s: %s" % (queued["run_id"], queued["state"],
+                                     queued["slurm"]["pending"]))
+        return EXIT_OK
     async with recorded_run(args.run_id, args.stall_after) as ctl:
         failed = await ctl.connect_all(reconnect=False)
         await ctl.subscribe_all()
@@ -486,6 +510,10 @@ async def control(args, verb: str) -> int:
 
 
 async def cmd_stop(args) -> int:
+    said = await slurm_queued.stop(args.run_id)
+    if said:  # submit --detach's job still in the queue: the run never started
+        print(said)
+        return EXIT_OK
     record = History().load(args.run_id)
     if not args.node:  # a Slurm run's job back in the queue: no node to reach (slurm_stop.py)
         queued = await slurm_stop.stop_queued(record)

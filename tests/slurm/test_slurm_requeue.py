@@ -25,7 +25,8 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
                    "0", "trainer/train.py", *TINY, "--steps", "100000", "--ckpt-every", "0")
     run_id = res.stdout.split()[-1]
     job = re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
-    try:
+    try:  # (a status launches it, if it was still pending when submit returned)
+        wait_for_sync(lambda: status(run_id).get("state") != "queued", TIMEOUT, "the launch")
         # once requeued, an administrator gives the job 5 minutes: its next run is not
         # requeued again while the test looks at it
         wait_for_sync(lambda: "Restarts=0" not in slurm.cmd(["scontrol", "show", "job", "-o",

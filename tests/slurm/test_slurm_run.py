@@ -152,24 +152,20 @@ def test_scancel_from_outside_ends_the_run_cancelled_with_the_reason_and_nothing
         slurm.cmd(["scancel", job], check=False)
 
 
-def test_submit_waits_pending_with_the_reason_then_runs_and_stop_cancels_its_job(
+def test_submit_detach_returns_while_pending_and_the_next_status_launches_once_it_runs(
         slurm, login, project):
     blocker = slurm.hold(exclusive=True)  # another job holds every node
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "console", "submit", "-i", login, "--nodes", "4", "--time",
-         "00:04:00", "--detach", "--sync", str(project), "--max-restarts", "0",
-         "trainer/train.py", *TINY, "--steps", "10"], cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
     job = None
     try:
-        first = proc.stderr.readline() + proc.stderr.readline()
-        job = re.search(r"submitted Slurm job (\d+)", first).group(1)
-        assert "Slurm job %s PENDING: waiting for free nodes (Resources)" % job in first, first
-        slurm.cmd(["scancel", blocker])  # the nodes free up: it runs without the user
-        out, err = proc.communicate(timeout=TIMEOUT)
-        assert proc.returncode == 0, err
-        run_id = out.split()[-1]
+        res = rankdeck("submit", "-i", login, "--nodes", "4", "--time", "00:04:00", "--detach",
+                       "--sync", str(project), "--max-restarts", "0", "trainer/train.py", *TINY,
+                       "--steps", "10")
+        job = re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
+        run_id = res.stdout.split()[-1]
+        assert "Slurm job %s PENDING: waiting for free nodes (Resources)" % job in res.stderr
+        queued = status(run_id)  # still waiting: said in Slurm's words
+        assert queued["state"] == "queued" and queued["slurm"]["reason"] == "Resources", queued
+        slurm.cmd(["scancel", blocker])  # the nodes free up: the next status launches the run
         final = wait_for_sync(lambda: status(run_id).get("state") in ("succeeded", "failed")
                               and status(run_id), TIMEOUT, lambda: "the run's end: %s"
                               % status(run_id))
@@ -179,9 +175,6 @@ def test_submit_waits_pending_with_the_reason_then_runs_and_stop_cancels_its_job
         wait_for_sync(lambda: slurm.job_state(job) in ("", "CANCELLED"), 60,
                       lambda: "job %s over: %s" % (job, slurm.job_state(job)))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
         slurm.cmd(["scancel", blocker] + ([job] if job else []), check=False)
 
 

@@ -114,3 +114,13 @@ def test_a_run_its_slurm_job_cancelled_ends_cancelled_in_the_judge_s_journal_and
     view.apply_state("node0", {"state": "stopped", "cause": None})
     assert run_over(view) == ("stopped", None)  # a stop of rankdeck's stays a stop
     assert kind_of({"what": "run_ended", "state": "cancelled"}) == "stopped"
+
+
+def test_ranks_that_fail_as_the_job_is_requeued_wait_for_it_and_a_running_job_s_failure_is_one(
+        tmp_path):
+    job, answer, _calls = turns(tmp_path, {"signal_before": 60, "requeue": True,
+                                           "requeuer": False})
+    answer.write_text("RUNNING|None|5:00|node[0-3]\n")  # no request on this node yet
+    assert job.after_exit() is None  # the job runs: the ranks failed on their own
+    answer.write_text("PENDING|BeginTime|2:00|\n")  # another node requeued it
+    assert job.after_exit()[0] == "wait"

@@ -1,0 +1,116 @@
+"""``submit --detach`` of a job that waits in the queue: the run id at once, the launch later.
+
+While the job is pending there is no node to start anything on, and the launch needs what only
+the user's shell has (the inventory's secrets, the folder ``--sync`` sends). So the launch
+happens where the console is: the submit's options are kept in a small file beside the run
+records (``queued/RUN.json``, 0600; a submit with a secret ``--env`` value is not kept, it waits
+for the job as a plain ``submit`` does), and the next ``rankdeck status``, ``attach`` or
+``watch`` of the run follows the job: still pending, it says why in Slurm's words; running, it
+launches the run in it under that run id, as ``submit`` would have (docs/SLURM.md). ``stop``
+of a run still queued cancels its job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+
+from inventory.loader import load_inventory
+from .history import History, state_dir
+from .run_env import secret_names
+from .slurm import TRANSPORT_PREFIX, JOB_ENDS, job_now, login_host
+from .slurm_submit import cancel, pending_line, wait_running
+from .spec import new_run_id
+from .transport import make_transport
+
+
+def queued_path(run_id: str) -> str:
+    return os.path.join(os.path.dirname(state_dir()), "queued", run_id + ".json")
+
+
+def keepable(args, inventory) -> bool:
+    """Whether the submit's options can wait in a file: no ``--env`` value of a secret name."""
+    secret = secret_names(inventory)
+    return not any(e.split("=", 1)[0] in secret for e in getattr(args, "env", None) or ())
+
+
+def keep(args, job: str, script: str, inventory_path: str) -> str:
+    """The queued run's id; its options kept for the launch (paths made absolute)."""
+    run_id = new_run_id()
+    options = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool,
+                                                                     list, type(None)))}
+    options.update(inventory=inventory_path, detach=True, slurm=job,
+                   sync=os.path.abspath(args.sync) if args.sync else None)
+    path = queued_path(run_id)
+    os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"run_id": run_id, "job": job, "script": script, "options": options}, f)
+    return run_id
+
+
+def queued(run_id: str) -> dict | None:
+    """The queued run ``run_id`` (not launched yet), or None."""
+    try:
+        with open(queued_path(os.path.basename(run_id))) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def mark_submitted(job: str, script: str) -> None:
+    """The run record in ``job`` keeps that rankdeck submitted it (``stop`` cancels it)."""
+    history = History()
+    for record in history.list():
+        if record.get("transport") == TRANSPORT_PREFIX + job:
+            record["slurm_submitted"] = {"job": job, "script": script}
+            history.save(record)
+
+
+async def follow(run_id: str, launch, wait: bool = False) -> dict | None:
+    """A queued run's state now: ``{"run_id", "state": "queued"|..., "slurm"}`` while its job
+    waits (``wait``: until it runs, saying each change on stderr) or ended before it ran;
+    None once it is launched now (``launch(args)``: `launch --slurm JOB` under ``run_id``) or
+    when it is no queued run."""
+    entry = queued(run_id)
+    if entry is None:
+        return None
+    options = entry["options"]
+    transport = make_transport(TRANSPORT_PREFIX + entry["job"])
+    try:
+        login = login_host(load_inventory(options["inventory"]))
+        if wait:
+            await wait_running(transport, login, entry["job"],
+                               lambda line: print("rankdeck: " + line, file=sys.stderr))
+        now = await job_now(transport, login, entry["job"])
+        if now["state"] != "RUNNING":
+            ended = now["state"] not in ("PENDING", "CONFIGURING", "UNKNOWN")
+            return {"run_id": entry["run_id"], "state": JOB_ENDS.get(now["state"], "stopped")
+                    if ended else "queued", "slurm": dict(now, pending=pending_line(now))}
+    finally:
+        await transport.close()
+    args = argparse.Namespace(**options)
+    args.run_id_given = entry["run_id"]
+    with contextlib.redirect_stdout(sys.stderr):  # (its run id: the caller prints its own)
+        await launch(args)
+    mark_submitted(entry["job"], entry["script"])
+    os.unlink(queued_path(entry["run_id"]))
+    return None
+
+
+async def stop(run_id: str) -> str | None:
+    """``stop`` of a queued run: its job cancelled, the run forgotten; None for no such run."""
+    entry = queued(run_id)
+    if entry is None:
+        return None
+    transport = make_transport(TRANSPORT_PREFIX + entry["job"])
+    try:
+        said = await cancel(transport, login_host(load_inventory(entry["options"]["inventory"])),
+                            entry["job"])
+    finally:
+        await transport.close()
+    os.unlink(queued_path(entry["run_id"]))
+    return said + "; run %s never started" % entry["run_id"]
