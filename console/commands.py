@@ -25,7 +25,7 @@ from .dryrun import render as render_dry_run
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, LaunchError, UsageError
 from .export import RunExport, check_format
 from .headless import HeadlessPrinter, SyncProgressLine, journal_ends, run_headless
-from .history import History, inventory_from_record, state_dir
+from .history import History, state_dir
 from .hosted_record import known_or_fetched
 from .judged import judged, settle
 from .launchers import TemplateError
