@@ -187,7 +187,11 @@ async def slurm_inventory(inv: Inventory, args) -> Inventory:
     transport = make_transport(slurm.TRANSPORT_PREFIX + job,
                                getattr(args, "accept_new_host_keys", False))
     try:
-        return await slurm.job_inventory(inv, job, transport)
+        run_inv = await slurm.job_inventory(inv, job, transport)
+        warning = await slurm.site_warning(transport, slurm.login_host(inv))
+        if warning:
+            print("rankdeck: warning: %s" % warning, file=sys.stderr)
+        return run_inv
     except HostUnreachable as exc:
         raise LaunchError("cannot reach the login host: %s" % exc, EXIT_UNREACHABLE) from None
     finally:

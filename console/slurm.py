@@ -162,6 +162,32 @@ async def job_inventory(inv: Inventory, job_id: str, transport) -> Inventory:
                      name=inv.name, sync=inv.sync, notify=inv.notify)
 
 
+CGROUP_WARNING = (
+    "this Slurm tracks a step's processes by cgroup (ProctrackType=proctrack/cgroup): the "
+    "run's supervisors live in the console's steps and end with them, so the run lives only "
+    "while this console is attached (no --detach, no requeue); docs/SLURM.md, "
+    "\"proctrack/cgroup sites\"")
+
+
+def proctrack_warning(config: str) -> str | None:
+    """The warning for a site whose ``scontrol show config`` says proctrack/cgroup, or None."""
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ProctrackType" and value.strip() == "proctrack/cgroup":
+            return CGROUP_WARNING
+    return None
+
+
+async def site_warning(transport, login: Host) -> str | None:
+    """What the site's Slurm settings change for a run (proctrack/cgroup), or None; None too
+    when scontrol could not say."""
+    try:
+        code, out, _err = await transport.on_login(login, ["scontrol", "show", "config"])
+    except Exception:  # noqa: BLE001 (a warning only: the launch says what fails)
+        return None
+    return proctrack_warning(out) if code == 0 else None
+
+
 def job_of(transport_kind: str) -> str | None:
     """The job id of a Slurm run's recorded transport (``slurm:1234``), else None."""
     if transport_kind.startswith(TRANSPORT_PREFIX):

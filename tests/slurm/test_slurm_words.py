@@ -168,3 +168,11 @@ def test_a_node_slurm_drains_or_lost_is_said_in_slurm_s_words():
     st = with_nodes({"nodes": [{"name": "node1"}, {"name": "node0"}]}, words)
     assert st["nodes"][0]["slurm"] == "draining (disk full)" and "slurm" not in st["nodes"][1]
     assert st["slurm"]["nodes"] == words
+
+
+def test_a_cgroup_site_is_warned_that_a_run_lives_only_while_attached():
+    from console.slurm import proctrack_warning
+
+    config = "Configuration data as of 2026-11-26T08:00:00\nProctrackType           = %s\n"
+    assert "only while this console is attached" in proctrack_warning(config % "proctrack/cgroup")
+    assert proctrack_warning(config % "proctrack/linuxproc") is None
