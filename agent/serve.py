@@ -16,6 +16,9 @@ What that does and does not promise: docs/SECURITY.md, "Read-only consoles".
 The stream loop sleeps until a subscribed node's folder changes (the supervisor appended to the
 journal, or replaced state.json: agent/watch.py), a new subscription, or the next telemetry
 sample; where inotify cannot be had it polls at agent/pace.py's rate.
+
+Over 450 lines: one op_<name> per request of docs/PROTOCOL.md, each a line or two that hands
+the work to its module; the table of requests reads best whole.
 """
 
 import os

@@ -4,6 +4,10 @@ A verb builds a RunController (a new run, or a recorded one from History), uses 
 ``async with`` (which closes every connection, never the run: the one owner of its
 lifetime), and shows the run in the TUI (console/tui) or headless (console/headless.py),
 then leaves it (``RunController.leave``).
+
+Over 450 lines (about 640): every verb's glue, each short. Due a split: the new-run verbs
+(launch, submit, demo, check) from the recorded-run verbs, with the helpers they share below
+both.
 """
 
 from __future__ import annotations
