@@ -25,9 +25,8 @@ attached is judged as an attached console judges it:
 * stragglers, continuously, from the nodes' periodic samples (agent/straggler.py).
 
 Times are the judge's own clock (when a record arrived), never a host's: nodes' clocks differ.
-Over 450 lines: the rules share one view of the run (``RunView``) and must read alike to
-the console's own (a rule here and its twin there are compared by the tests); split, the view
-would travel between modules. Standard library only; Python >= 3.9.
+Over 450 lines: the rules share one view of the run (``RunView``) and its node and rank
+views; split, that view would travel between modules. Standard library only; Python >= 3.9.
 """
 
 import signal
