@@ -264,7 +264,10 @@ def kill_run(root, marker, grace=10.0, first=None, on_wait=None, leave_first=Fal
                 report["exiting"] = {"pid": first, "starttime": now[first].starttime,
                                      "deadline": deadline}
                 return report
-        if not now:
+        # gone: none carries the marker, and none of the first snapshot is still exiting (a
+        # process past releasing its memory shows no environment, hence no marker, for a
+        # while before it is a zombie; seen on a loaded host)
+        if not now and not any(alive(p, info.starttime) for p, info in snapshot.items()):
             report["gone_s"] = round(time.monotonic() - began, 3)
             return report
         # torchrun may be gone while a worker blocked in a collective ignores it: after a
