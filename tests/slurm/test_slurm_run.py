@@ -3,6 +3,7 @@ trainer under real torchrun, the agent sent to the nodes through srun (they have
 console a CLI on the laptop reaching the login host over SSH as a user's does."""
 
 import collections
+import csv
 import json
 import os
 import re
@@ -87,7 +88,7 @@ def run_left_on_nodes(slurm: SlurmCluster) -> dict:
 
 
 def test_launch_in_a_held_allocation_trains_every_line_once_and_stop_leaves_nothing(
-        slurm, login, project, host_workdir):
+        slurm, login, project, host_workdir, tmp_path):
     job = slurm.hold()
     try:
         run_id = launch(login, job, project, steps=20)
@@ -111,6 +112,19 @@ def test_launch_in_a_held_allocation_trains_every_line_once_and_stop_leaves_noth
                     written.update((node, line) for line in f.read().splitlines())
         assert written and sum(written.values()) >= 4 * 20
         assert {k: shown[k] for k in written} == dict(written)
+        # the other verbs of a recorded run work on a Slurm run (through the login host)
+        attach = rankdeck("attach", "--no-tui", run_id)
+        assert "succeeded" in attach.stdout + attach.stderr, attach.stdout[-2000:]
+        out = tmp_path / "out"
+        exported = rankdeck("export", run_id, "--format", "csv", "--out", str(out))
+        (ranks_csv,) = [p for p in exported.stdout.split() if p.endswith("-ranks.csv")]
+        with open(ranks_csv, newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert {row["rank"] for row in rows} == {"0", "1", "2", "3"}, rows[:5]
+        assert len(rows) >= 4 * 10, len(rows)  # a row per rank per logged step
+        report = rankdeck("report", run_id, "--out", str(out))
+        (page,) = [p for p in report.stdout.split() if p.endswith(".md")]
+        assert run_id in open(page).read()
         stop = rankdeck("stop", run_id)
         assert "Slurm job %s: no step of rankdeck left" % job in stop.stdout
         wait_for_sync(lambda: not run_left_on_nodes(slurm) and not slurm.steps(job), 60,
@@ -128,6 +142,13 @@ def test_scancel_from_outside_ends_the_run_cancelled_with_the_reason_and_nothing
         run_id = launch(login, job, project, steps=5000)
         wait_for_sync(lambda: stepping(status(run_id)) == 4, TIMEOUT,
                       lambda: "every rank stepping: %s" % status(run_id))
+        # a live Slurm run's stacks and verdict, through the login host's srun
+        stacks = rankdeck("stacks", run_id)
+        heads = re.findall(r"^\[(node\d) r(\d+)\] pid \d+", stacks.stdout, re.M)
+        assert sorted({n for n, _r in heads}) == slurm.nodes and \
+            sorted(int(r) for _n, r in heads) == [0, 1, 2, 3], stacks.stdout[-2000:]
+        verdict = json.loads(rankdeck("why", run_id, "--json").stdout)
+        assert verdict["kind"] not in ("unreachable", "stuck-in-python", "mismatch"), verdict
         slurm.cmd(["scancel", job])  # an administrator, or the user from another shell
         # each node's supervisor sees its job end and ends what left the job's steps
         wait_for_sync(lambda: not run_left_on_nodes(slurm), 90,
