@@ -422,10 +422,14 @@ class RunController:
             self._tasks.append(asyncio.ensure_future(self._follow_job(job)))
 
     async def _follow_job(self, job: str) -> None:
-        """A Slurm run's job now (state, time left) in ``state.slurm``, for the header."""
+        """A Slurm run's job now (state, time left) in ``state.slurm``, for the header, and
+        the nodes Slurm has drained, down or failing (``nodes``), for the nodes table."""
         while True:
-            now = await slurm.job_now(self.transport, self.inventory.hosts[0], job)
-            self.state.slurm = dict(now, at=time.time())
+            login = self.inventory.hosts[0]
+            now = await slurm.job_now(self.transport, login, job)
+            words = await slurm.nodes_now(self.transport, login,
+                                          [h.name for h in self.inventory.hosts])
+            self.state.set_slurm(dict(now, at=time.time(), nodes=words))
             await asyncio.sleep(JOB_EVERY_S)
 
     # -- the run's judge (agent/judge.py, console/judged.py) ---------------------------------

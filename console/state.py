@@ -234,6 +234,16 @@ class RunState:
         ns.state = role if role != "active" else "starting"
         self.changed(node)
 
+    def set_slurm(self, now: dict) -> None:
+        """A Slurm run's job now (``slurm``); a node whose Slurm state (``nodes``: drained,
+        down, failing) is new or gone is changed, so the views redraw its row."""
+        before = (self.slurm or {}).get("nodes") or {}
+        self.slurm = now
+        words = now.get("nodes") or {}
+        for name in sorted(set(before) | set(words)):
+            if before.get(name) != words.get(name) and name in self.nodes:
+                self.changed(name)
+
     def changed(self, node: str) -> None:
         ns = self.nodes.get(node)
         if ns is not None and ns.role != "active":

@@ -13,6 +13,10 @@ from __future__ import annotations
 from .cells import width_of
 
 GAP = "  "
+# a node state Slurm has not up and well, as short as sinfo's own compact states (%t)
+SLURM_SHORT = {"draining": "drain", "drained": "drain", "down": "down", "failing": "fail",
+               "fail": "fail", "not_responding": "down*", "maint": "maint",
+               "reboot_requested": "reboot", "unknown": "unk"}
 
 
 def short_form(text: str, row: dict) -> str:
@@ -26,6 +30,9 @@ def short_form(text: str, row: dict) -> str:
         if text.startswith(label + " "):
             values = [v for v in (row.get(rx), row.get(tx)) if v is not None]
             return "%s %sG" % (label, _gbit(max(values))) if values else text
+    if text.startswith("slurm "):  # "slurm draining (disk full)" -> sinfo's own "drain"
+        state = text[len("slurm "):].split(" (", 1)[0].split(",", 1)[0]
+        return SLURM_SHORT.get(state, state[:6])
     if text.endswith(" tok/s"):
         return text[:-len(" tok/s")] + " t/s"
     if ": " in text:  # "throttled: hw_slowdown,power" -> "throttled"

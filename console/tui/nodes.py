@@ -94,6 +94,11 @@ class NodesTable(RowsView):
                 for ns in state.nodes.values() if ns.gpu or ns.host}
         self._rows = rows
         self._cells = {name: row_cells(row) for name, row in rows.items()}
+        # a node Slurm has drained, down or failing, in Slurm's words: bad news, kept first
+        for name, said in ((state.slurm or {}).get("nodes") or {}).items():
+            if name in state.nodes:
+                self._cells[name] = [("slurm " + said, ("alert",))] + list(
+                    self._cells.get(name, ()))
         self._far = far_nodes(rows)
         keys, heights = [], []
         for ns, ranks in ordered(list(state.nodes.values()), by_node, self.order, rows):

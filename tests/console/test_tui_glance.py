@@ -190,3 +190,35 @@ async def test_a_steps_line_is_written_again_from_where_it_changed_not_the_whole
         assert drawn() == log.shown and len(drawn()) == 7
         assert "ckpt 10 … 3 nodes" in drawn()[5] and "pid 9" in drawn()[6]
         assert all(a is b for a, b in zip(first, log.lines[:5]))  # not drawn again
+
+
+async def test_a_node_slurm_drains_says_so_first_in_its_row_at_120x35(tmp_path):
+    """A Slurm run's node that Slurm has drained (console/run.py follows sinfo): its row in
+    the nodes table says so in Slurm's short word before its telemetry (the full words,
+    with the reason, are in `status`)."""
+    import time
+
+    from tests.console.scripted import host_names, standard_script
+    from tests.console.settle import screen_text, settled
+    from tests.console.test_tui import build, running
+    from tests.waits import wait_until
+
+    script = standard_script(host_names(4), t0=time.time())
+    app, ctl, _t = build(tmp_path, script)
+    async with app.run_test(size=(120, 35)) as pilot:
+        await running(pilot, app)
+        await settled(pilot)
+        assert "drain" not in screen_text(app)
+        ctl.state.set_slurm({"job": "7", "state": "RUNNING", "reason": "", "time_left_s": 600,
+                             "at": time.time(), "nodes": {"node2": "draining (disk full)"}})
+        # at 120x35 the detail column has 7 cells: Slurm's own short word, before telemetry
+        rows = lambda: [line for line in screen_text(app).splitlines()  # noqa: E731
+                        if "node2" in line and "drain" in line]
+        await wait_until(pilot, rows, what=lambda: screen_text(app))
+        assert not [line for line in screen_text(app).splitlines()
+                    if "node1" in line and "drain" in line]
+        await pilot.resize_terminal(240, 40)  # room for telemetry too: Slurm's word first
+        await wait_until(pilot, lambda: [line for line in rows() if "gpu" in line],
+                         what=lambda: screen_text(app))
+        (row,) = rows()
+        assert row.index("drain") < row.index("gpu"), row
