@@ -183,18 +183,19 @@ class JudgeLink:
         logged before its SIGTERM, a fence too: the supervisor may be gone before a later write)."""
         started = time.time()
         node = os.path.basename(self.node_dir.rstrip(os.sep))
-        if op in ("stop", "fence"):
+
+        def log(result):
             actions.record(self.node_dir, actions.entry(actions.CHANGES[op], node, JUDGE,
-                                                        started, "ok", detail))
+                                                        started, result, detail))
+        if op in ("stop", "fence"):
+            log("ok")
             return do()
         try:
             data = do()
         except Exception as exc:
-            actions.record(self.node_dir, actions.entry(actions.CHANGES[op], node, JUDGE,
-                                                        started, "error: %s" % exc, detail))
+            log("error: %s" % exc)
             raise
-        actions.record(self.node_dir, actions.entry(actions.CHANGES[op], node, JUDGE, started,
-                                                    "ok", detail))
+        log("ok")
         return data
 
     def _restart(self, master_port=None):

@@ -329,8 +329,7 @@ def record_of(args):
     ``missing`` when no node of that run here has one (a run from an older rankdeck, or a
     run folder of another login)."""
     run_id = args.get("run_id")
-    if not isinstance(run_id, str) or not run_id or run_id in (".", "..") or \
-            not all(c.isalnum() or c in "._-" for c in run_id) or len(run_id) > 128:
+    if not protocol.run_id_ok(run_id):
         raise RequestError("not a run id: %r" % (str(run_id)[:40],), "usage")
     root = os.path.join(host_path(args["runs_dir"]), run_id)
     try:

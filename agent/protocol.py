@@ -76,6 +76,14 @@ class ProtocolError(Exception):
     """A line that is not a protocol message; usually means the other side is not an agent."""
 
 
+def run_id_ok(run_id):
+    """Whether ``run_id`` is a run id both sides accept: 1 to 128 ASCII letters, digits, '.',
+    '_' and '-', not '.' or '..' (it names a folder on the hosts and a file on the laptop)."""
+    return isinstance(run_id, str) and 0 < len(run_id) <= 128 and \
+        run_id not in (".", "..") and all(c.isascii() and (c.isalnum() or c in "._-")
+                                          for c in run_id)
+
+
 def encode(msg):
     """One message as one ASCII line (bytes, newline included)."""
     return (json.dumps(msg, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 
+from agent.protocol import run_id_ok
 from inventory.model import EnvValue, Host, Inventory
 from .errors import UnknownRun
 
@@ -95,11 +96,10 @@ class History:
         except OSError as err:
             raise BadRecord("%s: cannot read the run record: %s" % (path, err.strerror or err)
                             ) from None
-        if not isinstance(record, dict) or not isinstance(record.get("run_id"), str) or \
-                not isinstance(record.get("hosts"), list):
-            raise BadRecord("%s: not a whole run record (no run_id or hosts); remove it (the "
-                            "run on the hosts is not affected)" % path)
-        wrong = record_problem(record)
+        wrong = whole_record_problem(record)
+        if wrong == NOT_WHOLE:
+            raise BadRecord("%s: not a whole run record (%s); remove it (the run on the hosts "
+                            "is not affected)" % (path, NOT_WHOLE))
         if wrong:
             raise BadRecord("%s: not a run record this rankdeck reads: %s; remove it (the run "
                             "on the hosts is not affected)" % (path, wrong))
@@ -167,13 +167,25 @@ SPEC_FIELDS = {
 }
 
 
+NOT_WHOLE = "no run_id or hosts"
+
+
+def whole_record_problem(record) -> str | None:
+    """:func:`record_problem` for any JSON value (a file's, a host's answer): ``NOT_WHOLE``
+    when it is not an object with a text ``run_id`` and a list of ``hosts``."""
+    if not isinstance(record, dict) or not isinstance(record.get("run_id"), str) or \
+            not isinstance(record.get("hosts"), list):
+        return NOT_WHOLE
+    return record_problem(record)
+
+
 def record_problem(record: dict) -> str | None:
     """What is wrong with a run record's shape, in words, or None (the fields the verbs read;
     keys this version does not know are left alone, except in the spec, which is rebuilt)."""
     problem = _fields_problem(record, RECORD_FIELDS, "")
     if problem:
         return problem
-    if not _run_id_ok(record["run_id"]):
+    if not run_id_ok(record["run_id"]):
         return "run_id %r is not a run id (letters, digits, '.', '_' and '-')" % (
             record["run_id"][:40],)
     for i, host in enumerate(record["hosts"]):
@@ -217,11 +229,6 @@ def _kind(types: tuple) -> str:
     first = types[0]
     return {str: "text", int: "a whole number", list: "a list", dict: "an object",
             bool: "true or false"}.get(first, "a number")
-
-
-def _run_id_ok(run_id: str) -> bool:
-    return 0 < len(run_id) <= 128 and run_id not in (".", "..") and all(
-        c.isascii() and (c.isalnum() or c in "._-") for c in run_id)
 
 
 def host_record(host: Host) -> dict:

@@ -19,7 +19,7 @@ import os
 
 from inventory.loader import load_inventory
 from .errors import UnknownRun
-from .history import History, record_problem
+from .history import History, whole_record_problem
 from .run import RunController
 from .transport import make_transport
 
@@ -62,9 +62,7 @@ async def fetch_record(run_id: str, inventory_path: str, accept_new_host_keys: b
                 answers[h.name] = str(exc)[:200]
                 continue
             record = got.get("record") if isinstance(got, dict) else None
-            problem = "not an object" if not isinstance(record, dict) else \
-                record_problem(record) if isinstance(record.get("hosts"), list) and \
-                isinstance(record.get("run_id"), str) else "no run_id or hosts"
+            problem = whole_record_problem(record)
             if problem is None and record["run_id"] != run_id:
                 problem = "it is the record of run %r" % record["run_id"][:40]
             if problem:

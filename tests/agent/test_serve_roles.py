@@ -180,7 +180,7 @@ def test_a_watcher_reads_the_record_a_launch_left_and_nothing_else(tmp_path):
     assert ask(server, out, "hello", role="watch", who="bob@laptop")["ok"]
     got = ask(server, out, "record", runs_dir=str(runs), run_id="20261126-000000-abc")
     assert got["ok"] and got["data"] == {"record": record, "node": "node1"}
-    for bad in ("..", "../runs", "a/b", "", None):
+    for bad in ("..", "../runs", "a/b", "", None, "r\u00fcn", "x" * 129):
         res = ask(server, out, "record", runs_dir=str(runs), run_id=bad)
         assert not res["ok"] and res["kind"] == "usage", (bad, res)
     res = ask(server, out, "record", runs_dir=str(runs), run_id="20261126-000000-zzz")
