@@ -427,11 +427,9 @@ async def cmd_status(args) -> int:
         status = ctl.status()
         job = slurm.job_of(ctl.record.get("transport", ""))
         if job:  # the job now: its state, time left; a run it outlived ended with it
-            login = ctl.inventory.hosts[0]
-            status = slurm.with_job(status, await slurm.job_now(ctl.transport, login, job),
-                                    getattr(ctl.spec, "requeue", False))
-            status = slurm.with_nodes(status, await slurm.nodes_now(
-                ctl.transport, login, [h.name for h in ctl.inventory.hosts]))
+            now, words = await slurm.job_and_nodes(ctl.transport, ctl.inventory.hosts, job)
+            status = slurm.with_nodes(slurm.with_job(status, now, getattr(ctl.spec, "requeue",
+                                                                          False)), words)
         if not failed:
             ctl.save_status()
     ended = (status.get("slurm") or {}).get("ended")

@@ -425,10 +425,7 @@ class RunController:
         """A Slurm run's job now (state, time left) in ``state.slurm``, for the header, and
         the nodes Slurm has drained, down or failing (``nodes``), for the nodes table."""
         while True:
-            login = self.inventory.hosts[0]
-            now = await slurm.job_now(self.transport, login, job)
-            words = await slurm.nodes_now(self.transport, login,
-                                          [h.name for h in self.inventory.hosts])
+            now, words = await slurm.job_and_nodes(self.transport, self.inventory.hosts, job)
             self.state.set_slurm(dict(now, at=time.time(), nodes=words))
             await asyncio.sleep(JOB_EVERY_S)
 

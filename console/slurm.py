@@ -274,6 +274,14 @@ async def nodes_now(transport, login: Host, names: list[str]) -> dict:
     return node_words(out, names) if code == 0 else {}
 
 
+async def job_and_nodes(transport, hosts: list[Host], job: str) -> tuple[dict, dict]:
+    """The job now (:func:`job_now`) and the run's nodes Slurm has not up and well
+    (:func:`nodes_now`), both asked on the login host, the first of ``hosts``."""
+    login = hosts[0]
+    return (await job_now(transport, login, job),
+            await nodes_now(transport, login, [h.name for h in hosts]))
+
+
 def with_nodes(status: dict, words: dict) -> dict:
     """``status`` with each node Slurm has drained, down or failing said so in Slurm's words
     (``slurm.nodes`` and the node's own ``slurm``)."""
