@@ -25,7 +25,7 @@ import time
 
 from . import actions, judge_wire, static_world
 from .journal import JournalReader
-from .node import FENCE, STOP_END, refuse_if_fenced
+from .node import STOP_END, fenced_end, mark_fenced, refuse_if_fenced
 from .runfiles import read_json, write_json_atomic
 
 FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples: stragglers
@@ -217,13 +217,10 @@ class JudgeLink:
         """The judge's cordon (--auto-cordon): fenced first, as `fence` from a console does
         (agent/node.py), then stopped; the stop's kill report (``left``: what survived it)
         reaches the judge in the node's last state."""
-        write_json_atomic(os.path.join(self.node_dir, FENCE),
-                          {"who": str(args.get("who") or "the judge")[:200],
-                           "why": str(args.get("why") or "cordoned by the judge")[:300],
-                           "at": time.time()})
-        grace = args.get("grace")  # 0: a node judged hung is killed at once
-        return self._stop({"state": "stopped", "grace": grace, "cause": {"message": str(
-            args.get("why") or "cordoned by the judge")[:500]}})
+        why = str(args.get("why") or "cordoned by the judge")
+        mark_fenced(self.node_dir, {"who": str(args.get("who") or "the judge")[:200],
+                                    "why": why[:300]})
+        return self._stop(fenced_end(why, args.get("grace"), 500))
 
     def _stop(self, end):
         if isinstance(end, dict):

@@ -164,21 +164,33 @@ def fence(args):
     and SIGKILL (default: the run's --grace; 0 for a node judged hung, which cannot save)."""
     ndir = node_dir(args)
     os.makedirs(ndir, 0o700, exist_ok=True)
-    write_json_atomic(os.path.join(ndir, FENCE), dict(args.get("fence") or {}, at=time.time()))
+    mark_fenced(ndir, args.get("fence") or {})
     drop_standby(ndir)
     before = node_state(ndir)
     if before is None:  # a spare that never ran: fenced, nothing to stop
         return {"state": "missing", "left": [], "fenced": True, "gpu": "nothing ran"}
-    why = (args.get("fence") or {}).get("why")
-    # ends "stopped" with why; ``grace`` 0 (a node judged hung): SIGKILL at once
-    done = stop(dict(args, end={"state": "stopped", "grace": args.get("grace"), "cause": {
-        "message": str(why)[:300]} if why else None}))
+    done = stop(dict(args, end=fenced_end((args.get("fence") or {}).get("why"),
+                                          args.get("grace"), 300)))
     kill = done.get("kill") if isinstance(done.get("kill"), dict) else {}
     # the supervisor's stop checks the GPU (agent/supervisor.py gpu_after_kill); one that had
     # ended before left its own end's report, which says nothing of now
     gpu = gpu_words(kill.get("gpu")) if before["alive"] else "not checked (its supervisor " \
         "had ended before the fence)"
     return dict(done, fenced=True, gpu=gpu)
+
+
+def mark_fenced(ndir, fence):
+    """The node fenced (``fence``: who, why): from now on no start or restart (a console's,
+    the judge's) runs it (:func:`refuse_if_fenced`)."""
+    write_json_atomic(os.path.join(ndir, FENCE), dict(fence, at=time.time()))
+
+
+def fenced_end(why, grace, limit):
+    """How a fenced node's stop ends it (read by its supervisor, STOP_END): ``stopped`` with
+    ``why`` (cut to ``limit``) as its cause; ``grace`` 0 (a node judged hung, which cannot
+    save): SIGKILL at once."""
+    return {"state": "stopped", "grace": grace,
+            "cause": {"message": str(why)[:limit]} if why else None}
 
 
 def gpu_words(gpu):
