@@ -418,8 +418,11 @@ class Supervisor:
         if kind == "wait":  # as a restart kills: the run's rendezvous stays open for later
             report = self.kill(grace, leave_torchrun=True)
             self.reap_torchrun()
+            # gone, or left exiting (watch_exiting reaps it): no longer the run's torchrun,
+            # whose exit a later turn would take for the run's failure
+            self.torchrun = None
             self.recorder.event("killed", report=report)
-            self.save(state="restarting", cause={"message": why})
+            self.save(state="restarting", cause={"message": why}, torchrun_pid=None)
         else:
             self.state["restarts"] += 1
             self.spec["argv"] = self.slurm_job.rejoin_argv(self.spec["argv"])
