@@ -246,9 +246,10 @@ async def cmd_submit(args) -> int:
             now = await slurm.job_now(transport, login, job)
             if now["state"] != "RUNNING":  # the run id now; the launch at its next status
                 run_id = slurm_queued.keep(args, job, script, path)
-                say("%s; the job holds its nodes idle until `rankdeck status %s` (or attach, "
-                    "which waits for it) launches the run in it" % (slurm_submit.pending_line(now),
-                                                                   run_id))
+                pid = slurm_queued.start_follower(run_id)
+                say("%s; a follower on this machine (pid %d) launches the run when it runs; "
+                    "should it be gone, `rankdeck status %s` (or attach) does"
+                    % (slurm_submit.pending_line(now), pid, run_id))
                 print(run_id)
                 launched = True
                 return EXIT_OK

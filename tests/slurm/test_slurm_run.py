@@ -173,8 +173,23 @@ def test_scancel_from_outside_ends_the_run_cancelled_with_the_reason_and_nothing
         slurm.cmd(["scancel", job], check=False)
 
 
-def test_submit_detach_returns_while_pending_and_the_next_status_launches_once_it_runs(
+def followers_of(run_id: str) -> list[int]:
+    """Pids of the queued run's follower (console/slurm_follower.py) still running."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"console.slurm_follower" in argv and run_id.encode() in argv:
+            found.append(int(pid))
+    return found
+
+
+def test_submit_detach_returns_while_pending_and_its_follower_launches_once_it_runs(
         slurm, login, project):
+    from console.slurm_queued import queued_path
     blocker = slurm.hold(exclusive=True)  # another job holds every node
     job = None
     try:
@@ -184,19 +199,29 @@ def test_submit_detach_returns_while_pending_and_the_next_status_launches_once_i
         job = re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
         run_id = res.stdout.split()[-1]
         assert "Slurm job %s PENDING: waiting for free nodes (Resources)" % job in res.stderr
+        assert "a follower on this machine" in res.stderr and followers_of(run_id), res.stderr
         queued = status(run_id)  # still waiting: said in Slurm's words
         assert queued["state"] == "queued" and queued["slurm"]["reason"] == "Resources", queued
-        slurm.cmd(["scancel", blocker])  # the nodes free up: the next status launches the run
+        # the nodes free up: the follower launches the run, nobody asking (no status: that
+        # would launch it too); then it ends
+        slurm.cmd(["scancel", blocker])
+        log = queued_path(run_id)[:-len(".json")] + ".log"
+        wait_for_sync(lambda: not os.path.exists(queued_path(run_id))
+                      and not followers_of(run_id), TIMEOUT,
+                      lambda: "the follower's launch: %s" % open(log).read()[-2000:])
         final = wait_for_sync(lambda: status(run_id).get("state") in ("succeeded", "failed")
                               and status(run_id), TIMEOUT, lambda: "the run's end: %s"
                               % status(run_id))
         assert final["state"] == "succeeded" and final["slurm"]["job"] == job, final
+        assert "launched" in open(log).read()
         stop = rankdeck("stop", run_id)
         assert "Slurm job %s cancelled (rankdeck submitted it)" % job in stop.stdout
         wait_for_sync(lambda: slurm.job_state(job) in ("", "CANCELLED"), 60,
                       lambda: "job %s over: %s" % (job, slurm.job_state(job)))
     finally:
         slurm.cmd(["scancel", blocker] + ([job] if job else []), check=False)
+        for pid in followers_of(run_id) if job else ():  # (a failed test's: started by it)
+            os.kill(pid, 9)
 
 
 def steps_of(st: dict) -> dict:
