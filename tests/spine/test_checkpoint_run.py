@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from console.cli import build_parser
-from console.commands import cmd_report
+from console.recorded_verbs import cmd_report
 from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport

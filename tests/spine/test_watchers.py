@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from agent.serve import OPS_LOG
-from console.commands import recorded_run
+from console.recorded_verbs import recorded_run
 from console.errors import AgentError
 from textual.binding import BindingsMap
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from console import cli, commands
+from console import cli, launch_options, launch_verbs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -76,7 +76,7 @@ def test_script_arguments_that_are_meant_for_the_script_pass(argv, handed):
     parser = cli.build_parser()
     args = parser.parse_args(argv)
     assert cli.own_option_after_script(parser, argv, args) is None
-    assert commands.script_args(args.args) == handed
+    assert launch_options.script_args(args.args) == handed
 
 
 def test_no_command_prints_help_and_exits_2():
@@ -139,7 +139,7 @@ def test_nnodes_that_fits_is_taken(nnodes, monkeypatch):
     async def start_run(inv, spec, args, inventory_path):
         started.append(spec)
         return 0
-    monkeypatch.setattr(commands, "start_run", start_run)
+    monkeypatch.setattr(launch_verbs, "start_run", start_run)
     inv = os.path.join(REPO, "inventory", "local.yaml")  # 4 hosts
     assert cli.main(["launch", "--no-tui", "-i", inv, "--nnodes", nnodes, "t.py"]) == 0
     assert [spec.nnodes for spec in started] == [nnodes]

@@ -1,6 +1,7 @@
 """The import layers hold: import-linter's contracts in pyproject.toml ([tool.importlinter]).
 
-console/ only imports downwards (cli -> commands -> tui | headless -> run -> preflight ->
+console/ only imports downwards (cli -> commands -> recorded_verbs -> launch_verbs ->
+verb_output | launch_options -> tui | headless -> run -> preflight ->
 link | scrollback | summary -> state | transport | history | stacks -> ... -> errors) and
 only tui/ imports Textual or Rich; the agent imports no console, inventory, trainer or
 third-party UI/SSH/YAML package, and its own modules only import downwards too (serve |

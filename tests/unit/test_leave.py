@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from console.commands import follow
+from console.verb_output import follow
 from console.errors import LaunchError
 from console.history import History
 from console.run import RunController

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from console import commands
+from console import launch_verbs, recorded_verbs
 from console.history import History
 from console.run import LaunchSpec
+from inventory.loader import load_inventory
 
 from tests.console.scripted import RunScript, event
 
@@ -47,11 +48,11 @@ def args(**kw) -> argparse.Namespace:
 async def launch(tmp_path, monkeypatch, transport, env=None, extra="") -> None:
     monkeypatch.setenv("RD_TOKEN", TOKEN)
     monkeypatch.setenv("RD_WHOLE", WHOLE)
-    monkeypatch.setattr(commands, "make_transport", lambda *_a: transport)
+    monkeypatch.setattr(launch_verbs, "make_transport", lambda *_a: transport)
     path = write_inventory(tmp_path, extra)
-    inv = commands.load_inventory(path)
+    inv = load_inventory(path)
     spec = LaunchSpec(script="train.py", env=dict(env or {}))
-    assert await commands.start_run(inv, spec, args(), path) == 0
+    assert await launch_verbs.start_run(inv, spec, args(), path) == 0
 
 
 async def test_an_env_secret_and_a_filled_variable_are_masked_from_the_first_line(
@@ -89,10 +90,10 @@ async def test_logs_masks_a_secret_split_by_a_colour_code(tmp_path, monkeypatch,
     await launch(tmp_path, monkeypatch, scripted_run([line]))
     assert "key=**** end" in capsys.readouterr().out
     t2 = scripted_run([line])
-    monkeypatch.setattr(commands, "make_transport", lambda *_a: t2)
+    monkeypatch.setattr(recorded_verbs, "make_transport", lambda *_a: t2)
     (run_id,) = [r["run_id"] for r in History().list()]
-    code = await commands.cmd_logs(argparse.Namespace(run_id=run_id, node=None, rank=None,
-                                                      follow=False, by_node=False))
+    code = await recorded_verbs.cmd_logs(argparse.Namespace(run_id=run_id, node=None, rank=None,
+                                                            follow=False, by_node=False))
     out = capsys.readouterr().out
     assert code == 0 and "key=**** end" in out, out
     assert WHOLE[6:] not in out

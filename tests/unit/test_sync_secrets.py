@@ -9,7 +9,7 @@ with their owner-only mode kept.
 import asyncio
 import os
 
-from console import cli, commands
+from console import cli, launch_verbs
 from console.sync import build_manifest
 from tests.unit.test_sync_manifest import git, paths, write
 from tests.unit.test_sync_manifest import plain_git  # noqa: F401 - autouse: no global git config
@@ -76,12 +76,12 @@ def test_launch_takes_repeated_sync_include(tmp_path, monkeypatch):
         seen.append(spec)
         return 0
 
-    monkeypatch.setattr(commands, "start_run", start_run)
+    monkeypatch.setattr(launch_verbs, "start_run", start_run)
     args = cli.build_parser().parse_args(
         ["launch", "-i", str(inv), "--sync", str(tmp_path / "code"), "--sync-include", ".env",
          "--sync-include", "*.pem", "t.py"])
-    assert asyncio.run(commands.cmd_launch(args)) == 0
+    assert asyncio.run(launch_verbs.cmd_launch(args)) == 0
     assert seen[0].sync_include == [".env", "*.pem"]
     args = cli.build_parser().parse_args(["launch", "-i", str(inv), "t.py"])
-    asyncio.run(commands.cmd_launch(args))
+    asyncio.run(launch_verbs.cmd_launch(args))
     assert seen[1].sync_include == []

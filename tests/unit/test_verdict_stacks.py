@@ -56,7 +56,7 @@ def test_the_rank_outside_any_collective_is_named_from_the_stacks_and_it_says_so
     assert v["summary"].startswith(NOTE + "; rank(s) 0-1,3 wait in a collective"), v["summary"]
     assert v["evidence"]["flight_recorder"] == NOTE
     assert v["evidence"]["waiting_ranks"] == [0, 1, 3]
-    # `why` prints verdict_lines then evidence_lines (console/commands.py cmd_why)
+    # `why` prints verdict_lines then evidence_lines (console/recorded_verbs.py cmd_why)
     assert verdict_lines(v)[0] == "stuck-in-python: " + v["summary"]
     assert evidence_lines(v)[:2] == [
         NOTE, "rank(s) 0-1,3 wait in a collective, at "
