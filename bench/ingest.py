@@ -6,6 +6,11 @@ then the same writers read by `tail -q -F` through a pipe (the baseline), and pr
 delivered lines/s, p50/p99 latency from write to arrival, and CPU seconds per million lines
 (agent side: supervisors + serves; console side: this process; baseline: tail + reader).
 
+CPU per line is given twice: over the whole run (start-up and end included: at 10 s the
+agent's 8 processes starting are a large share of it) and in the steady state, from
+``WARM_UP`` seconds after the first line to ``COOL_DOWN`` seconds before the writers stop
+(what a run of hours spends a line; both sides sampled the same way, every 0.25 s).
+
     .venv/bin/python bench/ingest.py [--seconds 10] [--rates 10000,50000,100000,200000]
 
 Never a test: timings on a shared 2-core machine are noisy. Results go in docs/BENCHMARKS.md.
@@ -37,6 +42,7 @@ WRITER = os.path.join(REPO, "bench", "writer.py")
 NODES, NPROC = 4, 2
 T_RE = re.compile(rb"t=(\d+\.\d+)")
 CLK = os.sysconf("SC_CLK_TCK")
+WARM_UP, COOL_DOWN = 2.0, 1.0  # seconds of a run left out of its steady state
 
 
 def cpu_of(pid: int) -> float:
@@ -119,7 +125,20 @@ async def run_rankdeck(rate: int, seconds: float, work: str) -> dict:
         kinds[kind] = kinds.get(kind, 0.0) + cpu
     return {"lines": meter.lines, "rate": meter.rate(), "p50": meter.pct(0.5),
             "p99": meter.pct(0.99), "agent_cpu": agent_cpu, "console_cpu": console_cpu,
-            "kinds": kinds, "startup": sampler.at_first or 0.0}
+            "kinds": kinds, "startup": sampler.at_first or 0.0,
+            "steady": steady(sampler.marks, meter.first, seconds)}
+
+
+def steady(marks, first, seconds):
+    """(lines, agent CPU, console CPU) between the samples from WARM_UP s after the first
+    line to COOL_DOWN s before the writers stop; None when the run was too short for it."""
+    if first is None:
+        return None
+    inside = [m for m in marks if first + WARM_UP <= m[0] <= first + seconds - COOL_DOWN]
+    if len(inside) < 2:
+        return None
+    a, b = inside[0], inside[-1]
+    return b[1] - a[1], b[2] - a[2], b[3] - a[3]
 
 
 class Sampler(threading.Thread):
@@ -135,6 +154,7 @@ class Sampler(threading.Thread):
         self.watched = {}  # pid -> last cpu seen
         self.kinds = {pid: "serve" for pid in serves}
         self.cpu = 0.0
+        self.marks = []  # (time, lines, agent cpu, console cpu) at every sample
         self.done = threading.Event()
 
     def run(self):
@@ -148,9 +168,12 @@ class Sampler(threading.Thread):
                 c = cpu_of(pid)
                 if c:
                     self.watched[pid] = c
+            agent = sum(c for pid, c in self.watched.items() if self.kinds.get(pid) != "launcher")
             if self.at_first is None and self.meter.first is not None:
-                self.at_first = sum(c for pid, c in self.watched.items()
-                                    if self.kinds.get(pid) != "launcher")
+                self.at_first = agent
+            # the console's CPU so far, this thread's own left out
+            self.marks.append((time.time(), self.meter.lines, agent,
+                               own_cpu() - time.thread_time()))
             self.done.wait(0.25)
         for pid, kind in self.kinds.items():
             if kind == "serve":
@@ -200,6 +223,16 @@ def run_baseline(rate: int, seconds: float, work: str) -> dict:
             meter.feed(data, time.time())
     t = threading.Thread(target=reader, daemon=True)
     t.start()
+    marks, done, sampled = [], threading.Event(), []
+
+    def sample():  # as the rankdeck side's Sampler: tail's CPU and this process's, every 0.25 s
+        while not done.is_set():
+            marks.append((time.time(), meter.lines, cpu_of(tail.pid),
+                          own_cpu() - time.thread_time()))
+            done.wait(0.25)
+        sampled.append(time.thread_time())
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     writers = [subprocess.Popen([sys.executable, WRITER, str(NPROC), str(per_rank),
                                  str(seconds)],
                                 env=dict(os.environ, RANKDECK_LOG_DIR=os.path.join(
@@ -209,12 +242,17 @@ def run_baseline(rate: int, seconds: float, work: str) -> dict:
     for w in writers:
         w.wait()
     time.sleep(1.0)
+    done.set()
+    sampler.join()
     tail_cpu = cpu_of(tail.pid)
     tail.terminate()
     tail.wait()
     t.join(2)
+    # the sampler's reads of /proc are the bench's (as on the rankdeck side)
+    reader_cpu = own_cpu() - cpu0 - sampled[0]
     return {"lines": meter.lines, "rate": meter.rate(), "p50": meter.pct(0.5),
-            "p99": meter.pct(0.99), "agent_cpu": tail_cpu, "console_cpu": own_cpu() - cpu0}
+            "p99": meter.pct(0.99), "agent_cpu": tail_cpu, "console_cpu": reader_cpu,
+            "steady": steady(marks, meter.first, seconds)}
 
 
 def per_m(cpu: float, lines: int) -> float:
@@ -253,6 +291,11 @@ def main() -> int:
                   "%s %.2f" % (kind, per_m(cpu, rd["lines"]))
                   for kind, cpu in sorted(rd["kinds"].items())),
                   rd["startup"], per_m(rd["startup"], rd["lines"])))
+        for who, r in (("rankdeck", rd), ("tail -F", base)):
+            if r["steady"]:
+                lines, agent, console = r["steady"]
+                print("          steady state, %s: %d lines, agent %.2f s/M, console %.2f s/M"
+                      % (who, lines, per_m(agent, lines), per_m(console, lines)))
         rows.append((rate, rd, base))
         sys.stdout.flush()
     print("\nratios rankdeck / tail -F:")
@@ -262,8 +305,19 @@ def main() -> int:
             rd["p99"] / base["p99"] if base["p99"] else float("nan"),
             (rd["agent_cpu"] + rd["console_cpu"]) / max(1e-9, base["agent_cpu"] +
                                                          base["console_cpu"])
-            * base["lines"] / max(1, rd["lines"])))
+            * base["lines"] / max(1, rd["lines"])), end="")
+        if rd["steady"] and base["steady"]:
+            print(", in the steady state %.2fx" % (per_line(rd["steady"]) /
+                                                    max(1e-12, per_line(base["steady"]))))
+        else:
+            print(" (the run is too short for a steady state)")
     return 0
+
+
+def per_line(window):
+    """Agent and console CPU a line in a steady-state window (lines, agent, console)."""
+    lines, agent, console = window
+    return (agent + console) / max(1, lines)
 
 
 if __name__ == "__main__":
