@@ -58,6 +58,17 @@ def _keywords():
 _KEYWORDS = _keywords()
 
 
+def keywords_in(low):
+    """The keywords (in ``_KEYWORDS`` order) that ``low``, lower-cased log text, mentions.
+
+    A scan of the whole chunk each, but a tqdm rate's (``it/s``, ``s/it``) only when the
+    chunk has a ``/`` at all: that test runs at memchr's speed, and plain lines mostly have
+    none, so such a chunk costs four scans instead of six. These scans were most of the
+    supervisor's CPU a line (docs/BENCHMARKS.md, "Ingest, 2026-11-26, second part")."""
+    slash = "/" in low
+    return tuple(kw for kw in _KEYWORDS if (slash or "/" not in kw) and kw in low)
+
+
 def _compile_user_regex(user_regex):
     if isinstance(user_regex, type(REFERENCE)):
         rx = user_regex
@@ -146,7 +157,7 @@ class MetricParser:
         if len(low) != len(text):
             # A few non-ASCII characters lower-case to two (U+0130); offsets would drift.
             low = text.translate(_ASCII_LOWER)
-        present = tuple(kw for kw in _KEYWORDS if kw in low)
+        present = keywords_in(low)
         if not present:
             return
         trigger = _TRIGGERS.get(present)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from agent.metrics import MAX_LINE, MetricParser
+from agent.metrics import MAX_LINE, MetricParser, keywords_in
 
 REFERENCE = "step=12 loss=4.1234 lr=3.000e-04 step_time=0.0163 tok/s=12345"
 
@@ -237,3 +237,12 @@ def test_lines_without_metrics_are_cheap_and_empty():
     assert MetricParser().parse(chunk) == []
     elapsed = time.perf_counter() - started
     print("\nmetrics: 10k plain lines in %.2f ms (%.0f lines/s)" % (elapsed * 1e3, 10000 / elapsed))
+
+
+def test_keywords_in_scans_for_a_tqdm_rate_only_where_a_slash_is():
+    assert keywords_in("100%|#####| 100/100 [00:01<00:00, 9.50it/s]") == ("it/s",)
+    assert keywords_in("epoch 1: 2.31s/it, step 3") == ("s/it", "step")
+    # no '/': the rates are not looked for, the other keywords are
+    assert keywords_in("step 3 loss 2.0 it s checkpoint iteration") == (
+        "loss", "checkpoint", "step", "iteration")
+    assert keywords_in("rank=3 seq=1 t=1.5 xxxx") == ()
