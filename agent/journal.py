@@ -9,7 +9,8 @@ the metrics parsed from it and the run's events. A console then needs one number
 the journal offset it has seen - to resume after a reconnect and receive every line exactly
 once.
 
-Record layout: an ASCII header ``<meta_len> <data_len>\\n``, then ``meta_len`` bytes of JSON
+Record layout (read by agent/protocol.py ``split_records``: a console reads the records a
+``jbytes`` message brings as the journal holds them): an ASCII header ``<meta_len> <data_len>\\n``, then ``meta_len`` bytes of JSON
 (an object with ``k``, the record kind), then ``data_len`` raw bytes (log data; empty for
 other kinds). Kinds: ``file`` (a followed file and its rank), ``data`` (bytes of a file from
 source offset ``o``), ``metric``, ``ckpt``, ``event``.
@@ -22,7 +23,8 @@ that ends at any offset without reading the journal from its start.
 import json
 import os
 
-MAX_HEADER = 64
+from .protocol import split_records as split, whole_records as whole
+
 READ_CHUNK = 1 << 20
 INDEX_EVERY = 1 << 20
 BACK_SCAN = 32 << 20  # bytes of journal one read_back may look through
@@ -89,29 +91,6 @@ def decode_meta(meta, start):
     return meta
 
 
-def split(buf, base_offset=0):
-    """:func:`parse` without decoding the metas: ``([(meta_bytes, data, start_offset,
-    end_offset), ...], consumed)`` (``serve`` passes the metas on as they are)."""
-    records = []
-    pos = 0
-    size = len(buf)
-    while pos < size:
-        nl = buf.find(b"\n", pos, pos + MAX_HEADER)
-        if nl < 0:
-            if size - pos >= MAX_HEADER:
-                raise ValueError("journal corrupt at offset %d" % (base_offset + pos))
-            break
-        meta_len, data_len = (int(x) for x in buf[pos:nl].split())
-        end = nl + 1 + meta_len + data_len
-        if end > size:
-            break
-        meta = bytes(buf[nl + 1 : nl + 1 + meta_len])
-        data = bytes(buf[nl + 1 + meta_len : end])
-        records.append((meta, data, base_offset + pos, base_offset + end))
-        pos = end
-    return records, pos
-
-
 class JournalReader:
     """Reads whole records from an offset on, as the journal grows."""
 
@@ -124,21 +103,37 @@ class JournalReader:
     def read(self, limit=READ_CHUNK, raw=False):
         """Records appended since the last call (at most about ``limit`` bytes of them), as
         :func:`parse` gives them, or with ``raw`` as :func:`split` does."""
+        buf, start = self._chunk(limit)
+        if not buf:
+            return []
+        records, used = (split if raw else parse)(buf, start)
+        self._keep(buf, start, used)
+        return records
+
+    def read_bytes(self, limit=READ_CHUNK):
+        """``(start, data)``: the whole records appended since the last call, as the journal
+        holds them (at most about ``limit`` bytes), and the offset they start at."""
+        buf, start = self._chunk(limit)
+        used = whole(buf, start) if buf else 0
+        self._keep(buf, start, used)
+        return start, bytes(buf[:used]) if used < len(buf) else buf
+
+    def _chunk(self, limit):
+        """What is left of the last read and up to ``limit`` bytes more; its offset."""
         if self._fh is None:
             try:
                 self._fh = open(self.path, "rb")
             except FileNotFoundError:
-                return []
+                return b"", self.offset
             self._fh.seek(self.offset)
         chunk = self._fh.read(limit)
         if not chunk:
-            return []
-        buf = self._pending + chunk if self._pending else chunk
-        start = self.offset
-        records, used = (split if raw else parse)(buf, start)
+            return b"", self.offset
+        return (self._pending + chunk if self._pending else chunk), self.offset
+
+    def _keep(self, buf, start, used):
         self._pending = buf[used:]
         self.offset = start + used
-        return records
 
     def close(self):
         if self._fh is not None:

@@ -12,6 +12,8 @@ Message kinds (field ``t``); docs/PROTOCOL.md is the reference:
               ``{"t": "res", "id": N, "ok": false, "error": MESSAGE, "kind": KIND}``.
 - ``journal`` agent -> console: records of one node's run journal, with the byte offset just
               past the last one (``end``), to resume from after a reconnect.
+- ``jbytes``  agent -> console, to a console that subscribed with ``frames``: the same
+              records as the journal holds them, ``n`` raw bytes after the message's line.
 - ``state``   agent -> console: one node's supervisor state (state.json) when it changes.
 - ``gpu``     agent -> console: one GPU snapshot of the host.
 - ``actions`` agent -> console: new lines of one node's action log (who changed the run).
@@ -23,6 +25,8 @@ This module is imported by the console; it must stay standard-library only and r
 import json
 
 PROTOCOL_VERSION = 1
+
+MAX_HEADER = 64  # bytes of a journal record's header (``<meta_len> <data_len>\n``) at most
 
 # Batching of pushed messages: at most this long, or this many bytes, whichever comes first.
 BATCH_SECONDS = 0.05
@@ -108,7 +112,7 @@ _encode_text = json.encoder.encode_basestring_ascii  # what json.dumps does with
 
 
 def journal_line(sub, end, records):
-    """The ``journal`` message of ``records`` as agent.journal.split gives them: the bytes
+    """The ``journal`` message of ``records`` as :func:`split_records` gives them: the bytes
     :func:`encode` makes of ``{"t": "journal", "sub", "end", "recs"}`` with the records parsed,
     built without parsing them. Each meta, an ASCII JSON object as the supervisor wrote it, is
     passed on with ``j`` (its offset) put at its end: decoding and encoding every meta again
@@ -126,6 +130,59 @@ def journal_line(sub, end, records):
             parts.append(b"[%s%s]" % (meta[:-1], j))
     return b'{"t":"journal","sub":%s,"end":%d,"recs":[%s]}\n' % (
         _encode_compact(sub).encode("ascii"), end, b",".join(parts))
+
+
+def journal_bytes(sub, start, data):
+    """The ``jbytes`` message of ``data``, whole journal records from offset ``start`` as the
+    journal holds them: a line saying what follows, then the bytes. Escaping every byte of
+    log data into a JSON string here and decoding it again on the console was most of the
+    CPU both spent a line (docs/BENCHMARKS.md, "Ingest, 2026-11-26, second part")."""
+    return b'{"t":"jbytes","sub":%s,"start":%d,"end":%d,"n":%d}\n%s' % (
+        _encode_compact(sub).encode("ascii"), start, start + len(data), len(data), data)
+
+
+def split_records(buf, base_offset=0):
+    """Whole journal records (agent/journal.py) at the start of ``buf``, metas not decoded:
+    ``([(meta_bytes, data, start_offset, end_offset), ...], consumed)``; ``base_offset`` is
+    where ``buf`` starts in the journal. An incomplete record at the end is left for the next
+    read; ValueError for bytes that are no journal. ``serve`` passes the metas on as they are,
+    and a console reads the records of a ``jbytes`` message with it."""
+    records = []
+    for pos, body, meta_len, end in _walk(buf, base_offset):
+        records.append((bytes(buf[body:body + meta_len]), bytes(buf[body + meta_len:end]),
+                        base_offset + pos, base_offset + end))
+    return records, records[-1][3] - base_offset if records else 0
+
+
+def whole_records(buf, base_offset=0):
+    """How many bytes at the start of ``buf`` are whole records (none copied: ``serve``
+    sends them to a console as they are: :func:`journal_bytes`)."""
+    end = 0
+    for _pos, _body, _meta_len, end in _walk(buf, base_offset):
+        pass
+    return end
+
+
+def _walk(buf, base_offset):
+    """``(start, body, meta_len, end)`` in ``buf`` of each whole record: where its header
+    starts, where its meta starts and how long it is, where the record ends; ValueError for a
+    header that is not one."""
+    pos = 0
+    size = len(buf)
+    while pos < size:
+        nl = buf.find(b"\n", pos, pos + MAX_HEADER)
+        if nl < 0:
+            if size - pos >= MAX_HEADER:
+                raise ValueError("journal corrupt at offset %d" % (base_offset + pos))
+            return
+        meta_len, data_len = (int(x) for x in buf[pos:nl].split())
+        if meta_len < 0 or data_len < 0:  # a console reads records a host sent: no loop back
+            raise ValueError("journal corrupt at offset %d" % (base_offset + pos))
+        end = nl + 1 + meta_len + data_len
+        if end > size:
+            return
+        yield pos, nl + 1, meta_len, end
+        pos = end
 
 
 def bytes_to_text(data):

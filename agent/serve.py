@@ -55,8 +55,9 @@ ROLES = ("drive", "watch")
 class Subscription:
     """One console's reading position in one node's journal."""
 
-    def __init__(self, sub_id, ndir, offset, quiet_until=0, actions_from=0):
+    def __init__(self, sub_id, ndir, offset, quiet_until=0, actions_from=0, frames=False):
         self.sub_id = sub_id
+        self.frames = frames  # records sent as the journal holds them (``jbytes``)
         self.actions_from = actions_from  # the node's action log, read up to here
         self.actions_sent = False  # the first `actions` message goes even when empty
         self.consoles = None  # the attached consoles last sent
@@ -315,7 +316,8 @@ class Server:
         ndir = node.node_dir(args)
         sub_id = args.get("sub") or args["node"]
         sub = Subscription(sub_id, ndir, int(args.get("offset", 0)),
-                           int(args.get("quiet_until", 0)), int(args.get("actions_from", 0)))
+                           int(args.get("quiet_until", 0)), int(args.get("actions_from", 0)),
+                           args.get("frames") is True)
         if (self.console.get("attach") and args["node"] != "judge" and ndir not in self.joined
                 and os.path.isdir(ndir)):
             self.joined[ndir] = actions.join(ndir, {k: v for k, v in self.console.items()
@@ -401,6 +403,15 @@ class Server:
             drained = False
             budget = protocol.BATCH_BYTES * 4
             while budget > 0:
+                if sub.frames and sub.reader.offset >= sub.quiet_until:
+                    start, data = sub.reader.read_bytes(protocol.BATCH_BYTES)
+                    if not data:
+                        drained = True
+                        break
+                    self.write(protocol.journal_bytes(sub.sub_id, start, data))
+                    budget -= len(data)
+                    sent += len(data)
+                    continue
                 records = sub.reader.read(protocol.BATCH_BYTES, raw=True)
                 if not records:
                     drained = True

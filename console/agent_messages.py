@@ -10,6 +10,8 @@ error`` and reconnects). Message kinds and fields: docs/PROTOCOL.md.
 
 from __future__ import annotations
 
+import json
+
 from agent import protocol
 
 # a supervisor's states (state.json ``state``; agent/supervisor.py, agent/node.py "lost")
@@ -26,6 +28,7 @@ SECONDS_MAX = 2.0 ** 40  # CPU seconds, or seconds since 1970: past this it is g
 WORLD_MAX = 2 ** 20  # ranks in one run: a world size is 1..WORLD_MAX, a rank below it
 EXIT_RANGE = (-2 ** 31, 2 ** 31)  # exit codes: negative for a signal (Popen, torchrun)
 NUMBER_MAX = 1e300  # any other number: finite and within this (a loss, a rate, bytes)
+MAX_FRAME = 16 * 1024 * 1024  # bytes of journal one jbytes message may bring (as a line)
 
 
 def parse(line: bytes) -> dict:
@@ -57,6 +60,11 @@ def check(msg: dict) -> None:
             _bad("a journal message's recs is %s, not a list" % _what(recs))
         for rec in recs:
             _record(rec)
+    elif kind == "jbytes":
+        _field(msg, "start", _INT, "a jbytes message")
+        _field(msg, "n", _INT, "a jbytes message", span=(0, MAX_FRAME + 1))
+        if msg.get("end") != msg["start"] + msg["n"]:
+            _bad("a jbytes message's end is %s, not start + n" % _what(msg.get("end")))
     elif kind == "state":
         st = msg.get("state")
         if st is not None:
@@ -75,6 +83,29 @@ def check(msg: dict) -> None:
                        span=(0, SAMPLE_RANKS_MAX))
         _field(msg, "host", _DICT, "a gpu message", optional=True)
     # other kinds (a newer agent's) are ignored by NodeLink
+
+
+def journal_of_bytes(msg: dict, data: bytes) -> dict:
+    """The ``journal`` message a ``jbytes`` message (checked) and its ``data`` (whole journal
+    records from offset ``start``, agent/journal.py) amount to: each record ``[meta]`` or
+    ``[meta, text]``, ``j`` in its meta, as ``journal`` messages bring them; ProtocolError
+    (with the reason) for bytes that are not whole journal records."""
+    try:
+        records, used = protocol.split_records(data, msg["start"])
+        if used != len(data):
+            raise ValueError("a record cut short")
+        recs = []
+        for meta, body, start, _end in records:
+            meta = json.loads(meta)
+            meta["j"] = start  # as serve puts it in a journal message's metas
+            recs.append([meta, protocol.bytes_to_text(body)] if body else [meta])
+    except RecursionError:
+        _bad("a journal record's meta nested too deeply")
+    except (ValueError, AttributeError, TypeError) as exc:  # JSONDecodeError, a list's "j"
+        _bad("a jbytes message holds no whole journal records: %s" % str(exc)[:200])
+    out = {"t": "journal", "sub": msg.get("sub"), "end": msg["end"], "recs": recs}
+    check(out)
+    return out
 
 
 def check_answer(op: str, data) -> None:

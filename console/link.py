@@ -167,16 +167,22 @@ class NodeLink:
         actions_from = self.state.operators.actions_from.get(self.name, 0) if self.state else 0
         data = await self.request("subscribe", run_root=self.run_root, node=self.name,
                                   sub=self.name, offset=offset, quiet_until=self.quiet_until,
-                                  actions_from=actions_from)
+                                  actions_from=actions_from, **self._frames())
         self.subscribed = True
         return data
 
     async def subscribe_judge(self) -> dict:
         """Also follow the run's judge's journal (this is the rendezvous host's link)."""
         data = await self.request("subscribe", run_root=self.run_root, node="judge",
-                                  sub="judge", offset=self.state.judge_offset)
+                                  sub="judge", offset=self.state.judge_offset, **self._frames())
         self.judge_subscribed = True
         return data
+
+    def _frames(self) -> dict:
+        """``frames: true`` where this stream reads raw bytes: the journal's records come as
+        the journal holds them (``jbytes``), not escaped into JSON and decoded again (an
+        older agent leaves the argument aside and sends ``journal`` messages)."""
+        return {"frames": True} if self.stream is not None and self.stream.frames else {}
 
     # -- incoming --------------------------------------------------------------------------
     async def _read_loop(self, stream: AgentStream) -> None:
@@ -186,7 +192,10 @@ class NodeLink:
                 line = await stream.readline()
                 if not line:
                     break
-                self._dispatch(agent_messages.parse(line))
+                msg = agent_messages.parse(line)
+                if msg["t"] == "jbytes":  # its records follow as raw bytes (checked: MAX_FRAME)
+                    msg = agent_messages.journal_of_bytes(msg, await stream.readexactly(msg["n"]))
+                self._dispatch(msg)
         except protocol.ProtocolError as exc:
             why = "protocol error: %s" % clean(str(exc), limit=300)
         except (HostUnreachable, ConnectionError, OSError) as exc:

@@ -24,11 +24,18 @@ class HostUnreachable(Exception):
 
 
 class AgentStream(abc.ABC):
-    """A live byte stream to one agent ``serve`` process."""
+    """A live byte stream to one agent ``serve`` process. ``frames``: whether it can read
+    :meth:`readexactly` (a console then asks for journal records as raw bytes, ``jbytes``)."""
+
+    frames = False
 
     @abc.abstractmethod
     async def readline(self) -> bytes:
         """One line (newline included); b"" at end of stream."""
+
+    async def readexactly(self, n: int) -> bytes:
+        """The next ``n`` bytes; ConnectionError when the stream ends before them."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def write(self, data: bytes) -> None:

@@ -18,6 +18,8 @@ STREAM_LIMIT = 16 * 1024 * 1024
 
 
 class ProcessStream(AgentStream):
+    frames = True
+
     def __init__(self, proc: asyncio.subprocess.Process):
         self.proc = proc
 
@@ -26,6 +28,12 @@ class ProcessStream(AgentStream):
             return await self.proc.stdout.readline()
         except (ValueError, asyncio.LimitOverrunError):
             raise HostUnreachable("protocol", "agent sent a line over the size limit")
+
+    async def readexactly(self, n: int) -> bytes:
+        try:
+            return await self.proc.stdout.readexactly(n)
+        except asyncio.IncompleteReadError:
+            raise ConnectionError("the agent's output ended inside a message") from None
 
     def write(self, data: bytes) -> None:
         self.proc.stdin.write(data)

@@ -39,12 +39,15 @@ class StderrTail:
 
 
 class SshAgentStream(AgentStream):
-    """An agent ``serve`` on one host over one SSH channel (bytes, one JSON message a line).
+    """An agent ``serve`` on one host over one SSH channel (bytes, one JSON message a line;
+    a ``jbytes`` message's raw bytes follow its line).
 
     The hello the transport checked is handed out again as the first :meth:`readline`, so the
     protocol layer reads every message itself. ``hello`` (the parsed message) and ``copied``
     (whether this open installed the agent on the host) are for callers and tests.
     """
+
+    frames = True
 
     def __init__(self, process: asyncssh.SSHClientProcess, label: str, hello_line: bytes,
                  stderr: StderrTail, copied: bool):
@@ -91,6 +94,22 @@ class SshAgentStream(AgentStream):
                 self._scanned = 0
                 return line
             buffer += chunk
+
+    async def readexactly(self, n: int) -> bytes:
+        """The next ``n`` bytes (the caller bounds ``n``: agent_messages.MAX_FRAME)."""
+        buffer = self._buffer
+        while len(buffer) < n:
+            try:
+                chunk = await self.process.stdout.read(max(READ_CHUNK, n - len(buffer)))
+            except (OSError, asyncssh.Error) as exc:
+                raise self._lost(exc) from exc
+            if not chunk:
+                raise ConnectionError("the agent's output ended inside a message")
+            buffer += chunk
+        data = bytes(buffer[:n])
+        del buffer[:n]
+        self._scanned = 0
+        return data
 
     def write(self, data: bytes) -> None:
         try:

@@ -1,0 +1,120 @@
+"""Journal records sent as the journal holds them (``jbytes``: agent/protocol.py
+journal_bytes, console/agent_messages.py journal_of_bytes) reach the console as the same
+records a ``journal`` message brings; bytes that are no whole records are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import protocol, serve
+from agent.journal import JournalReader, JournalWriter
+from console import agent_messages
+
+RECORDS = [
+    ({"k": "file", "f": 1, "rank": 0, "local_rank": 0, "stream": "stdout", "path": "/x/0"}, b""),
+    ({"k": "data", "f": 1, "o": 0, "ts": 1.5}, b"step=1 loss=2.0\nbad utf-8 \xff\xfe\rbar\r"),
+    ({"k": "metric", "f": 1, "step": 1, "loss": 2.0, "ts": 1.5}, b""),
+    ({"k": "data", "f": 1, "o": 40, "ts": 1.6}, b'"quoted" \\ \t\x1b[31mred\n'),
+    ({"k": "event", "what": "launched", "ts": 2.0, "node": "n1"}, b""),
+]
+
+
+def frame_of(message: bytes):
+    """A jbytes message as a console reads it: its line, then exactly n bytes."""
+    head, rest = message.split(b"\n", 1)
+    msg = agent_messages.parse(head + b"\n")
+    assert msg["t"] == "jbytes" and len(rest) == msg["n"]
+    return agent_messages.journal_of_bytes(msg, rest)
+
+
+def test_a_jbytes_message_brings_what_a_journal_message_does(tmp_path):
+    path = str(tmp_path / "journal")
+    writer = JournalWriter(path)
+    writer.append_many(RECORDS)
+    writer.close()
+    start, data = JournalReader(path).read_bytes()
+    framed = frame_of(protocol.journal_bytes("n1", start, data))
+    records = JournalReader(path).read(raw=True)
+    as_json = agent_messages.parse(protocol.journal_line("n1", records[-1][3], records))
+    assert framed == as_json
+    assert [protocol.text_to_bytes(r[1]) for r in framed["recs"] if len(r) > 1] == \
+        [data for meta, data in RECORDS if data]  # every byte as written
+    assert framed["end"] == len(data) == records[-1][3]
+
+
+def test_a_record_still_being_written_waits_for_the_next_read(tmp_path):
+    path = str(tmp_path / "journal")
+    writer = JournalWriter(path)
+    writer.append_many(RECORDS[:2])
+    whole = writer.size
+    with open(path, "ab") as f:  # the next record's header and half its meta
+        f.write(b'40 3\n{"k":"data",')
+    reader = JournalReader(path)
+    assert reader.read_bytes() == (0, open(path, "rb").read()[:whole])
+    assert reader.read_bytes() == (whole, b"")
+    writer.close()
+
+
+@pytest.mark.parametrize("data,reason", [
+    (b"-20 0\n" + b"x" * 30, "journal corrupt"),  # a length that would read backwards
+    (b'12 0\n{"k":"data"', "cut short"),
+    (b"4 0\n[1,2]", "no whole journal records"),
+    (b"4 0\nnope", "no whole journal records"),
+    (b"x" * 100, "journal corrupt"),
+    (b'12 0\n{"k":"file"}', "has f no value"),  # a whole record, checked as any other
+])
+def test_bytes_that_are_no_whole_records_are_refused_with_the_reason(data, reason):
+    msg = {"t": "jbytes", "sub": "n1", "start": 0, "end": len(data), "n": len(data)}
+    with pytest.raises(protocol.ProtocolError, match=reason):
+        agent_messages.journal_of_bytes(msg, data)
+
+
+@pytest.mark.parametrize("head,reason", [
+    (b'{"t":"jbytes","sub":"n1","start":0,"end":5,"n":4}', "not start \\+ n"),
+    (b'{"t":"jbytes","sub":"n1","start":0,"end":99999999999,"n":99999999999}', "n = "),
+    (b'{"t":"jbytes","sub":"n1","start":-1,"end":3,"n":4}', "start = -1"),
+])
+def test_a_jbytes_line_is_checked_before_its_bytes_are_read(head, reason):
+    with pytest.raises(protocol.ProtocolError, match=reason):
+        agent_messages.parse(head + b"\n")
+
+
+class Out:
+    def __init__(self):
+        self.buf = b""
+
+    def write(self, data):
+        self.buf += data
+
+    def flush(self):
+        pass
+
+
+def test_serve_frames_records_for_a_console_that_asks_past_quiet_until(tmp_path, monkeypatch):
+    ndir = tmp_path / "n1"
+    ndir.mkdir()
+    writer = JournalWriter(str(ndir / "journal"))
+    writer.append_many(RECORDS[:2])
+    quiet_until = writer.size  # a resuming console: the lines before this are left out
+    writer.append_many(RECORDS[2:])
+    monkeypatch.setattr(serve.node, "node_dir", lambda args: str(ndir))
+    out = Out()
+    server = serve.Server(out=out)
+    server.gpu_interval = 0
+    server.op_subscribe({"node": "n1", "frames": True, "quiet_until": quiet_until})
+    server.pump(server.subscriptions())
+    first = out.buf.split(b"\n", 1)[0] + b"\n"
+    skipped = agent_messages.parse(first)  # from before quiet_until: filtered, as JSON
+    assert [r[0]["k"] for r in skipped["recs"]] == ["file", "metric", "data", "event"]
+    out.buf = b""
+    writer.append_many(RECORDS[1:2])  # past quiet_until: as the journal holds it
+    writer.close()
+    server.pump(server.subscriptions())
+    framed = frame_of(out.buf)
+    assert [r[0]["k"] for r in framed["recs"]] == ["data"]
+    assert framed["recs"][0][0]["j"] == skipped["end"]
+
+    out.buf = b""  # a console that does not ask gets journal messages, as before
+    server.op_subscribe({"node": "n1", "sub": "other"})
+    server.pump(server.subscriptions()[-1:])
+    assert b'"t":"jbytes"' not in out.buf and out.buf.count(b'"t":"journal"') == 1
