@@ -23,8 +23,9 @@ LOG = "actions.jsonl"
 CONSOLES = "consoles"
 # a request's op -> the action it is in the log; ops not here do not change a run
 CHANGES = {"start": "launch", "stop": "stop", "restart": "restart", "sync_commit": "sync",
-           "fence": "cordon", "unfence": "uncordon", "standby": "launch", "cordon": "cordon", "uncordon": "uncordon",
-           "signal": "signal"}
+           "fence": "cordon", "unfence": "uncordon", "standby": "launch", "cordon": "cordon",
+           "uncordon": "uncordon", "signal": "signal",
+           "drop_workers": "cordon"}  # a hung node's cordon, on the other nodes
 TEXT_MAX = 200  # who, detail and result: a console's text, kept short
 READ_MAX = 1 << 20  # bytes of the log one read returns at most
 

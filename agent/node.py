@@ -179,6 +179,28 @@ def fence(args):
     return dict(done, fenced=True, gpu=gpu)
 
 
+def drop_workers(args):
+    """A cordon of a hung node, on another node of the run: its workers, stalled in a
+    collective with the hung node's ranks, are SIGKILLed; its torchrun stays and starts them
+    again in the rendezvous round the spare joins (a failed worker group, counted against
+    --max-restarts as the failure they meet in that collective is). Left alone, they fail
+    only once the hung node is gone, and end only after their interpreter's teardown (2-4 s
+    on a loaded 2-core host, docs/SURGERY.md). ``killed``: their pids. Refused (``fenced``)
+    on a cordoned node; nothing to do on a node whose torchrun is not running."""
+    ndir = node_dir(args)
+    refuse_if_fenced(ndir)
+    state = node_state(ndir)
+    if not state or not state["alive"] or not isinstance(state.get("torchrun_pid"), int):
+        return {"killed": []}
+    # torchrun's own children that carry the run's marker: a pid state.json names that has
+    # gone and been reused has no child of the run
+    table = procs.table()
+    below = set(procs.descendants(state["torchrun_pid"], table))
+    mine = below & set(procs.marked("%s/%s" % (state.get("run_id"), state.get("node")), table))
+    killed = sorted(p for p in mine if procs.signal_process(table[p], signal.SIGKILL))
+    return {"killed": killed}
+
+
 def mark_fenced(ndir, fence):
     """The node fenced (``fence``: who, why): from now on no start or restart (a console's,
     the judge's) runs it (:func:`refuse_if_fenced`)."""

@@ -47,6 +47,7 @@ OPS = (
     "restart",
     "fence",  # cordon: no start or restart of the node from now on, then stop it
     "unfence",
+    "drop_workers",  # cordon of a hung node: the other nodes' stalled workers killed
     "standby",  # launch --auto-cordon: a spare's start spec, kept for the run's judge
     "runs",
     "state",

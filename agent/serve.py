@@ -299,6 +299,9 @@ class Server:
     def op_unfence(self, args):
         return node.unfence(args)
 
+    def op_drop_workers(self, args):
+        return node.drop_workers(args)
+
     def op_standby(self, args):
         return node.standby(args)
 

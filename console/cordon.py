@@ -13,6 +13,9 @@ out a plan that was not refused, in this order, each step waiting for the one be
    fail in their collectives without the cordoned node, their torchruns start a new
    rendezvous round, which the spare joins, and every rank resumes from the trainer's
    newest checkpoint (a shrink: the round completes without it, ``--nnodes MIN:MAX``).
+   When every rank of the run was stalled (a hung node), the other nodes' workers are
+   SIGKILLed meanwhile (``drop_workers``): they wait for the hung ranks and can save
+   nothing, and their own failure would come only after their teardown, seconds later.
 
 Every surgery is kept in the run record (``surgeries``: who, what, when, outcome) and is an
 event of the run. The controller is passed in; this module imports no Textual.
@@ -20,6 +23,7 @@ event of the run. The controller is passed in; this module imports no Textual.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from .errors import AgentError
@@ -42,6 +46,7 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
     entry = {"who": who, "what": what, "when": time.time(), "node": plan.node,
              "spare": plan.spare, "outcome": "started", "left": []}
     kill_now = hung(ctl, plan.node)  # before the judge says its ranks left the stall
+    stalled = stalled_with(ctl, plan.node) if kill_now else []
     await tell_judge(ctl, {"out": plan.node, "in": plan.spare, "who": who, "action": "cordon",
                            "text": "%s: started by %s" % (what, who)})
     link = ctl.links[plan.node]
@@ -73,8 +78,11 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
     if entry["gpu"].startswith("held"):
         return await finish(ctl, entry, "failed: %s stopped, but its GPU memory is %s"
                             % (plan.node, entry["gpu"]))
+    # the spare starts while the other nodes' stalled workers are killed: their torchruns
+    # then rejoin at once rather than after their workers' teardown
+    failed, _ = await asyncio.gather(put_in(ctl, plan.spare) if plan.spare else none(),
+                                     drop_workers(ctl, stalled, plan.node))
     if plan.spare:
-        failed = await put_in(ctl, plan.spare)
         if failed:
             return await finish(ctl, entry, "failed: %s fenced, but spare %s did not start: %s"
                           % (plan.node, plan.spare, failed))
@@ -86,6 +94,41 @@ def hung(ctl, node: str) -> bool:
     save, so its fence kills them at once instead of waiting the run's --grace."""
     ranks = ctl.state.ranks_of(node)
     return bool(ranks) and all(r.state == "stalled" for r in ranks)
+
+
+def stalled_with(ctl, node: str) -> list[str]:
+    """The run's other nodes whose workers wait for hung ``node`` in a collective: every
+    rank of the run is stalled. They can save nothing either; their workers fail once the
+    node is gone, after seconds of their own teardown, unless :func:`drop_workers` kills
+    them first. Empty when any rank still steps (its node's workers are left alone)."""
+    ranks = list(ctl.state.ranks.values())
+    if not ranks or any(r.state != "stalled" for r in ranks):
+        return []
+    return [h.name for h in ctl.run_hosts() if h.name != node and h.name in ctl.connected()]
+
+
+async def drop_workers(ctl, nodes: list[str], node: str) -> None:
+    """SIGKILL the workers of ``nodes`` (agent/node.py ``drop_workers``), stalled with hung
+    ``node``: each torchrun restarts its worker group in the rendezvous round that goes on
+    without ``node``. One that cannot be asked is left to fail in its collective, as before."""
+    async def one(name):
+        link = ctl.links[name]
+        try:
+            res = await link.request("drop_workers", run_root=link.run_root, node=name,
+                                     timeout=30)
+        except AgentError as exc:
+            ctl.state.add_event(name, "surgery", "%s's workers, stalled with %s, were not "
+                                "killed (%s): they fail in their collective instead"
+                                % (name, node, exc))
+            return
+        if res.get("killed"):
+            ctl.state.add_event(name, "surgery", "%s's workers, stalled with %s, killed: its "
+                                "torchrun starts them again without %s" % (name, node, node))
+    await asyncio.gather(*(one(n) for n in nodes))
+
+
+async def none() -> None:
+    return None
 
 
 def unreachable(ctl, plan: CordonPlan) -> str | None:

@@ -60,3 +60,49 @@ def test_a_fence_ends_the_node_stopped_with_why_and_a_hung_node_without_grace(tm
     assert sup.stop_end() == {"state": "stopped", "grace": 0.0,
                               "cause": {"message": "cordoned by a", "rank": None}}
     assert sup.stop_end() == {"state": "stopped", "cause": None, "grace": None}  # read once
+
+
+def test_drop_workers_kills_the_marked_workers_of_a_live_torchrun_and_leaves_it(tmp_path):
+    """A hung node's cordon, on another node of the run: its workers (torchrun's children
+    that carry the run's marker) are SIGKILLed so that its torchrun, which stays, starts
+    them again; a child without the marker and torchrun itself are left alone. Nothing to
+    do without a live supervisor; refused on a fenced node."""
+    import signal
+    import subprocess
+    import sys
+
+    from agent import procs
+    from agent.runfiles import write_json_atomic
+    assert node.drop_workers(args(tmp_path)) == {"killed": []}  # never ran here
+    env = dict(os.environ, **{procs.MARKER: "r1/node2"})
+    sleeper = "import time; time.sleep(120)"
+    # a stand-in torchrun: a marked worker, and a child it starts without the marker
+    torchrun = subprocess.Popen([sys.executable, "-c", (
+        "import os, subprocess, sys\n"
+        "env = {k: v for k, v in os.environ.items() if k != %r}\n"
+        "a = subprocess.Popen([sys.executable, '-c', %r])\n"
+        "b = subprocess.Popen([sys.executable, '-c', %r], env=env)\n"
+        "print(a.pid, b.pid, flush=True)\n"
+        "a.wait(); print('worker gone', a.returncode, flush=True)\n"
+        "b.wait()\n") % (procs.MARKER, sleeper, sleeper)],
+        env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        worker, unmarked = (int(p) for p in torchrun.stdout.readline().split())
+        ndir = tmp_path / "run" / "node2"
+        ndir.mkdir(parents=True)
+        me = procs.stat(os.getpid())  # the supervisor: alive, as state.json says
+        write_json_atomic(str(ndir / "state.json"), {
+            "run_id": "r1", "node": "node2", "pid": me.pid, "starttime": me.starttime,
+            "state": "running", "torchrun_pid": torchrun.pid})
+        assert node.drop_workers(args(tmp_path)) == {"killed": [worker]}
+        assert torchrun.stdout.readline().split() == ["worker", "gone", str(-signal.SIGKILL)]
+        assert torchrun.poll() is None and procs.alive(unmarked)
+        node.mark_fenced(str(ndir), {"who": "alice@laptop"})
+        with pytest.raises(RequestError) as err:
+            node.drop_workers(args(tmp_path))
+        assert err.value.kind == "fenced"
+    finally:
+        for pid in procs.descendants(torchrun.pid):
+            os.kill(pid, signal.SIGKILL)
+        torchrun.kill()
+        torchrun.wait()

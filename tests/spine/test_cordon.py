@@ -92,6 +92,11 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             assert "@" in entry["who"]
             assert st.nodes[hung].state == "cordoned"
             assert not of_node(ctl.run_id, hung), of_node(ctl.run_id, hung)
+            # every rank was stalled behind the hung one: the other nodes' workers were
+            # killed (their torchruns start them again) rather than left to fail slowly
+            assert {e.node for e in st.events if e.kind == "surgery" and
+                    "stalled with %s, killed" % hung in e.text} == \
+                {"node0", "node1", "node2", "node3"} - {hung}, seen(st)
 
             await until(pilot, lambda: st.world_size == 4 and any(
                 r.node == "node4" for r in st.ranks.values()) and all(
@@ -113,6 +118,8 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             plan = ctl.cordon_plan("node0")
             assert plan.refusal is None and plan.shrink and plan.active_after == 3
             assert (await cordon(ctl, plan, who="tester@laptop"))["outcome"] == "done"
+            # the ranks were stepping: nobody's workers are killed but node0's
+            assert not [e for e in st.events if "stalled with node0" in e.text]
             steps = {r.rank: r.step for r in st.ranks.values()}
             await until(pilot, lambda: st.world_size == 3 and len(
                 [r for r in st.ranks.values() if r.state == "running" and r.rank < 3 and
