@@ -80,12 +80,12 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
                             % (plan.node, entry["gpu"]))
     # the spare starts while the other nodes' stalled workers are killed: their torchruns
     # then rejoin at once rather than after their workers' teardown
-    failed, _ = await asyncio.gather(put_in(ctl, plan.spare) if plan.spare else none(),
-                                     drop_workers(ctl, stalled, plan.node))
-    if plan.spare:
-        if failed:
-            return await finish(ctl, entry, "failed: %s fenced, but spare %s did not start: %s"
-                          % (plan.node, plan.spare, failed))
+    failed, _ = await asyncio.gather(
+        put_in(ctl, plan.spare) if plan.spare else asyncio.sleep(0),  # None: nothing failed
+        drop_workers(ctl, stalled, plan.node))
+    if failed:
+        return await finish(ctl, entry, "failed: %s fenced, but spare %s did not start: %s"
+                            % (plan.node, plan.spare, failed))
     return await finish(ctl, entry, "done")
 
 
@@ -125,10 +125,6 @@ async def drop_workers(ctl, nodes: list[str], node: str) -> None:
             ctl.state.add_event(name, "surgery", "%s's workers, stalled with %s, killed: its "
                                 "torchrun starts them again without %s" % (name, node, node))
     await asyncio.gather(*(one(n) for n in nodes))
-
-
-async def none() -> None:
-    return None
 
 
 def unreachable(ctl, plan: CordonPlan) -> str | None:
