@@ -15,7 +15,18 @@ rankdeck's rank logs on each node), read the same way; then the job is cancelled
 rankdeck round is cold (no agent on the nodes), the rest warm. The 2-core machine runs every
 node: the absolute seconds are this machine's, the ratio is the number to keep.
 
-    sudo .venv/bin/python bench/slurm.py [--repeat 2] [--steps 100000]
+Then, in a job that already runs (``salloc --no-shell``, as ``launch --slurm`` is used), two
+more figures, alternating the same way:
+
+- RUNNING to the first rank's line in the view: by hand ``srun --jobid J --overlap --label
+  ... torchrun ... train.py`` on the login host, until its output shows a rank's ``step=``
+  line; rankdeck ``launch -i login.yaml --slurm J --no-tui --sync PROJECT train.py`` until
+  the console prints one (``[node0 r0] step=...``);
+- stop to nothing left: by hand ``scancel J`` (the job and everything in it), rankdeck
+  ``rankdeck stop RUN`` (the job stays: it is the user's); both until no process of the
+  login user is left on any node.
+
+    sudo .venv/bin/python bench/slurm.py [--repeat 2] [--steps 100000] [--skip-submit]
 """
 
 from __future__ import annotations
@@ -34,9 +45,12 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests", "e2e")]
 
 from sshhosts import create_hosts, missing_requirements  # noqa: E402
 from tests.slurm.slurmcluster import create_cluster, missing_slurm  # noqa: E402
+from tests.slurm.test_slurm_run import run_left_on_nodes  # noqa: E402
 from tests.spine.helpers import TINY, rank_log_files  # noqa: E402
 
 STEP = re.compile(rb"^(\d+): step=", re.M)
+VIEW_STEP = re.compile(r"^\[\S+ r\d+\] .*step=")  # a rank's line in the --no-tui view
+HAND_STEP = re.compile(r"^\d+: step=")  # srun --label's
 
 
 def wait(cond, timeout=300.0, every=0.2):
@@ -111,6 +125,77 @@ def with_rankdeck(slurm, inventory: str, project: str, env: dict, steps: int) ->
                           ignore_errors=True)
 
 
+def first_line(proc, pattern, timeout: float = 300.0) -> None:
+    """Read ``proc``'s output until a line matches ``pattern`` (RuntimeError if it ends)."""
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if pattern.search(line):
+            return
+        if time.monotonic() > deadline:
+            break
+    raise RuntimeError("no line like %s (exit %s)" % (pattern.pattern, proc.poll()))
+
+
+def nothing_left(slurm) -> float:
+    """Seconds until no process of the login user is left on any node."""
+    start = time.monotonic()
+    wait(lambda: not run_left_on_nodes(slurm), 120, every=0.1)
+    return time.monotonic() - start
+
+
+def hand_live(slurm, steps: int) -> tuple[float, float]:
+    """srun of torchrun in a running job: (RUNNING to a rank's first line, scancel to
+    nothing left)."""
+    job = slurm.hold()
+    addr = slurm.hosts[slurm.nodes[0]].addr
+    run = ("srun --jobid %s --overlap -N 4 --ntasks-per-node=1 --label --unbuffered "
+           "--chdir=$HOME/handproj %s -u -m torch.distributed.run --nnodes 4 --nproc-per-node 1 "
+           "--rdzv-backend c10d --rdzv-endpoint %s:29556 --rdzv-id live trainer/train.py %s "
+           "--steps %d" % (job, slurm.hosts.python, addr, " ".join(TINY), steps))
+    start = time.monotonic()
+    proc = subprocess.Popen(slurm.hosts.command_on(slurm.login, ["sh", "-c", run]), cwd="/",
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        first_line(proc, HAND_STEP)
+        first = time.monotonic() - start
+        start = time.monotonic()
+        slurm.cmd(["scancel", job])
+        return first, time.monotonic() - start + nothing_left(slurm)
+    finally:
+        slurm.cmd(["scancel", job], check=False)
+        proc.kill()
+        proc.communicate(timeout=60)
+
+
+def rankdeck_live(slurm, inventory: str, project: str, env: dict,
+                  steps: int) -> tuple[float, float]:
+    """``launch --slurm J --no-tui`` in a running job: (RUNNING to the first rank's line in
+    the view, ``rankdeck stop`` to nothing left)."""
+    job = slurm.hold()
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "console", "launch", "-i", inventory,
+                             "--slurm", job, "--no-tui", "--sync", project, "--max-restarts",
+                             "0", "trainer/train.py", *TINY, "--steps", str(steps)], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        first_line(proc, VIEW_STEP)
+        first = time.monotonic() - start
+        runs = slurm.hosts.local_path(slurm.nodes[0], "~/benchproj/.rankdeck/runs")
+        run_id = sorted(os.listdir(runs), key=lambda r: os.stat(os.path.join(runs, r)).st_mtime)[-1]
+        start = time.monotonic()
+        subprocess.run([sys.executable, "-m", "console", "stop", run_id], cwd=REPO, env=env,
+                       capture_output=True, timeout=300, check=True)
+        return first, time.monotonic() - start + nothing_left(slurm)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+        slurm.cmd(["scancel", job], check=False)
+        wait(lambda: slurm.job_state(job) in ("", "CANCELLED", "COMPLETED"), 60)
+        for node in slurm.nodes:
+            shutil.rmtree(slurm.hosts.local_path(node, "~/benchproj/.rankdeck"),
+                          ignore_errors=True)
+
+
 def shq(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
@@ -119,6 +204,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--steps", type=int, default=100000)
+    p.add_argument("--skip-submit", action="store_true", help="only the figures in a running job")
     args = p.parse_args()
     reason = missing_requirements() or missing_slurm()
     if reason:
@@ -144,16 +230,31 @@ def main() -> int:
             env = dict(os.environ, HOME=home, PYTHONPATH=REPO)
             env.pop("SSH_AUTH_SOCK", None)
             hand, ours = [], []
-            for i in range(args.repeat):
+            for i in range(0 if args.skip_submit else args.repeat):
                 hand.append(by_hand(slurm, args.steps))
                 ours.append(with_rankdeck(slurm, inventory, project, env, args.steps))
                 print("round %d: by hand %.1f s, rankdeck %.1f s%s" % (
                     i + 1, hand[-1], ours[-1], " (cold: no agent on the nodes)" if i == 0
                     else ""), flush=True)
-            warm = ours[1:] or ours
-            print("submit to every rank stepping, 4 nodes: by hand %.1f s (best), rankdeck "
-                  "%.1f s warm (best), %.1f s cold; ratio %.2f" % (
-                      min(hand), min(warm), ours[0], min(warm) / min(hand)))
+            if ours:
+                warm = ours[1:] or ours
+                print("submit to every rank stepping, 4 nodes: by hand %.1f s (best), rankdeck "
+                      "%.1f s warm (best), %.1f s cold; ratio %.2f" % (
+                          min(hand), min(warm), ours[0], min(warm) / min(hand)))
+            hand, ours = [], []
+            for i in range(args.repeat):
+                hand.append(hand_live(slurm, args.steps))
+                ours.append(rankdeck_live(slurm, inventory, project, env, args.steps))
+                print("in a running job, round %d: first rank line by hand %.1f s, rankdeck "
+                      "%.1f s; stop to nothing left by hand %.1f s, rankdeck %.1f s" % (
+                          i + 1, hand[-1][0], ours[-1][0], hand[-1][1], ours[-1][1]),
+                      flush=True)
+            for what, at in (("RUNNING to the first rank's line", 0),
+                             ("stop to nothing left", 1)):
+                best_hand = min(h[at] for h in hand)
+                best_ours = min(o[at] for o in ours)
+                print("%s: by hand %.1f s (best), rankdeck %.1f s (best); ratio %.2f" % (
+                    what, best_hand, best_ours, best_ours / best_hand))
         finally:
             slurm.close()
     finally:

@@ -157,9 +157,10 @@ class SshHosts:
         """The path on this machine that reaches ``path`` in host ``name``'s own files."""
         return self[name].root + self.expand(path)
 
-    def run_on(self, name: str, argv, user: bool = True, **kw) -> subprocess.CompletedProcess:
-        """Run argv on host ``name`` (its files, hostname and network) as its login user, or
-        as root with ``user=False``; a clean environment, HOME the user's home."""
+    def command_on(self, name: str, argv, user: bool = True) -> list[str]:
+        """The command line that runs argv on host ``name`` (its files, hostname and network)
+        as its login user, or as root with ``user=False``; a clean environment, HOME the
+        user's home (for a caller that streams its output: bench/slurm.py)."""
         h = self[name]
         cmd = ["nsenter", "-t", str(h.holder.pid), "-m", "-u", "-n", "--"]
         if user:
@@ -167,8 +168,12 @@ class SshHosts:
             cmd += ["setpriv", "--reuid", str(pw.pw_uid), "--regid", str(pw.pw_gid),
                     "--init-groups", "env", "-i", "HOME=" + self.home, "USER=" + self.user,
                     "LOGNAME=" + self.user, "PATH=/usr/local/bin:/usr/bin:/bin"]
+        return cmd + list(argv)
+
+    def run_on(self, name: str, argv, user: bool = True, **kw) -> subprocess.CompletedProcess:
+        """Run argv on host ``name`` as :meth:`command_on` says; its result."""
         kw.setdefault("capture_output", True)
-        return subprocess.run(cmd + list(argv), cwd="/", **kw)
+        return subprocess.run(self.command_on(name, argv, user), cwd="/", **kw)
 
     def sh(self, name: str, script: str, user: bool = True) -> str:
         """Run a shell script on host ``name`` as its user; its stdout (raises on failure)."""
