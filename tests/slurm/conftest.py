@@ -1,6 +1,7 @@
 """Slurm fixtures: a real 4-node Slurm cluster on SSH test hosts (root only).
 
-``slurm`` is built once per session: five namespace hosts from tests/e2e/sshhosts.py (node0..3
+``slurm`` is built once per session (``slurm_cgroup``, the same with proctrack/cgroup, once
+per module that asks): five namespace hosts from tests/e2e/sshhosts.py (node0..3
 compute nodes, each with its own ``slurmd``; node4 the login host, where ``srun``/``squeue``
 run as the user does on a real cluster) and the daemons of tests/slurm/slurmcluster.py. The
 compute nodes have no agent and no project: what a run needs reaches them through rankdeck.
@@ -28,6 +29,17 @@ NODES = 4
 def slurm():
     """A SlurmCluster: compute nodes node0..node3, login host node4 (skips without root,
     sshd, ip or Slurm)."""
+    yield from _cluster("linuxproc")
+
+
+@pytest.fixture(scope="module")
+def slurm_cgroup():
+    """The same cluster with ``ProctrackType=proctrack/cgroup`` (a step owns its cgroup, as on
+    most GPU sites); built for the module that asks, and gone after it."""
+    yield from _cluster("cgroup")
+
+
+def _cluster(proctrack: str):
     reason = missing_requirements() or missing_slurm()
     if reason:
         pytest.skip(reason)
@@ -37,7 +49,7 @@ def slurm():
         pytest.skip("cannot build network-namespace hosts here: %s: %s"
                     % (" ".join(exc.cmd), (exc.stderr or "").strip()))
     try:
-        cluster = create_cluster(hosts, hosts.names[:NODES])
+        cluster = create_cluster(hosts, hosts.names[:NODES], proctrack=proctrack)
         try:
             yield cluster
         finally:

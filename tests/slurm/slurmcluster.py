@@ -48,7 +48,7 @@ SlurmUser=root
 AuthType=auth/munge
 AuthInfo=socket={munge_socket}
 CredType=cred/munge
-ProctrackType=proctrack/linuxproc
+ProctrackType=proctrack/{proctrack}
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -71,6 +71,19 @@ SchedulerParameters=sched_interval=2
 {nodes}
 PartitionName=test Nodes={node_names} Default=YES MaxTime={max_minutes} State=UP
 """
+# proctrack/cgroup (create_cluster(proctrack="cgroup")): Slurm 22.05's cgroup/v1 plugin on the
+# machine's v1 hierarchies (no systemd needed); proctrack/cgroup uses the freezer one only, and
+# with task/none nothing is constrained: what changes is which processes a step owns.
+CGROUP_CONF = """\
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+CgroupAutomount=no
+ConstrainCores=no
+ConstrainRAMSpace=no
+ConstrainSwapSpace=no
+ConstrainDevices=no
+"""
+PROCTRACKS = ("linuxproc", "cgroup")
 
 
 def missing_slurm() -> str | None:
@@ -122,6 +135,7 @@ class SlurmCluster:
     base: str
     conf: str
     ctl_addr: str
+    proctrack: str = "linuxproc"
     procs: list[subprocess.Popen] = field(default_factory=list)
     _closed: bool = False
 
@@ -180,11 +194,32 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+        if self.proctrack == "cgroup":
+            remove_cgroups(self.nodes)
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def create_cluster(hosts, nodes: list[str], max_minutes: int = 5) -> SlurmCluster:
-    """Slurm on ``hosts`` (an SshHosts): ``nodes`` compute, the first other host the login."""
+def remove_cgroups(nodes: list[str]) -> None:
+    """The cgroups the nodes' slurmds made (``<hierarchy>/slurm_<node>/uid_U/job_J/step_S``:
+    a multiple-slurmd build names its tree per node), deepest first; one still holding a process
+    stays (rmdir refuses it), and so does a tree that is not there."""
+    for point, _opts in cgroup_mounts():
+        for node in nodes:
+            top = os.path.join(point, "slurm_" + node)
+            for folder, _dirs, _files in os.walk(top, topdown=False):
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    pass
+
+
+def create_cluster(hosts, nodes: list[str], max_minutes: int = 5,
+                   proctrack: str = "linuxproc") -> SlurmCluster:
+    """Slurm on ``hosts`` (an SshHosts): ``nodes`` compute, the first other host the login.
+    ``proctrack``: ``linuxproc`` (a step owns its process tree) or ``cgroup`` (a step owns its
+    cgroup: what most GPU sites run)."""
+    if proctrack not in PROCTRACKS:
+        raise ValueError("proctrack %r: one of %s" % (proctrack, ", ".join(PROCTRACKS)))
     ensure_munge_key()
     base = os.path.join(hosts.base, "slurm")
     for sub in ("etc", "state", "log", "munge") + tuple("spool/" + n for n in nodes):
@@ -201,9 +236,13 @@ def create_cluster(hosts, nodes: list[str], max_minutes: int = 5) -> SlurmCluste
         f.write(CONF.format(ctl_name=socket.gethostname().split(".")[0], cluster="rdk" + os.path.basename(hosts.base)[3:7], ctl_addr=ctl_addr,
                             ctl_port=free_port(ctl_addr), d_port=free_port("0.0.0.0"),
                             munge_socket=socket_path, base=base, nodes=node_lines,
-                            node_names=",".join(nodes), max_minutes=max_minutes))
+                            node_names=",".join(nodes), max_minutes=max_minutes,
+                            proctrack=proctrack))
+    if proctrack == "cgroup":
+        with open(os.path.join(base, "etc", "cgroup.conf"), "w") as f:
+            f.write(CGROUP_CONF)
     cluster = SlurmCluster(hosts=hosts, nodes=list(nodes), base=base, conf=conf,
-                           ctl_addr=ctl_addr)
+                           ctl_addr=ctl_addr, proctrack=proctrack)
     try:
         _start(cluster, socket_path)
     except BaseException:

@@ -25,9 +25,13 @@ PREFIX = re.compile(r"^\[(node\d) r(\d+)\] (.*)$")
 
 @pytest.fixture
 def login(slurm, clean_home, tmp_path, host_workdir):
+    return login_inventory(slurm, clean_home, tmp_path, host_workdir)
+
+
+def login_inventory(slurm: SlurmCluster, home, tmp_path, host_workdir) -> str:
     """The user's side: ~/.ssh/config reaching the hosts, an inventory naming the login host
     only (its python and the workdir the nodes use)."""
-    ssh_dir = clean_home / ".ssh"
+    ssh_dir = home / ".ssh"
     ssh_dir.mkdir(exist_ok=True)
     (ssh_dir / "config").write_text(open(slurm.hosts.ssh_config).read())
     inv = tmp_path / "login.yaml"
@@ -50,10 +54,15 @@ def rankdeck(*args, check=True, timeout=TIMEOUT) -> subprocess.CompletedProcess:
 
 def launch(login: str, job: str, project, steps: int, restarts: int = 0, *extra) -> str:
     """`launch --slurm JOB --detach` of the reference trainer; the run id."""
-    res = rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync", str(project),
-                   "--max-restarts", str(restarts), "trainer/train.py", *TINY, "--steps",
-                   str(steps), *extra)
-    return res.stdout.split()[-1]
+    return launch_result(login, job, project, steps, restarts, *extra).stdout.split()[-1]
+
+
+def launch_result(login: str, job: str, project, steps: int, restarts: int = 0,
+                  *extra) -> subprocess.CompletedProcess:
+    """`launch --slurm JOB --detach` of the reference trainer, as it returned."""
+    return rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync", str(project),
+                    "--max-restarts", str(restarts), "trainer/train.py", *TINY, "--steps",
+                    str(steps), *extra)
 
 
 def status(run_id: str) -> dict:
