@@ -13,12 +13,16 @@
   hid /sys/fs/cgroup and slurmd refuses to start without it);
 - ``slurm.conf`` in the session's folder, bind-mounted on ``/etc/slurm`` in every host (the
   login host included), so ``srun``/``squeue`` there find it as on a real cluster; the root
-  namespace's commands get ``SLURM_CONF`` (:meth:`SlurmCluster.env`).
+  namespace's commands get ``SLURM_CONF`` (:meth:`SlurmCluster.env`);
+- with ``proctrack="cgroup"``, ``ProctrackType=proctrack/cgroup`` and a ``cgroup.conf``
+  (cgroup/v1, nothing constrained) beside it: each slurmd (a multiple-slurmd build) keeps its
+  steps in ``<hierarchy>/slurm_<node>/uid_U/job_J/step_S`` of the machine's v1 hierarchies
+  (freezer only, with task/none), and a step's end kills its cgroup as on most GPU sites.
 
 The compute hosts keep what the SSH hosts are: a private home per host with no agent in it,
 sshd, the hosts' Python; the login user ``rdkuser`` runs the jobs. ``close()`` cancels the
-session's jobs, stops the daemons by PID and removes the session's folder; the namespaces are
-the SSH hosts' to tear down.
+session's jobs, stops the daemons by PID, removes the ``slurm_<node>`` cgroups and the
+session's folder; the namespaces are the SSH hosts' to tear down.
 """
 
 from __future__ import annotations
@@ -84,6 +88,9 @@ ConstrainSwapSpace=no
 ConstrainDevices=no
 """
 PROCTRACKS = ("linuxproc", "cgroup")
+# The cgroups are the machine's and named by node and job (slurm_node0/uid_U/job_1), the same in
+# every session: one cgroup cluster at a time, or one session's step end kills another's steps.
+CGROUP_LOCK = "/tmp/rankdeck-slurm-cgroup.lock"
 
 
 def missing_slurm() -> str | None:
@@ -136,6 +143,7 @@ class SlurmCluster:
     conf: str
     ctl_addr: str
     proctrack: str = "linuxproc"
+    lock: object = None  # CGROUP_LOCK's file, held while a cgroup cluster runs
     procs: list[subprocess.Popen] = field(default_factory=list)
     _closed: bool = False
 
@@ -196,6 +204,8 @@ class SlurmCluster:
                     proc.wait()
         if self.proctrack == "cgroup":
             remove_cgroups(self.nodes)
+        if self.lock is not None:
+            self.lock.close()
         shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -244,6 +254,9 @@ def create_cluster(hosts, nodes: list[str], max_minutes: int = 5,
     cluster = SlurmCluster(hosts=hosts, nodes=list(nodes), base=base, conf=conf,
                            ctl_addr=ctl_addr, proctrack=proctrack)
     try:
+        if proctrack == "cgroup":
+            cluster.lock = open(CGROUP_LOCK, "a")
+            fcntl.flock(cluster.lock, fcntl.LOCK_EX)
         _start(cluster, socket_path)
     except BaseException:
         cluster.close()
