@@ -169,6 +169,21 @@ CGROUP_WARNING = (
     "\"proctrack/cgroup sites\"")
 
 
+def detached_refusal(args) -> str | None:
+    """Why ``args`` (launch --slurm, submit) cannot run on a proctrack/cgroup site, or None:
+    a ``--detach``ed run, or one ``--requeue`` ends the console's steps under, would end
+    with those steps (seen: tests/slurm/test_cgroup_site.py), so nothing is started."""
+    asked = [flag for flag, on in (("--detach", getattr(args, "detach", False)),
+                                   ("--requeue", getattr(args, "requeue", False))) if on]
+    if not asked:
+        return None
+    return ("%s: this Slurm tracks a step's processes by cgroup (ProctrackType=proctrack/"
+            "cgroup), and the run's supervisors live in this console's steps: the run would "
+            "end with them once this command returns (or the job is requeued). Nothing was "
+            "started. Run it without %s and keep this console attached (docs/SLURM.md, "
+            "\"proctrack/cgroup sites\")" % (" and ".join(asked), " and ".join(asked)))
+
+
 def proctrack_warning(config: str) -> str | None:
     """The warning for a site whose ``scontrol show config`` says proctrack/cgroup, or None."""
     for line in config.splitlines():

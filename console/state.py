@@ -573,10 +573,13 @@ class RunState:
     # -- reading ---------------------------------------------------------------------------
     def run_state(self) -> str:
         states = [n.state for n in self.nodes.values() if n.role == "active"]
-        if all(s in ENDED for s in states):
+        # a node whose supervisor died without an end (`lost`: killed, the host rebooted, a
+        # Slurm step's cgroup ended under it) runs no more: with every other node ended, the
+        # run failed
+        if all(s in ENDED or s == "lost" for s in states):
             if all(s == "exited" for s in states):
                 return "succeeded"
-            if any(s == "failed" for s in states):
+            if any(s in ("failed", "lost") for s in states):
                 return "failed"
             return "stopped"
         # once a rank stepped, ranks that exit first (their node done) or a restart do not

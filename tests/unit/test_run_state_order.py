@@ -193,3 +193,19 @@ def test_a_worker_aborted_after_the_last_step_ends_its_node_and_the_waiting_ones
 def test_a_worker_failing_while_the_others_still_train_is_torchruns_to_restart():
     assert ends_due(aborted_after_last_step("workers running")) == {}
     assert ends_due(aborted_after_last_step(None)) == {}
+
+
+def test_a_run_every_node_of_which_lost_its_supervisor_failed():
+    """Supervisors dead without an end (a Slurm step's cgroup ended with the console:
+    tests/slurm/test_cgroup_site.py) end the run `failed`, not `starting` for ever; a node
+    lost while another still runs leaves the run running."""
+    state = hf_run()
+    metric(state, "node0", 1, T0 + 10, step=5, loss=2.0, step_time=1.0)
+    state.apply_supervisor_state("node0", {"state": "lost"})
+    assert state.run_state() == "running"
+    ended(state, "node1", T0 + 20)
+    assert state.run_state() == "failed"
+    fresh = RunState("r", NODES)  # no rank ever started
+    for node, _addr in NODES:
+        fresh.apply_supervisor_state(node, {"state": "lost"})
+    assert fresh.run_state() == "failed" and fresh.status()["state"] == "failed"
