@@ -1,11 +1,11 @@
-"""``python -m agent serve | supervisor NODE_DIR | judge RUN_ROOT | version``."""
+"""``python -m agent serve | supervisor NODE_DIR | judge RUN_ROOT | host JOB | version``."""
 
 import sys
 
 
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
-        sys.stdout.write("usage: python -m agent serve | supervisor NODE_DIR | judge RUN_ROOT | version\n")
+        sys.stdout.write("usage: python -m agent serve | supervisor NODE_DIR | judge RUN_ROOT | host JOB | version\n")
         return 0 if argv else 2
     cmd = argv[0]
     if sys.version_info < (3, 8):
@@ -24,6 +24,10 @@ def main(argv):
         from .judge import main as judge_main
 
         return judge_main(argv[1])
+    if cmd == "host" and len(argv) == 2:  # a Slurm job's rankdeck-host step (docs/SLURM.md)
+        from .host_step import main as host_main
+
+        return host_main(argv[1])
     if cmd == "version":
         from .version import agent_version
 

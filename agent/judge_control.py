@@ -8,12 +8,11 @@ Standard library only; Python >= 3.9.
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 
-from . import judge_notify, judge_wire, procs
+from . import host_step, judge_notify, judge_wire, procs
 from .runfiles import log_tail, read_json
 
 
@@ -36,13 +35,11 @@ def start_judge(run_root, spec, timeout=30.0):
     if os.path.exists(path):
         os.unlink(path)
     from .node import agent_env  # here: node imports much the judge process does not need
-    log = open(os.path.join(jdir, "judge.log"), "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "agent", "judge", run_root],
-                            stdin=subprocess.PIPE, stdout=log, stderr=log,
-                            start_new_session=True, cwd=jdir, env=agent_env())
-    log.close()
-    proc.stdin.write(json.dumps(spec).encode())  # the token and secrets: never a command line
-    proc.stdin.close()
+    # the token and secrets through its stdin: never a command line (on a proctrack/cgroup
+    # Slurm site the job's rankdeck-host step starts it: agent/host_step.py)
+    proc = host_step.spawn([sys.executable, "-m", "agent", "judge", run_root],
+                           json.dumps(spec).encode(), os.path.join(jdir, "judge.log"),
+                           agent_env(), jdir)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         info = running_judge(run_root)

@@ -9,12 +9,11 @@ Every answer is the node's ``state.json`` plus whether its supervisor still live
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 
-from . import procs, protocol, static_world
+from . import host_step, procs, protocol, static_world
 from .hostpaths import host_path, host_spec
 from .protocol import RequestError
 from .runfiles import log_tail, read_json, write_json_atomic, write_text
@@ -103,14 +102,10 @@ def spawn_supervisor(ndir, spec):
     spec.setdefault("log_dir", os.path.join(ndir, "torchrun"))
     env = agent_env()
     before = read_json(os.path.join(ndir, "state.json"), {}) or {}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "supervisor", ndir],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, env=env, cwd=ndir,
-    )
-    # The spec (with secrets) goes through the pipe: never a file, never a command line.
-    proc.stdin.write(protocol.encode(spec))
-    proc.stdin.close()
+    # The spec (with secrets) goes through the pipe: never a file, never a command line. On
+    # a proctrack/cgroup Slurm site the job's rankdeck-host step starts it (agent/host_step.py)
+    proc = host_step.spawn([sys.executable, "-m", "agent", "supervisor", ndir],
+                           protocol.encode(spec), None, env, ndir)
     deadline = time.monotonic() + SPAWN_TIMEOUT
     while time.monotonic() < deadline:
         state = node_state(ndir)

@@ -48,6 +48,7 @@ OPS = (
     "fence",  # cordon: no start or restart of the node from now on, then stop it
     "unfence",
     "drop_workers",  # cordon of a hung node: the other nodes' stalled workers killed
+    "host_up",  # a Slurm job's rankdeck-host step answers here (agent/host_step.py)
     "standby",  # launch --auto-cordon: a spare's start spec, kept for the run's judge
     "runs",
     "state",

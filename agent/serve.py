@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-from . import actions, node, protocol
+from . import actions, host_step, node, protocol
 from .gpu import GpuProbe
 from .hoststats import HostSampler
 from .hostpaths import host_path, host_python
@@ -301,6 +301,11 @@ class Server:
 
     def op_drop_workers(self, args):
         return node.drop_workers(args)
+
+    def op_host_up(self, args):
+        """Whether this Slurm job's rankdeck-host step answers on this node (the console
+        starts it on a proctrack/cgroup site: agent/host_step.py)."""
+        return {"up": host_step.up()}
 
     def op_standby(self, args):
         return node.standby(args)

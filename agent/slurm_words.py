@@ -18,3 +18,13 @@ def seconds_left(text):
     for p in parts:
         seconds = seconds * 60 + int(p)
     return seconds + int(days or 0) * 86400
+
+
+def proctrack_cgroup(config):
+    """Whether ``scontrol show config`` says ``ProctrackType = proctrack/cgroup`` (a step's
+    processes are its cgroup's, killed when it ends: docs/SLURM.md)."""
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ProctrackType" and value.strip() == "proctrack/cgroup":
+            return True
+    return False

@@ -17,11 +17,10 @@ attached does not leave an open, unauthenticated port behind (docs/SECURITY.md).
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
-from . import node, procs
+from . import host_step, node, procs
 from .runfiles import log_tail, read_json, write_json_atomic
 
 STORE_SCRIPT = "import sys; from agent.store import store_main; sys.exit(store_main(sys.argv[1:]))"
@@ -159,13 +158,10 @@ def start_store(run_root, addr, python, port=0, timeout=120.0):
     path = store_path(run_root)
     if os.path.exists(path):
         os.unlink(path)
-    log = open(os.path.join(run_root, "store.log"), "ab")
-    proc = subprocess.Popen(
-        [python or sys.executable, "-c", STORE_SCRIPT, addr, str(port), path],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        cwd=run_root, env=node.agent_env(),
-    )
-    log.close()
+    # (on a proctrack/cgroup Slurm site the job's rankdeck-host step starts it:
+    # agent/host_step.py)
+    proc = host_step.spawn([python or sys.executable, "-c", STORE_SCRIPT, addr, str(port), path],
+                           None, os.path.join(run_root, "store.log"), node.agent_env(), run_root)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         info = read_json(path)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .errors import AgentError
+from .errors import AgentError, LaunchError
 from .surgery import ACTIVE, CORDONED, SPARE, CordonPlan
 
 
@@ -147,7 +147,11 @@ async def put_in(ctl, spare: str) -> str | None:
     ctl.record.setdefault("roles", {}).pop(spare, None)
     spec = ctl.node_spec(link.host, ctl.spec, ctl.record.get("rdzv_endpoint", ""))
     try:
+        await ctl.hold_nodes([link.host])  # (a Slurm cgroup site's rankdeck-host step)
         await link.request("start", run_root=link.run_root, node=spare, spec=spec)
+    except LaunchError as exc:
+        ctl.state.set_node(spare, "failed", str(exc))
+        return str(exc)
     except AgentError as exc:
         ctl.state.set_node(spare, "failed", str(exc))
         return str(exc)

@@ -285,6 +285,7 @@ class RunController:
         self.history.save(self.record)
         for h in active:
             self.state.set_node(h.name, "starting")
+        await self.hold_nodes(hosts)
         try:
             store = await self.links[rdzv.name].request(
                 "store_start", run_root=self.root_of(rdzv.name), addr=rdzv.addr,
@@ -615,12 +616,32 @@ class RunController:
             self.state.set_node(n, "restarting")
             self.state.add_event(n, "restarting", "restart requested from the console")
 
+        try:  # a supervisor the restart starts again lives in it (a Slurm cgroup site)
+            await self.hold_nodes([self.inventory.host(n) for n in names])
+        except LaunchError as exc:
+            return {n: AgentError(str(exc), "refused") for n in names}
+
         def req(link: NodeLink):
             spec = self.node_spec(link.host, self.spec, endpoint)
             extra = {"master_port": port} if port is not None else {}
             return link.request("restart", run_root=link.run_root, node=link.name, spec=spec,
                                 timeout=self.stop_timeout(), **extra)
         return await self.gather_nodes(req, names)
+
+    async def hold_nodes(self, hosts: list[Host]) -> None:
+        """What holds the run's processes on ``hosts`` beyond this console (a Slurm site's
+        rankdeck-host step: console/transport/slurm.py); LaunchError when it cannot."""
+        hold = getattr(self.transport, "hold_nodes", None)
+        if hold is None:
+            return
+
+        async def ask_up(names):
+            said = await self.gather_nodes(lambda link: link.request("host_up"), names)
+            return {n for n, r in said.items() if isinstance(r, dict) and r.get("up")}
+        try:
+            await hold(hosts, ask_up)
+        except RuntimeError as exc:
+            raise LaunchError("%s; nothing was started" % exc, EXIT_FAILED) from None
 
     async def _fresh_store(self) -> str:
         """A static world's restart: the rendezvous host's store stopped and started again on

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 # squeue's words, read alike by the supervisors on the nodes (agent/slurm_words.py)
 from agent.slurm_words import ALIVE as JOB_ALIVE, QUEUED as JOB_QUEUED
-from agent.slurm_words import seconds_left as time_left_s
+from agent.slurm_words import proctrack_cgroup, seconds_left as time_left_s
 from inventory.model import Host, Inventory
 from .errors import EXIT_UNREACHABLE, LaunchError, UsageError
 
@@ -164,33 +164,28 @@ async def job_inventory(inv: Inventory, job_id: str, transport) -> Inventory:
 
 CGROUP_WARNING = (
     "this Slurm tracks a step's processes by cgroup (ProctrackType=proctrack/cgroup): the "
-    "run's supervisors live in the console's steps and end with them, so the run lives only "
-    "while this console is attached (no --detach, no requeue); docs/SLURM.md, "
+    "run's supervisors, store and judge live in a rankdeck-host step of their own on each "
+    "node, which ends once they have; --requeue is not supported here; docs/SLURM.md, "
     "\"proctrack/cgroup sites\"")
 
 
 def detached_refusal(args) -> str | None:
     """Why ``args`` (launch --slurm, submit) cannot run on a proctrack/cgroup site, or None:
-    a ``--detach``ed run, or one ``--requeue`` ends the console's steps under, would end
-    with those steps (seen: tests/slurm/test_cgroup_site.py), so nothing is started."""
-    asked = [flag for flag, on in (("--detach", getattr(args, "detach", False)),
-                                   ("--requeue", getattr(args, "requeue", False))) if on]
-    if not asked:
+    ``--requeue`` ends the job's steps, the rankdeck-host step that holds the run among them,
+    and nothing starts it again when the job runs again (not built: docs/SLURM.md), so
+    nothing is started."""
+    if not getattr(args, "requeue", False):
         return None
-    return ("%s: this Slurm tracks a step's processes by cgroup (ProctrackType=proctrack/"
-            "cgroup), and the run's supervisors live in this console's steps: the run would "
-            "end with them once this command returns (or the job is requeued). Nothing was "
-            "started. Run it without %s and keep this console attached (docs/SLURM.md, "
-            "\"proctrack/cgroup sites\")" % (" and ".join(asked), " and ".join(asked)))
+    return ("--requeue: this Slurm tracks a step's processes by cgroup (ProctrackType="
+            "proctrack/cgroup): a requeue ends the steps that hold the run, and rankdeck does "
+            "not start them again when the job runs again yet. Nothing was started. Run it "
+            "without --requeue (--signal-before alone has the run checkpoint before the "
+            "limit); docs/SLURM.md, \"proctrack/cgroup sites\"")
 
 
 def proctrack_warning(config: str) -> str | None:
     """The warning for a site whose ``scontrol show config`` says proctrack/cgroup, or None."""
-    for line in config.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "ProctrackType" and value.strip() == "proctrack/cgroup":
-            return CGROUP_WARNING
-    return None
+    return CGROUP_WARNING if proctrack_cgroup(config) else None
 
 
 async def site_warning(transport, login: Host) -> str | None:

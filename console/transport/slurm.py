@@ -11,8 +11,11 @@ their own allocation is enough (docs/SLURM.md).
 The step lives as long as the stream: closing it (EOF on srun's stdin) ends ``serve`` and so
 the step. The node's supervisors were started by that ``serve`` but leave its process tree at
 once (they are session leaders that outlive it), so a console that goes away leaves the run
-training; with ``proctrack/cgroup`` a site kills everything in a step's cgroup when the step
-ends, which this transport cannot survive yet (docs/SLURM.md, "Not built yet").
+training. A ``proctrack/cgroup`` site kills everything in a step's cgroup when the step ends,
+so there :meth:`SlurmTransport.hold_nodes` first starts the job's ``rankdeck-host`` step on
+the nodes (agent/host_step.py), a step of its own kept running on the login host, and the
+run's supervisors, store and judge are its children (docs/SLURM.md, "proctrack/cgroup
+sites").
 
 ``RANKDECK_SLURM_JOB`` in the step's environment tells the agent's supervisors which job
 holds them: they stop the run when the job ends (scancel, the time limit), since Slurm's
@@ -21,11 +24,22 @@ holds them: they stop the run when the job ends (scancel, the time limit), since
 
 from __future__ import annotations
 
+import asyncio
 import shlex
+import time
 
+from agent.slurm_words import proctrack_cgroup
+
+from .agent_copy import shell_word
 from .ssh import SshTransport
 
 JOB_ENV = "RANKDECK_SLURM_JOB"
+HOST_STEP = "rankdeck-host"
+HOST_UP_S = 90.0  # the rankdeck-host step answering on every node (srun's start, the agent's)
+# the agent's cached copy run as ``host JOB`` (the cache was checked by the serve steps first)
+HOST_BOOT = ("import sys,runpy; sys.path.insert(0, '.'); "
+             "runpy.run_module('agent', run_name='__main__', alter_sys=True)")
+
 
 
 def step_command(job: str, node: str, command: str, name: str = "rankdeck-agent") -> str:
@@ -49,6 +63,7 @@ class SlurmTransport(SshTransport):
     def __init__(self, job: str, **ssh_options):
         super().__init__(**ssh_options)
         self.job = job
+        self.cgroup = None  # the site's proctrack is cgroup (asked once: cgroup_site)
 
     async def _link(self, host):
         """One connection to the login host, shared by every node of the job."""
@@ -70,3 +85,52 @@ class SlurmTransport(SshTransport):
                        input: str | None = None) -> tuple[int, str, str]:
         """``argv`` on the login host itself (scontrol, squeue, sbatch, scancel)."""
         return await super().run_command(login, argv, timeout, input)
+
+    async def cgroup_site(self, login) -> bool:
+        """Whether this Slurm kills a step's cgroup when the step ends (asked once)."""
+        if self.cgroup is None:
+            try:
+                code, out, _err = await self.on_login(login, ["scontrol", "show", "config"])
+            except Exception:  # noqa: BLE001 (as if linuxproc: the launch says what fails)
+                code, out = 1, ""
+            self.cgroup = code == 0 and proctrack_cgroup(out)
+        return self.cgroup
+
+    def host_step_command(self, hosts) -> str:
+        """The login host's shell line that starts the job's rankdeck-host step on ``hosts``
+        and leaves it running there (a session of its own: the SSH connection may go)."""
+        cache = "%s/agent-%s" % (self.remote_cache.rstrip("/"), self.bundle.version)
+        inner = "cd %s && exec %s -E -S -c %s host %s" % (
+            shell_word(cache), shell_word(hosts[0].python or "python3"),
+            shlex.quote(HOST_BOOT), shlex.quote(self.job))
+        srun = " ".join([
+            "srun", "--jobid=" + shlex.quote(self.job), "--overlap",
+            "--nodes=%d" % len(hosts), "--ntasks-per-node=1",
+            "--nodelist=" + shlex.quote(",".join(h.name for h in hosts)), "--quiet",
+            "--job-name=" + HOST_STEP, "--export=ALL,%s=%s" % (JOB_ENV, shlex.quote(self.job)),
+            "sh", "-c", shlex.quote(inner)])
+        return "nohup setsid %s </dev/null >/dev/null 2>&1 &" % srun
+
+    async def hold_nodes(self, hosts, ask_up) -> None:
+        """On a proctrack/cgroup site, this job's rankdeck-host step answering on every one of
+        ``hosts`` (started for those without one); ``ask_up(names)``: the names whose host
+        answers (their ``serve`` asked, ``host_up``). RuntimeError saying which do not."""
+        if not hosts or not await self.cgroup_site(hosts[0]):
+            return
+        missing = [h for h in hosts if h.name not in await ask_up([h.name for h in hosts])]
+        if not missing:
+            return
+        code, _out, err = await self.on_login(hosts[0], ["sh", "-c",
+                                                         self.host_step_command(missing)])
+        if code != 0:
+            raise RuntimeError("could not start the %s step: %s" % (HOST_STEP, err.strip()[-300:]))
+        deadline = time.monotonic() + HOST_UP_S
+        names = [h.name for h in missing]
+        while True:
+            names = [n for n in names if n not in await ask_up(names)]
+            if not names:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the %s step does not answer on %s after %.0f s"
+                                   % (HOST_STEP, ", ".join(names), HOST_UP_S))
+            await asyncio.sleep(0.5)

@@ -174,5 +174,5 @@ def test_a_cgroup_site_is_warned_that_a_run_lives_only_while_attached():
     from console.slurm import proctrack_warning
 
     config = "Configuration data as of 2026-11-26T08:00:00\nProctrackType           = %s\n"
-    assert "only while this console is attached" in proctrack_warning(config % "proctrack/cgroup")
+    assert "a rankdeck-host step of their own" in proctrack_warning(config % "proctrack/cgroup")
     assert proctrack_warning(config % "proctrack/linuxproc") is None
