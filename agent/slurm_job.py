@@ -50,7 +50,7 @@ class JobWatch:
         return cls(job, squeue)
 
     def look(self, now=None, force=False):
-        """``(code, out, err)`` of ``squeue -o '%T|%r|%L|%N|%e'``, at most every ``every``
+        """``(code, out, err)`` of ``squeue -o '%T|%r|%L|%N|%e|%S'``, at most every ``every``
         seconds unless ``force`` (else None); None too when squeue could not run."""
         now = time.monotonic() if now is None else now
         if now - self.last < self.every and not force:
@@ -58,7 +58,7 @@ class JobWatch:
         self.last = now
         try:
             res = subprocess.run([self.squeue, "-h", "--states=all", "-j", self.job, "-o",
-                                  "%T|%r|%L|%N|%e"],
+                                  "%T|%r|%L|%N|%e|%S"],
                                  capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             return None
@@ -70,10 +70,10 @@ class JobWatch:
 
 
 def fields_of(out):
-    """``[state, reason, time left, nodes, end time]`` of one squeue answer (missing ones
-    empty)."""
+    """``[state, reason, time left, nodes, end time, start time]`` of one squeue answer
+    (missing ones empty)."""
     fields = [f.strip() for f in (out.strip().splitlines() or [""])[0].split("|")]
-    return (fields + [""] * 5)[:5]
+    return (fields + [""] * 6)[:6]
 
 
 def job_end(job, code, out, err):
@@ -109,6 +109,7 @@ class JobTurns:
         self.requeue_asked = False  # this node ran scontrol requeue
         self.waiting = False  # the job is back in the queue: the ranks were ended
         self.round = ""  # the job's end time (digits) since it runs again after a requeue
+        self.started = ""  # when the job's run this node is part of started (squeue %S)
         self.log = log  # the supervisor's log, for scontrol's refusals
 
     def new_run(self):
@@ -140,12 +141,25 @@ class JobTurns:
             if state in QUEUED:
                 return self._decide(*answer)
             if state == "RUNNING":  # (a requeue makes it PENDING or COMPLETING at once)
-                return None
+                # ... unless it already runs again: Slurm let it start before this node
+                # looked (its start time tells); else the ranks' own failure
+                return self._decide(*answer) if self._ran_again(answer[1]) else None
             time.sleep(1.0)
         return None
 
+    def _ran_again(self, out):
+        """Whether the job (RUNNING) started again since this node's run began: requeued and
+        running again between two of this node's looks, which never saw it queued."""
+        start = fields_of(out)[5]
+        return bool(self.requeue and self.started and start and start != self.started)
+
     def _decide(self, code, out, err, complete_at=lambda: 0.0):
-        state, reason, left, nodes, end = fields_of(out)
+        state, reason, left, nodes, end, start = fields_of(out)
+        if code == 0 and state == "RUNNING" and not self.waiting and self._ran_again(out):
+            self.started = ""  # (the resume below takes the new one)
+            return self._queued("requeued; it already runs again")
+        if code == 0 and state == "RUNNING" and not self.started:
+            self.started = start
         if code == 0 and self.requeue and state == "COMPLETING":
             return None  # a requeue passes through it too: the state after it says which
         if code == 0 and self.requeue and state in QUEUED:
@@ -155,6 +169,7 @@ class JobTurns:
                 return ("end", "Slurm job %s runs again on other nodes (%s): this node's "
                         "part of the run ended" % (self.watch.job, nodes), "")
             self.round = "".join(c for c in end if c.isdigit())
+            self.started = start
             return ("resume", "Slurm job %s runs again: the ranks start from the last "
                     "complete checkpoint" % self.watch.job)
         gone = job_end(self.watch.job, code, out, err)

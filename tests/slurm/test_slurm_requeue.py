@@ -34,6 +34,17 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
                       lambda: "job %s requeued: %s" % (job, status(run_id)), every=0.5)
         slurm.cmd(["scontrol", "update", "JobId=" + job, "TimeLimit=5"])
 
+        def let_it_run():
+            """... and lets it run at once, once it waits: Slurm holds a requeued batch job
+            about 2 minutes (its BeginTime), Slurm's wait, not rankdeck's (the suite's time);
+            the nodes then see it running again before some of them ever saw it queued."""
+            state = slurm.job_state(job)
+            if state == "PENDING":
+                slurm.cmd(["scontrol", "update", "JobId=" + job, "StartTime=now"], check=False)
+            return state == "RUNNING"
+        wait_for_sync(let_it_run, TIMEOUT, lambda: "job %s running again: %s"
+                      % (job, slurm.job_state(job)), every=1)
+
         def resumed():
             lines = rankdeck("logs", run_id, check=False).stdout.splitlines()
             asked = [ln for ln in lines if "checkpoint requested: " in ln]

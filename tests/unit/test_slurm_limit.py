@@ -124,3 +124,25 @@ def test_ranks_that_fail_as_the_job_is_requeued_wait_for_it_and_a_running_job_s_
     assert job.after_exit() is None  # the job runs: the ranks failed on their own
     answer.write_text("PENDING|BeginTime|2:00|\n")  # another node requeued it
     assert job.after_exit()[0] == "wait"
+
+
+def test_a_job_requeued_and_running_again_between_two_looks_is_waited_for_then_resumed(
+        tmp_path):
+    """Slurm may run a requeued job again before a node's next look (an idle cluster, an
+    administrator's StartTime=now): the node never sees it queued, only its start time
+    change; its ranks, failing as their peers were ended, wait and resume, not fail."""
+    job, answer, _calls = turns(tmp_path, {"signal_before": 60, "requeue": True,
+                                           "requeuer": False})
+    answer.write_text("RUNNING|None|5:00|node[0-3]|2026-11-26T07:05:00|2026-11-26T07:00:00\n")
+    assert job.turn() is None
+    assert job.after_exit() is None  # the same run of the job: the ranks' own failure
+    answer.write_text("RUNNING|None|5:00|node[0-3]|2026-11-26T07:05:00|2026-11-26T07:00:00\n")
+    assert job.turn() is None  # an administrator's TimeLimit change moves the end, not the start
+    answer.write_text("RUNNING|None|5:00|node[0-3]|2026-11-26T07:12:00|2026-11-26T07:07:00\n")
+    kind, why = job.after_exit()
+    assert kind == "wait" and "already runs again" in why
+    assert job.turn()[0] == "resume"
+    assert job.rejoin_argv(["torchrun", "--rdzv-id", "run1", "train.py"]) == \
+        ["torchrun", "--rdzv-id", "run1-job20261126071200", "train.py"]
+    job.new_run()  # (the supervisor, starting the ranks again)
+    assert job.turn() is None and job.after_exit() is None  # this run is the node's now
