@@ -149,10 +149,7 @@ async def put_in(ctl, spare: str) -> str | None:
     try:
         await ctl.hold_nodes([link.host])  # (a Slurm cgroup site's rankdeck-host step)
         await link.request("start", run_root=link.run_root, node=spare, spec=spec)
-    except LaunchError as exc:
-        ctl.state.set_node(spare, "failed", str(exc))
-        return str(exc)
-    except AgentError as exc:
+    except (LaunchError, AgentError) as exc:  # (its host step, its start)
         ctl.state.set_node(spare, "failed", str(exc))
         return str(exc)
     try:

@@ -101,8 +101,9 @@ async def slurm_inventory(inv: Inventory, args) -> Inventory:
     try:
         run_inv = await slurm.job_inventory(inv, job, transport)
         warning = await slurm.site_warning(transport, slurm.login_host(inv))
-        if warning and slurm.detached_refusal(args):
-            raise UsageError(slurm.detached_refusal(args))
+        refusal = slurm.requeue_refusal(args)
+        if warning and refusal:
+            raise UsageError(refusal)
         if warning:
             print("rankdeck: warning: %s" % warning, file=sys.stderr)
         return run_inv
@@ -126,8 +127,9 @@ async def cmd_submit(args) -> int:
                                getattr(args, "accept_new_host_keys", False))
     job, launched = None, False
     try:
-        if slurm.detached_refusal(args) and await slurm.site_warning(transport, login):
-            raise UsageError(slurm.detached_refusal(args))  # before anything is submitted
+        refusal = slurm.requeue_refusal(args)
+        if refusal and await slurm.site_warning(transport, login):
+            raise UsageError(refusal)  # before anything is submitted
         job = await slurm_submit.submit(transport, login, script)
         say = lambda line: print("rankdeck: " + line, file=sys.stderr, flush=True)  # noqa: E731
         say("submitted Slurm job %s (%d nodes, --time %s)" % (job, args.nodes, args.time))

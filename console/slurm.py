@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 # squeue's words, read alike by the supervisors on the nodes (agent/slurm_words.py)
 from agent.slurm_words import ALIVE as JOB_ALIVE, QUEUED as JOB_QUEUED
-from agent.slurm_words import proctrack_cgroup, seconds_left as time_left_s
+from agent.slurm_words import seconds_left as time_left_s
 from inventory.model import Host, Inventory
 from .errors import EXIT_UNREACHABLE, LaunchError, UsageError
 
@@ -169,7 +169,7 @@ CGROUP_WARNING = (
     "\"proctrack/cgroup sites\"")
 
 
-def detached_refusal(args) -> str | None:
+def requeue_refusal(args) -> str | None:
     """Why ``args`` (launch --slurm, submit) cannot run on a proctrack/cgroup site, or None:
     ``--requeue`` ends the job's steps, the rankdeck-host step that holds the run among them,
     and nothing starts it again when the job runs again (not built: docs/SLURM.md), so
@@ -183,19 +183,11 @@ def detached_refusal(args) -> str | None:
             "limit); docs/SLURM.md, \"proctrack/cgroup sites\"")
 
 
-def proctrack_warning(config: str) -> str | None:
-    """The warning for a site whose ``scontrol show config`` says proctrack/cgroup, or None."""
-    return CGROUP_WARNING if proctrack_cgroup(config) else None
-
-
 async def site_warning(transport, login: Host) -> str | None:
-    """What the site's Slurm settings change for a run (proctrack/cgroup), or None; None too
-    when scontrol could not say."""
-    try:
-        code, out, _err = await transport.on_login(login, ["scontrol", "show", "config"])
-    except Exception:  # noqa: BLE001 (a warning only: the launch says what fails)
-        return None
-    return proctrack_warning(out) if code == 0 else None
+    """What the site's Slurm settings change for a run (proctrack/cgroup: the transport asks
+    ``scontrol show config``, console/transport/slurm.py), or None; None too when scontrol
+    could not say."""
+    return CGROUP_WARNING if await transport.cgroup_site(login) else None
 
 
 def job_of(transport_kind: str) -> str | None:

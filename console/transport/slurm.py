@@ -42,12 +42,14 @@ HOST_BOOT = ("import sys,runpy; sys.path.insert(0, '.'); "
 
 
 
-def step_command(job: str, node: str, command: str, name: str = "rankdeck-agent") -> str:
-    """``srun`` running the shell line ``command`` as one task on ``node`` of ``job``, beside
-    the job's other steps (``--overlap``), its output unbuffered, srun's own notes quiet."""
+def step_command(job: str, nodes: str, command: str, name: str = "rankdeck-agent") -> str:
+    """``srun`` running the shell line ``command`` as one task on each of ``nodes`` (a name,
+    or several joined by commas) of ``job``, beside the job's other steps (``--overlap``),
+    its output unbuffered, srun's own notes quiet."""
+    count = len(nodes.split(","))
     return " ".join([
-        "srun", "--jobid=" + shlex.quote(job), "--overlap", "--nodes=1", "--ntasks=1",
-        "--nodelist=" + shlex.quote(node), "--unbuffered", "--quiet",
+        "srun", "--jobid=" + shlex.quote(job), "--overlap", "--nodes=%d" % count,
+        "--ntasks=%d" % count, "--nodelist=" + shlex.quote(nodes), "--unbuffered", "--quiet",
         "--job-name=" + shlex.quote(name), "--export=ALL,%s=%s" % (JOB_ENV, shlex.quote(job)),
         "sh", "-c", shlex.quote(command),
     ])
@@ -103,12 +105,7 @@ class SlurmTransport(SshTransport):
         inner = "cd %s && exec %s -E -S -c %s host %s" % (
             shell_word(cache), shell_word(hosts[0].python or "python3"),
             shlex.quote(HOST_BOOT), shlex.quote(self.job))
-        srun = " ".join([
-            "srun", "--jobid=" + shlex.quote(self.job), "--overlap",
-            "--nodes=%d" % len(hosts), "--ntasks-per-node=1",
-            "--nodelist=" + shlex.quote(",".join(h.name for h in hosts)), "--quiet",
-            "--job-name=" + HOST_STEP, "--export=ALL,%s=%s" % (JOB_ENV, shlex.quote(self.job)),
-            "sh", "-c", shlex.quote(inner)])
+        srun = step_command(self.job, ",".join(h.name for h in hosts), inner, HOST_STEP)
         return "nohup setsid %s </dev/null >/dev/null 2>&1 &" % srun
 
     async def hold_nodes(self, hosts, ask_up) -> None:

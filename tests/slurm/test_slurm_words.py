@@ -170,9 +170,26 @@ def test_a_node_slurm_drains_or_lost_is_said_in_slurm_s_words():
     assert st["slurm"]["nodes"] == words
 
 
-def test_a_cgroup_site_is_warned_that_a_run_lives_only_while_attached():
-    from console.slurm import proctrack_warning
+def test_a_cgroup_site_is_told_where_the_run_lives():
+    """The site's ``scontrol show config``, read by the transport once (its answer stands in
+    for the login host's), says proctrack/cgroup: the launch's warning."""
+    import asyncio
+
+    from console.slurm import site_warning
+    from console.transport.slurm import SlurmTransport
+
+    def warning(proctrack):
+        transport = SlurmTransport("1")
+        asked = []
+
+        async def on_login(login, argv, timeout=60, input=None):
+            asked.append(argv)
+            return 0, config % proctrack, ""
+        transport.on_login = on_login
+        said = [asyncio.run(site_warning(transport, None)) for _ in range(2)]
+        assert said[0] == said[1] and asked == [["scontrol", "show", "config"]]
+        return said[0]
 
     config = "Configuration data as of 2026-11-26T08:00:00\nProctrackType           = %s\n"
-    assert "a rankdeck-host step of their own" in proctrack_warning(config % "proctrack/cgroup")
-    assert proctrack_warning(config % "proctrack/linuxproc") is None
+    assert "a rankdeck-host step of their own" in warning("proctrack/cgroup")
+    assert warning("proctrack/linuxproc") is None
