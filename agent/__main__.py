@@ -5,7 +5,8 @@ import sys
 
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
-        sys.stdout.write("usage: python -m agent serve | supervisor NODE_DIR | judge RUN_ROOT | host JOB | version\n")
+        sys.stdout.write("usage: python -m agent serve | supervisor NODE_DIR | judge RUN_ROOT | "
+                         "host JOB | version\n")
         return 0 if argv else 2
     cmd = argv[0]
     if sys.version_info < (3, 8):

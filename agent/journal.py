@@ -10,10 +10,11 @@ the journal offset it has seen - to resume after a reconnect and receive every l
 once.
 
 Record layout (read by agent/protocol.py ``split_records``: a console reads the records a
-``jbytes`` message brings as the journal holds them): an ASCII header ``<meta_len> <data_len>\\n``, then ``meta_len`` bytes of JSON
-(an object with ``k``, the record kind), then ``data_len`` raw bytes (log data; empty for
-other kinds). Kinds: ``file`` (a followed file and its rank), ``data`` (bytes of a file from
-source offset ``o``), ``metric``, ``ckpt``, ``event``.
+``jbytes`` message brings as the journal holds them): an ASCII header ``<meta_len>
+<data_len>\\n``, then ``meta_len`` bytes of JSON (an object with ``k``, the record kind), then
+``data_len`` raw bytes (log data; empty for other kinds). Kinds: ``file`` (a followed file
+and its rank), ``data`` (bytes of a file from source offset ``o``), ``metric``, ``ckpt``,
+``event``.
 
 Scrolling back: the writer also keeps ``journal.idx``, the start offset of a record every
 ``INDEX_EVERY`` bytes (one short line per MiB), so that :func:`read_back` can read a window

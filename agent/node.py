@@ -187,11 +187,11 @@ def drop_workers(args):
     state = node_state(ndir)
     if not state or not state["alive"] or not isinstance(state.get("torchrun_pid"), int):
         return {"killed": []}
-    # torchrun's own children that carry the run's marker: a pid state.json names that has
-    # gone and been reused has no child of the run
+    # torchrun's own children that carry the run's marker (only theirs read): a pid
+    # state.json names that has gone and been reused has no child of the run
     table = procs.table()
-    below = set(procs.descendants(state["torchrun_pid"], table))
-    mine = below & set(procs.marked("%s/%s" % (state.get("run_id"), state.get("node")), table))
+    below = {p: table[p] for p in procs.descendants(state["torchrun_pid"], table)}
+    mine = procs.marked(procs.run_marker(state.get("run_id"), state.get("node")), below)
     killed = sorted(p for p in mine if procs.signal_process(table[p], signal.SIGKILL))
     return {"killed": killed}
 
@@ -292,7 +292,7 @@ def stop(args):
             os.unlink(end)
     # Belt and braces: anything still marked as this run's (the supervisor may have been
     # SIGKILLed earlier) is killed here, and what is left is reported.
-    marker = "%s/%s" % (state.get("run_id"), state.get("node"))
+    marker = procs.run_marker(state.get("run_id"), state.get("node"))
     report = procs.kill_run(None, marker, grace=float(state.get("grace", DEFAULT_GRACE)))
     state["left"] = procs.run_pids(None, marker)
     state["sweep"] = report
@@ -332,7 +332,7 @@ def restart(args):
     spec = dict(args["spec"], restarted=True)
     if port is not None:
         spec["argv"] = static_world.with_master_port(spec.get("argv") or [], port)
-    marker = "%s/%s" % (spec["run_id"], args["node"])
+    marker = procs.run_marker(spec["run_id"], args["node"])
     procs.kill_run(None, marker, grace=float(spec.get("grace", DEFAULT_GRACE)))
     return spawn_supervisor(ndir, spec)
 

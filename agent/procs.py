@@ -122,6 +122,11 @@ def worker_rank(root, attempt, local_rank):
     return None if best is None else best[1:]
 
 
+def run_marker(run_id, node):
+    """The ``RANKDECK_RUN`` value every process of a run's node carries (:func:`marked`)."""
+    return "%s/%s" % (run_id, node)
+
+
 def marked(value, procs=None):
     """PIDs whose environment carries ``RANKDECK_RUN=<value>``."""
     needle = ("%s=%s\0" % (MARKER, value)).encode()

@@ -72,7 +72,7 @@ class Supervisor:
     def __init__(self, spec):
         self.spec = spec
         self.node_dir = spec["node_dir"]
-        self.marker = "%s/%s" % (spec["run_id"], spec["node"])
+        self.marker = procs.run_marker(spec["run_id"], spec["node"])
         self.state_path = os.path.join(self.node_dir, "state.json")
         previous = read_json(self.state_path, {}) or {}
         self.state = {
