@@ -32,8 +32,10 @@ from .spec import new_run_id
 from .transport import make_transport
 
 
-def queued_path(run_id: str) -> str:
-    return os.path.join(os.path.dirname(state_dir()), "queued", run_id + ".json")
+def queued_path(run_id: str, ext: str = ".json") -> str:
+    """The queued run's file beside the run records: its options (``.json``), its launch
+    lock (``.lock``), its follower's output (``.log``)."""
+    return os.path.join(os.path.dirname(state_dir()), "queued", run_id + ext)
 
 
 def keepable(args, inventory) -> bool:
@@ -79,7 +81,7 @@ def mark_submitted(job: str, script: str) -> None:
 def launch_lock(run_id: str):
     """``queued/RUN.lock`` held: one launch (or stop) of a queued run at a time; whoever
     waited looks again and finds it launched."""
-    path = queued_path(os.path.basename(run_id))[:-len(".json")] + ".lock"
+    path = queued_path(os.path.basename(run_id), ".lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -90,8 +92,7 @@ def launch_lock(run_id: str):
 
 def forget(run_id: str) -> None:
     """The queued run's files gone (launched or stopped; under its lock)."""
-    base = queued_path(os.path.basename(run_id))[:-len(".json")]
-    for path in (base + ".json", base + ".lock"):
+    for path in (queued_path(os.path.basename(run_id), ext) for ext in (".json", ".lock")):
         with contextlib.suppress(OSError):
             os.unlink(path)
 
@@ -100,7 +101,7 @@ def start_follower(run_id: str) -> int:
     """The follower of a queued run (console/slurm_follower.py): a process of its own, in a
     session of its own (a closed terminal does not end it), its output in ``queued/RUN.log``
     (0600). Its pid."""
-    log = queued_path(run_id)[:-len(".json")] + ".log"
+    log = queued_path(run_id, ".log")
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     env = dict(os.environ)
     top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # console's parent

@@ -214,7 +214,7 @@ def test_submit_detach_returns_while_pending_and_its_follower_launches_once_it_r
         # the nodes free up: the follower launches the run, nobody asking (no status: that
         # would launch it too); then it ends
         slurm.cmd(["scancel", blocker])
-        log = queued_path(run_id)[:-len(".json")] + ".log"
+        log = queued_path(run_id, ".log")
         wait_for_sync(lambda: not os.path.exists(queued_path(run_id))
                       and not followers_of(run_id), TIMEOUT,
                       lambda: "the follower's launch: %s" % open(log).read()[-2000:])
