@@ -135,10 +135,9 @@ class Supervisor:
         live = procs.worker_rank(os.getpid(), attempt, local_rank)
         if known is not None:
             rank, size = known
-            extra = {"world_size": size}
-            if live is not None and live[0] == rank:
-                extra["pid"] = live[2]
-            return rank, extra
+            # pid None: not exec'd yet (or gone); the follower asks again a little later
+            return rank, {"world_size": size,
+                          "pid": live[2] if live is not None and live[0] == rank else None}
         if live is not None:
             return live[0], {"world_size": live[1], "pid": live[2]}
         return None

@@ -33,6 +33,10 @@ MAX_PENDING = 64 * 1024
 MAX_RECORD = 64 * 1024  # bytes of log data in one journal record (one protocol message)
 READ_SIZE = 1 << 20
 RANK_WAIT = 5.0  # seconds to wait for a worker's RANK before announcing the file without it
+# seconds to wait for a known rank's worker to show itself (its pid) before announcing the
+# file without it: torchrun opens a worker's files before the worker has exec'd with its
+# environment, and a pid found later would never reach the console (the GPU panel's match)
+PID_WAIT = 1.0
 SCAN_EVERY = 0.1  # seconds between scans of the log dir without a watch
 RESCAN = 2.0  # with a watch: a scan this often even if no folder reported a change
 
@@ -75,8 +79,8 @@ class LogFollower:
     """Follows a torchrun log dir plus any extra files (torchrun's own console output).
 
     ``resolve_rank(attempt, local_rank)`` returns the global rank of that worker, or
-    ``(rank, extra)`` with more fields for the file record (world size), or None when it is not
-    known (yet). ``ignore`` names torchrun start folders not to follow (a node's earlier
+    ``(rank, extra)`` with more fields for the file record (world size; ``pid`` None: the
+    worker is not seen yet, asked again for up to PID_WAIT), or None when it is not known (yet). ``ignore`` names torchrun start folders not to follow (a node's earlier
     supervisor followed them already). ``keep_whole(data, end)``: where, at or before ``end``,
     ``data`` may be cut inside a line (agent/mask.py ``Masker.safe_cut``).
     """
@@ -230,11 +234,14 @@ class LogFollower:
                                          rank=ff.meta.get("rank")), b""))
                 else:
                     rank = self.resolve_rank(ff.meta["attempt"], ff.meta["local_rank"])
-                    if rank is None and not final and now - ff.seen < RANK_WAIT:
-                        continue  # data waits in the file until we know whose it is
                     extra = {}
                     if isinstance(rank, tuple):
                         rank, extra = rank
+                    age = now - ff.seen
+                    if not final and (rank is None and age < RANK_WAIT or
+                                      "pid" in extra and extra["pid"] is None and age < PID_WAIT):
+                        continue  # data waits in the file until we know whose it is
+                    extra = {k: v for k, v in extra.items() if v is not None}
                     ff.announced = True
                     records.append((dict(ff.meta, k="file", f=ff.fid, rank=rank, **extra), b""))
             self._read(ff, records, final)

@@ -372,7 +372,7 @@ class RunState:
                                               lines=Kept(self.lines_per_rank, self.budget))
         rs.node = ns.name
         rs.local_rank = fi.local_rank
-        rs.pid = fi.pid if fi.pid is not None else rs.pid
+        rs.pid = fi.pid  # None rather than an earlier, ended worker's pid
         rs.started = fi.ts or time.time()
         if rs.state in ("exited", "failed"):
             rs.state = "starting"

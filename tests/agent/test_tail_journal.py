@@ -230,3 +230,53 @@ def test_a_line_without_any_end_is_never_cut_inside_a_secret(tmp_path):
     masked = [masker.mask(p) for p in pieces]
     assert not any(secret[:6] in p or secret[-6:] in p for p in masked), masked
     assert b"".join(masked).count(b"****") == 2
+
+
+def test_a_known_rank_waits_for_its_worker_to_exec_and_is_announced_with_its_pid(tmp_path):
+    """torchrun opens a worker's files before the worker has exec'd with its environment: the
+    file is announced once the worker shows itself, with its pid (the GPU panel's match), not
+    at once without it (a restarted rank kept its dead worker's pid)."""
+    import subprocess
+    import sys
+    import time
+
+    from agent import procs
+
+    path = make_rank_file(str(tmp_path), local_rank=3)
+    with open(path, "ab") as out:
+        out.write(b"step 1\n")
+    # the worker as torchrun makes it: a child first, its environment only once it exec'd
+    worker = subprocess.Popen(["sh", "-c", 'sleep 0.4; exec env LOCAL_RANK=3 RANK=7 '
+                               'TORCHELASTIC_RESTART_COUNT=0 "$0" -c "import time; '
+                               'time.sleep(30)"', sys.executable])
+    try:
+        def resolve(attempt, local_rank):
+            live = procs.worker_rank(os.getpid(), attempt, local_rank)
+            return 7, {"world_size": 8, "pid": live[2] if live else None}
+
+        f = LogFollower(str(tmp_path), resolve)
+        assert f.poll(final=False) == []  # the rank is known, its worker not yet: data waits
+        deadline = time.monotonic() + 10
+        files = []
+        while not files and time.monotonic() < deadline:
+            time.sleep(0.05)
+            recs = f.poll(final=False)
+            files = [m for m, _d in recs if m["k"] == "file"]
+        assert files and files[0]["rank"] == 7 and files[0]["pid"] == worker.pid, files
+        assert data_of(recs) == b"step 1\n"
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_a_worker_that_never_shows_is_announced_without_a_pid(tmp_path, monkeypatch):
+    monkeypatch.setattr(tail, "PID_WAIT", 0.2)
+    path = make_rank_file(str(tmp_path))
+    with open(path, "ab") as out:
+        out.write(b"gone already\n")
+    f = LogFollower(str(tmp_path), lambda attempt, lr: (2, {"world_size": 4, "pid": None}))
+    assert f.poll(final=False) == []
+    import time
+    time.sleep(0.25)
+    (meta,) = [m for m, _d in f.poll(final=False) if m["k"] == "file"]
+    assert meta["rank"] == 2 and "pid" not in meta
