@@ -43,6 +43,7 @@ from .judge_rules import (CORDON_WITHIN_S, RULES, RunView, check_stalls, check_w
 from .judge_control import judge_dir
 from .mask import Masker
 from .runfiles import write_json_atomic
+from .slurm_job import release_job
 from .static_world import STATIC_WORLDS
 from .verdict import decide
 
@@ -440,13 +441,14 @@ class Judge:
                          auto_cordon=self.surgeon.on,
                          text="the judge watches the run on this host (stall after %.0f s, "
                          "on hang: %s)" % (self.view.stall_after, self.on_hang)))
-        ended_at = None
+        ended_at, settled = None, False
         alone_since = time.monotonic()  # no node connected since (none yet, at the start)
         while not self.stop.is_set():
             self.tick()
             if self.over is not None:
                 ended_at = ended_at or time.monotonic()
                 if time.monotonic() - ended_at >= SETTLE:
+                    settled = True
                     break
             with self.lock:
                 alone = not self.lines
@@ -465,6 +467,25 @@ class Judge:
             self.tick()
         self.surgeon.forget()
         self.notifier.drain()
+        if settled:
+            self.release_job()
+
+    def release_job(self):
+        """The run is over by itself: the Slurm job rankdeck submitted for it ends now, not at
+        its time limit (``spec.release_job``: its id). Last: on a cgroup site the job's end
+        ends this process too (docs/SLURM.md)."""
+        job = self.spec.get("release_job")
+        if not isinstance(job, str) or not job.isdigit():
+            return
+        state = self.over[0]
+        self.write(event("policy", None, action="release", text=(
+            "the run %s: Slurm job %s, which rankdeck submitted for it, ends now (%s)"
+            % (state, job, "COMPLETED" if state == "succeeded" else "FAILED"))))
+        why = release_job(job, state == "succeeded")
+        if why:
+            self.write(event("policy", None, action="release", text=(
+                "Slurm job %s could not be ended (%s): it holds its nodes until its time "
+                "limit or `rankdeck stop`" % (job, why))))
 
 
 def main(run_root):

@@ -241,3 +241,29 @@ class JobTurns:
         if watch is None:
             return None
         return cls(watch, node, node_dir, limit, shutil.which("scontrol") or "scontrol", log)
+
+
+# the signal the run's judge sends the batch script of a job rankdeck submitted, once the
+# run is over (console/slurm_submit.py batch_script traps both): USR1 it succeeded (the job
+# COMPLETED, exit 0), USR2 it failed or was stopped (the job FAILED, exit 1)
+RELEASE_SIGNALS = {True: "USR1", False: "USR2"}
+# scancel's words for a job that is over already (an attached console cancelled it first)
+ENDED_ALREADY = ("already completing or completed", "Invalid job id")
+
+
+def release_job(job, succeeded):
+    """End job ``job`` (rankdeck submitted it; its run is over) by signalling its batch
+    script, so its nodes are not held idle to the time limit; its end state says how the run
+    ended. None when done, else why not (no scancel here, Slurm's refusal)."""
+    scancel = shutil.which("scancel")
+    if scancel is None:
+        return "scancel is not on this host's PATH"
+    try:
+        res = subprocess.run([scancel, "--batch", "--signal=" + RELEASE_SIGNALS[bool(succeeded)],
+                              job], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "scancel: %s" % exc
+    said = (res.stderr or res.stdout).strip()
+    if res.returncode != 0 and not any(over in said for over in ENDED_ALREADY):
+        return "scancel: %s" % (said[-200:] or "exit %s" % res.returncode)
+    return None

@@ -163,7 +163,7 @@ SPEC_FIELDS = {
     "max_wall": (_NUM, _NONE),
     "notify": (_TEXT, _NONE), "notify_on": (_LIST, _NONE),
     "auto_cordon": (bool, _NONE), "cordon_within": (_NUM, _NONE),
-    "signal_before": (_NUM, _NONE), "requeue": (bool, _NONE),
+    "signal_before": (_NUM, _NONE), "requeue": (bool, _NONE), "release_job": (bool, _NONE),
 }
 
 

@@ -35,7 +35,9 @@ def slurm_limit(args) -> dict:
                          "them with launch --slurm or submit (docs/SLURM.md)")
     if requeue and before is None:
         before = 120.0
-    return {"signal_before": before, "requeue": requeue}
+    # a job `submit` made (console/slurm_submit.py): the run's judge ends it with the run
+    return {"signal_before": before, "requeue": requeue,
+            "release_job": bool(getattr(args, "submitted", False))}
 
 
 def mark_spares(inv: Inventory, names: str) -> None:

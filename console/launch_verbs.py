@@ -23,6 +23,7 @@ from .launchers import TemplateError
 from .preflight import check_table
 from .run import LaunchSpec, RunController
 from .run_env import launch_secrets
+from .state import RUN_ENDED
 from .sanitize import secret_warnings
 from .transport import make_transport
 from .transport.base import HostUnreachable
@@ -52,7 +53,11 @@ async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str)
             await launch()
             print(ctl.run_id)
             return EXIT_OK
-        return await follow(ctl, args, launch)
+        code = await follow(ctl, args, launch)
+        # detached from the view (`q`, Ctrl-C): a submit's job stays for the run it holds
+        args.left_running = ctl.launch_error is None and \
+            ctl.state.run_state() not in RUN_ENDED
+        return code
 
 
 async def cmd_launch(args) -> int:
@@ -118,6 +123,7 @@ async def cmd_submit(args) -> int:
     run in it as `launch --slurm` (console/slurm_submit.py); the job ends with the run."""
     script = slurm_submit.batch_script(args.nodes, args.time, args.partition,
                                        args.gpus_per_node, args.requeue)
+    args.submitted = True  # the run's judge ends the job with the run (kept for a follower)
     if args.dry_run:
         print(script, end="")
         return EXIT_OK
@@ -151,9 +157,13 @@ async def cmd_submit(args) -> int:
     except HostUnreachable as exc:
         raise LaunchError("cannot reach the login host: %s" % exc, EXIT_UNREACHABLE) from None
     finally:
-        if job is not None and not (launched and getattr(args, "detach", False)):
+        if job is not None and not (launched and (getattr(args, "detach", False) or
+                                                  getattr(args, "left_running", False))):
             print("rankdeck: " + await slurm_submit.cancel(transport, login, job),
                   file=sys.stderr)  # the run it held is over, or never started
+        elif job is not None and launched and getattr(args, "left_running", False):
+            print("rankdeck: Slurm job %s holds the run on: its judge ends the job when the "
+                  "run is over (`rankdeck stop` cancels it now)" % job, file=sys.stderr)
         await transport.close()
     if launched:
         slurm_queued.mark_submitted(job, script)

@@ -125,8 +125,9 @@ async def cmd_status(args) -> int:
         job = slurm.job_of(ctl.record.get("transport", ""))
         if job:  # the job now: its state, time left; a run it outlived ended with it
             now, words = await slurm.job_and_nodes(ctl.transport, ctl.inventory.hosts, job)
-            status = slurm.with_nodes(slurm.with_job(status, now, getattr(ctl.spec, "requeue",
-                                                                          False)), words)
+            status = slurm.with_nodes(slurm.with_job(
+                status, now, getattr(ctl.spec, "requeue", False),
+                bool(ctl.record.get("slurm_submitted"))), words)
         if not failed:
             ctl.save_status()
     ended = (status.get("slurm") or {}).get("ended")
@@ -140,7 +141,7 @@ async def cmd_status(args) -> int:
         for node, words in ((status.get("slurm") or {}).get("nodes") or {}).items():
             print("%s: Slurm says %s" % (node, words))
     if ended and failed:  # its nodes are out of reach with it: no more to say
-        return EXIT_FAILED
+        return EXIT_OK if status["state"] == "succeeded" else EXIT_FAILED
     return EXIT_UNREACHABLE if failed else EXIT_OK
 
 

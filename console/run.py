@@ -446,7 +446,10 @@ class RunController:
                     # node surgery by the judge (agent/judge_cordon.py, docs/SURGERY.md)
                     "cordon_within_s": spec.cordon_within, "auto_cordon": spec.auto_cordon,
                     "spares": [h.name for h in self.inventory.spares],
-                    "nnodes_min": nnodes_range(spec.nnodes, len(hosts))[0]}
+                    "nnodes_min": nnodes_range(spec.nnodes, len(hosts))[0],
+                    # a job `submit` made ends with the run (docs/SLURM.md)
+                    "release_job": slurm.job_of(self.inventory.transport or "")
+                    if spec.release_job else None}
         try:
             info = await self.links[rdzv.name].request(
                 "judge_start", run_root=self.root_of(rdzv.name), spec=settings, timeout=60)

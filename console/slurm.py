@@ -221,11 +221,12 @@ async def job_now(transport, login: Host, job: str) -> dict:
             "time_left_s": time_left_s(fields[2]) if len(fields) > 2 else None}
 
 
-def with_job(status: dict, job: dict, requeue: bool = False) -> dict:
+def with_job(status: dict, job: dict, requeue: bool = False, submitted: bool = False) -> dict:
     """``status`` with ``slurm`` (the job now) added; a run its job outlived is ended by it:
     ``cancelled`` (scancel, preemption), ``timeout`` or ``failed``, ``slurm.ended`` saying
     why in words; ``slurm.checkpoint_age_s`` beside the time left. A ``requeue`` run's job back in the queue is waited for
-    (``slurm.requeued``)."""
+    (``slurm.requeued``). A job ``submit`` made (``submitted``) the run's judge ended once the
+    run was over: ``COMPLETED`` when it succeeded, ``FAILED`` when not (agent/judge.py)."""
     status["slurm"] = dict(job)
     # beside the time left, how old the run's last complete checkpoint is (None: none yet)
     last = next((c for c in status.get("checkpoints") or () if c.get("last_complete")), None)
@@ -240,10 +241,13 @@ def with_job(status: dict, job: dict, requeue: bool = False) -> dict:
     words = {"CANCELLED": "was cancelled (scancel, by you or an administrator)",
              "TIMEOUT": "reached its time limit", "GONE": "is over (Slurm no longer knows it)",
              "COMPLETING": "is ending"}.get(state, "ended %s" % state)
+    if submitted and state in ("COMPLETED", "FAILED"):
+        words = "ended %s: the run's judge ended it once the run was over" % state
     status["slurm"]["ended"] = "Slurm job %s %s%s" % (
         job["job"], words, " (%s)" % job["reason"] if job["reason"] else "")
     if state != "COMPLETING" and status.get("state") not in ("succeeded", "failed", "stopped"):
-        status["state"] = JOB_ENDS.get(state, "stopped")  # (ending: its end state comes next)
+        ends = dict(JOB_ENDS, COMPLETED="succeeded") if submitted else JOB_ENDS
+        status["state"] = ends.get(state, "stopped")  # (ending: its end state comes next)
     return status
 
 

@@ -5,6 +5,7 @@ of rankdeck is left in the job (``squeue -s``) and cancels a job ``submit`` made
 the queue (requeued before its time limit, docs/SLURM.md) has no node to reach:
 :func:`stop_queued` cancels it instead (or says how, for a job that is the user's), and each
 node's supervisor, waiting for the job to run again, ends its part when it sees it cancelled.
+A job that is over (the run's judge ended it with the run) has nothing left to stop.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 
 from .errors import EXIT_FAILED, EXIT_OK
 from .history import inventory_from_record
-from .slurm import JOB_QUEUED, job_now, job_of, steps_left
+from .slurm import JOB_ALIVE, JOB_QUEUED, job_now, job_of, steps_left
 from .slurm_submit import cancel
 from .transport import make_transport
 
@@ -28,6 +29,12 @@ async def stop_queued(record: dict) -> int | None:
     login = inventory_from_record(record).hosts[0]
     try:
         now = await job_now(transport, login, job)
+        if now["state"] not in JOB_QUEUED + JOB_ALIVE + ("UNKNOWN", "COMPLETING"):
+            # over (the run's judge ended it with the run, scancel, its time limit): the
+            # nodes are out of reach with it, and each node's supervisor ended its part
+            print("Slurm job %s is over (%s): the run ended with it; nothing of it runs"
+                  % (job, now["state"]))
+            return EXIT_OK
         if now["state"] not in JOB_QUEUED:
             return None
         if not record.get("slurm_submitted"):

@@ -49,9 +49,14 @@ def batch_script(nodes: int, time_limit: str, partition: str | None = None,
     if requeue:
         lines.append("#SBATCH --requeue")
     lines += ["# Written by `rankdeck submit`: this job only holds the nodes. rankdeck starts its",
-              "# agents as steps of it (srun --jobid --overlap) once it runs, and cancels it when",
-              "# the run it followed ends or is stopped; else it ends at its time limit.",
-              "exec sleep infinity"]
+              "# agents as steps of it (srun --jobid --overlap) once it runs. The run's judge on",
+              "# the hosts ends it once the run is over (scancel --batch --signal): USR1 when the",
+              "# run succeeded (the job COMPLETED), USR2 when it failed or stopped (FAILED);",
+              "# `rankdeck stop` cancels it; else it ends at its time limit.",
+              "# (the sleep killed too: a process left behind outlives the job on some sites)",
+              "trap 'kill $! 2>/dev/null; exit 0' USR1",
+              "trap 'kill $! 2>/dev/null; exit 1' USR2",
+              "while :; do sleep 3600 & wait $!; done"]
     return "\n".join(lines) + "\n"
 
 

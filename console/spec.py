@@ -57,6 +57,8 @@ class LaunchSpec:
     # limit; ``requeue``: then requeue the job and resume the run when it runs again
     signal_before: float | None = None
     requeue: bool = False
+    # the run is in a job `submit` made: its judge ends the job once the run is over
+    release_job: bool = False
 
 
 # launchers whose ranks form one static world (no rendezvous a node could rejoin or leave):

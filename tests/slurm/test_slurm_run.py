@@ -223,14 +223,57 @@ def test_submit_detach_returns_while_pending_and_its_follower_launches_once_it_r
                               % status(run_id))
         assert final["state"] == "succeeded" and final["slurm"]["job"] == job, final
         assert "launched" in open(log).read()
+        # nobody attached: the run's judge ends the job it ran in, not its time limit, and
+        # its end state says how the run ended
+        wait_for_sync(lambda: slurm.job_state(job) in ("", "COMPLETED"), 60,
+                      lambda: "job %s ended by the judge: %s" % (job, slurm.job_state(job)))
+        after = rankdeck("status", run_id, "--json", check=False)
+        assert after.returncode == 0, after.stderr
+        ended = json.loads(after.stdout)
+        assert ended["state"] == "succeeded" and "COMPLETED" in ended["slurm"]["ended"], ended
         stop = rankdeck("stop", run_id)
-        assert "Slurm job %s cancelled (rankdeck submitted it)" % job in stop.stdout
-        wait_for_sync(lambda: slurm.job_state(job) in ("", "CANCELLED"), 60,
-                      lambda: "job %s over: %s" % (job, slurm.job_state(job)))
+        assert "Slurm job %s is over (COMPLETED)" % job in stop.stdout, stop.stdout
     finally:
         slurm.cmd(["scancel", blocker] + ([job] if job else []), check=False)
         for pid in followers_of(run_id) if job else ():  # (a failed test's: started by it)
             os.kill(pid, 9)
+
+
+def test_leaving_an_attached_submit_leaves_the_run_and_its_job_running(slurm, login, project):
+    """`submit` without --detach, then Ctrl-C (the view's `q` leaves the same way): the run
+    the user detached from trains on in its job; `stop` cancels the job."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "console", "submit", "-i", login, "--nodes",
+                             "4", "--time", "00:04:00", "--no-tui", "--sync", str(project),
+                             "--max-restarts", "0", "trainer/train.py", *TINY, "--steps",
+                             "100000"], cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job, err = None, ""
+    try:
+        seen = []
+        for line in proc.stdout:  # the ranks' lines: the run is up
+            seen.append(line)
+            if sum("step=" in ln for ln in seen) >= 8:
+                break
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+        job = re.search(r"submitted Slurm job (\d+)", err).group(1)
+        run_id = re.search(r"rankdeck attach ([^\s`]+)", err).group(1)
+        assert "cancelled" not in err and "holds the run on" in err, err
+        assert slurm.job_state(job) == "RUNNING"
+        before = max(steps_of(status(run_id)).values())
+        wait_for_sync(lambda: min(steps_of(status(run_id)).values()) > before, TIMEOUT,
+                      lambda: "the run goes on past step %d: %s" % (before, status(run_id)))
+        stop = rankdeck("stop", run_id)
+        assert "Slurm job %s cancelled (rankdeck submitted it)" % job in stop.stdout
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            _out, err = proc.communicate()
+        job = job or (re.findall(r"submitted Slurm job (\d+)", err) or [None])[0]
+        if job:
+            slurm.cmd(["scancel", job], check=False)
 
 
 def steps_of(st: dict) -> dict:

@@ -101,7 +101,7 @@ def test_the_batch_script_holds_the_nodes_and_says_so():
 
     script = batch_script(4, "00:30:00", "gpu", 8)
     for line in ("#SBATCH --nodes=4", "#SBATCH --time=00:30:00", "#SBATCH --partition=gpu",
-                 "#SBATCH --gpus-per-node=8", "exec sleep infinity"):
+                 "#SBATCH --gpus-per-node=8"):
         assert line in script.splitlines()
     with pytest.raises(UsageError, match="--time"):
         batch_script(4, "half an hour")
@@ -193,3 +193,39 @@ def test_a_cgroup_site_is_told_where_the_run_lives():
     config = "Configuration data as of 2026-11-26T08:00:00\nProctrackType           = %s\n"
     assert "a rankdeck-host step of their own" in warning("proctrack/cgroup")
     assert warning("proctrack/linuxproc") is None
+
+
+@pytest.mark.parametrize("signal_name, code", [("USR1", 0), ("USR2", 1)])
+def test_the_batch_script_holds_until_the_judge_signals_then_ends_as_the_run_did(
+        tmp_path, signal_name, code):
+    """The judge ends a job `submit` made with a signal to its batch script (agent/judge.py
+    release_job): USR1 (the run succeeded) ends it 0, COMPLETED; USR2 ends it 1, FAILED; the
+    sleep it waited in does not outlive it."""
+    import signal
+    import subprocess
+    import time
+
+    from agent import procs
+    from agent.slurm_job import RELEASE_SIGNALS
+    from console.slurm_submit import batch_script
+
+    assert RELEASE_SIGNALS[code == 0] == signal_name
+    path = tmp_path / "job.sh"
+    path.write_text(batch_script(2, "10"))
+    shell = subprocess.Popen(["sh", str(path)])
+    try:
+        deadline = time.monotonic() + 10
+        while not procs.descendants(shell.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (sleeper,) = procs.descendants(shell.pid)
+        time.sleep(0.3)
+        assert shell.poll() is None  # it holds the nodes until told
+        shell.send_signal(getattr(signal, "SIG" + signal_name))
+        assert shell.wait(timeout=10) == code
+        deadline = time.monotonic() + 10
+        while procs.stat(sleeper) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert procs.stat(sleeper) is None
+    finally:
+        shell.kill()
+        shell.wait()
