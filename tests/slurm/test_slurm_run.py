@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -250,12 +251,15 @@ def test_leaving_an_attached_submit_leaves_the_run_and_its_job_running(slurm, lo
                              "100000"], cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job, err = None, ""
+    guard = threading.Timer(TIMEOUT, proc.kill)  # a run that never prints: no hung test
+    guard.start()
     try:
         seen = []
         for line in proc.stdout:  # the ranks' lines: the run is up
             seen.append(line)
             if sum("step=" in ln for ln in seen) >= 8:
                 break
+        assert proc.poll() is None, "submit ended before its ranks stepped: %s" % seen[-20:]
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)
         job = re.search(r"submitted Slurm job (\d+)", err).group(1)
@@ -268,6 +272,7 @@ def test_leaving_an_attached_submit_leaves_the_run_and_its_job_running(slurm, lo
         stop = rankdeck("stop", run_id)
         assert "Slurm job %s cancelled (rankdeck submitted it)" % job in stop.stdout
     finally:
+        guard.cancel()
         if proc.poll() is None:
             proc.kill()
             _out, err = proc.communicate()
