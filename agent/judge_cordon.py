@@ -23,7 +23,7 @@ import os
 import threading
 import time
 
-from . import judge_wire
+from . import expel, judge_wire
 from .judge_rules import ENDED, event
 from .node import FENCE, STANDBY, drop_standby, gpu_words, start
 from .protocol import RequestError
@@ -31,6 +31,7 @@ from .runfiles import read_json
 
 WHO = "judge"
 FENCE_WAIT = 180.0  # the fenced node's stop, confirmed in its last state
+EXPEL_WAIT = 5.0  # the store's answer to a dead torchrun's expel (it polls every 0.1 s)
 
 
 class AutoCordon:
@@ -113,44 +114,56 @@ class AutoCordon:
         judge.cordon({"out": node, "in": spare, "who": WHO, "action": "cordon",
                       "text": "%s: started by the judge (--auto-cordon)" % what})
         began = time.monotonic()
-        outcome, left, gpu = self._fence(node, nl, reason, gone[0])
+        outcome, left, gpu, member = self._fence(node, nl, reason, gone[0])
         fence_s = round(time.monotonic() - began, 2)
+        # its dead torchrun out of the rendezvous: the next round does not wait for its
+        # entry to expire (the store runs beside this judge: agent/expel.py)
+        asked = expel.ask(self.run_root, member) if outcome == "done" and member else None
         if outcome in ("done", "done, not fenced") and spare:
             failed = self._start(spare)
             if failed:
                 outcome = "failed: %s fenced, but spare %s did not start: %s" % (
                     node, spare, failed)
+        expelled = self._expelled(asked)
         fenced = not outcome.startswith("failed") or "fenced, but" in outcome \
             or "still alive" in outcome or "GPU memory" in outcome
         judge.write(event("surgery", node, who=WHO, action="outcome", out=node, fenced=fenced,
                           outcome=outcome, left=left, gpu=gpu, fence_s=fence_s,
+                          expelled=expelled,
                           text="%s: %s%s" % (what, outcome, "; GPU: %s" % gpu if gpu else ""),
                           **{"in": spare}))
 
     def _fence(self, node, nl, reason, ended):
-        """(outcome, left, gpu) of fencing ``node`` (connected to the judge, or ended):
-        ``done``, ``done, not fenced`` (its supervisor had ended: nothing to stop, nothing
-        left) or ``failed: why``."""
+        """(outcome, left, gpu, member) of fencing ``node`` (connected to the judge, or
+        ended): ``done``, ``done, not fenced`` (its supervisor had ended: nothing to stop,
+        nothing left) or ``failed: why``; ``member``: its torchrun in the rendezvous, checked
+        (agent/expel.py), or None."""
         if ended:
             st = self.last.get(node) or {}
             left = st.get("left") if isinstance(st.get("left"), list) else []
             if not left:
-                return "done, not fenced", [], gpu_words(st.get("gpu"))
+                return "done, not fenced", [], gpu_words(st.get("gpu")), None
             return ("failed: %s ended with %d process(es) left, and cannot be fenced from "
-                    "here; `rankdeck cordon` from a console" % (node, len(left))), left, None
+                    "here; `rankdeck cordon` from a console" % (node, len(left))), left, None, \
+                None
         try:
             # a node a verdict names is hung: nothing of it can save, SIGKILL at once
-            nl.request("fence", {"who": WHO, "why": "cordoned by the judge (--auto-cordon): %s"
-                                 % reason, "grace": 0 if reason.startswith("the verdict names")
-                                 else None}, FENCE_WAIT)
+            res = nl.request("fence", {"who": WHO, "why": "cordoned by the judge "
+                                       "(--auto-cordon): %s" % reason, "grace": 0 if
+                                       reason.startswith("the verdict names") else None},
+                             FENCE_WAIT)
         except judge_wire.WireError as exc:
-            return "failed: %s could not be fenced: %s" % (node, exc), [], None
+            return "failed: %s could not be fenced: %s" % (node, exc), [], None, None
+        try:
+            member = expel.checked(res.get("member"))
+        except ValueError:  # none (no c10d torchrun ran), or an older supervisor
+            member = None
         deadline = time.monotonic() + FENCE_WAIT
         with self.ended:
             while not (self.last.get(node) or {}).get("state") in ENDED:
                 if time.monotonic() >= deadline:
                     return ("failed: %s was fenced, but its stop was not confirmed within "
-                            "%.0f s" % (node, FENCE_WAIT)), [], None
+                            "%.0f s" % (node, FENCE_WAIT)), [], None, None
                 self.ended.wait(1.0)
             st = self.last[node]
         left = [p for p in st.get("left") or [] if isinstance(p, (int, list))] \
@@ -158,10 +171,18 @@ class AutoCordon:
         gpu = gpu_words(st.get("gpu"))
         if left:
             return "failed: %d process(es) of %s still alive after the stop" % (
-                len(left), node), left, gpu
+                len(left), node), left, gpu, None
         if gpu.startswith("held"):
-            return "failed: %s: GPU memory %s" % (node, gpu), left, gpu
-        return "done", left, gpu
+            return "failed: %s: GPU memory %s" % (node, gpu), left, gpu, None
+        return "done", left, gpu, member
+
+    def _expelled(self, asked):
+        """What the store said of request ``asked`` (None: nothing was asked)."""
+        if asked is None:
+            return "not asked"
+        got = expel.answer(self.run_root, asked, EXPEL_WAIT)
+        return "done" if got.get("expelled") is True else "not done: %s" % str(
+            got.get("why"))[:200]
 
     def _start(self, spare):
         """None, or why ``spare`` (on this host) did not start from its kept spec."""

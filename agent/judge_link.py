@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 
-from . import actions, judge_wire, static_world
+from . import actions, expel, judge_wire, static_world
 from .journal import JournalReader
 from .node import STOP_END, fenced_end, mark_fenced, refuse_if_fenced
 from .runfiles import read_json, write_json_atomic
@@ -216,11 +216,14 @@ class JudgeLink:
     def _fence(self, args):
         """The judge's cordon (--auto-cordon): fenced first, as `fence` from a console does
         (agent/node.py), then stopped; the stop's kill report (``left``: what survived it)
-        reaches the judge in the node's last state."""
+        reaches the judge in the node's last state. ``member``: its torchrun in the c10d
+        rendezvous, read before the stop (agent/expel.py), or None."""
         why = str(args.get("why") or "cordoned by the judge")
         mark_fenced(self.node_dir, {"who": str(args.get("who") or "the judge")[:200],
                                     "why": why[:300]})
-        return self._stop(fenced_end(why, args.get("grace"), 500))
+        st = read_json(os.path.join(self.node_dir, "state.json")) or {}
+        member = expel.member(st.get("torchrun_pid"))
+        return dict(self._stop(fenced_end(why, args.get("grace"), 500)), member=member)
 
     def _stop(self, end):
         if isinstance(end, dict):

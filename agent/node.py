@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from . import host_step, procs, protocol, static_world
+from . import expel, host_step, procs, protocol, static_world
 from .hostpaths import host_path, host_spec
 from .protocol import RequestError
 from .runfiles import log_tail, read_json, write_json_atomic, write_text
@@ -156,7 +156,8 @@ def fence(args):
     """Cordon the node: fence it first (no start or restart from now on), then stop it and
     confirm none of its processes is left, as :func:`stop` does, nor GPU memory held by them
     (``gpu``, :func:`gpu_words`). ``fence``: who and why; ``grace``: seconds between SIGTERM
-    and SIGKILL (default: the run's --grace; 0 for a node judged hung, which cannot save)."""
+    and SIGKILL (default: the run's --grace; 0 for a node judged hung, which cannot save).
+    ``member``: its torchrun in the c10d rendezvous (:func:`expel.member`), or None."""
     ndir = node_dir(args)
     os.makedirs(ndir, 0o700, exist_ok=True)
     mark_fenced(ndir, args.get("fence") or {})
@@ -164,6 +165,9 @@ def fence(args):
     before = node_state(ndir)
     if before is None:  # a spare that never ran: fenced, nothing to stop
         return {"state": "missing", "left": [], "fenced": True, "gpu": "nothing ran"}
+    # who its torchrun is in the rendezvous, read before the kill: once the stop confirms it
+    # dead, the store takes it out on its behalf (agent/expel.py)
+    member = expel.member(before.get("torchrun_pid")) if before["alive"] else None
     done = stop(dict(args, end=fenced_end((args.get("fence") or {}).get("why"),
                                           args.get("grace"), 300)))
     kill = done.get("kill") if isinstance(done.get("kill"), dict) else {}
@@ -171,7 +175,7 @@ def fence(args):
     # ended before left its own end's report, which says nothing of now
     gpu = gpu_words(kill.get("gpu")) if before["alive"] else "not checked (its supervisor " \
         "had ended before the fence)"
-    return dict(done, fenced=True, gpu=gpu)
+    return dict(done, fenced=True, gpu=gpu, member=member)
 
 
 def drop_workers(args):

@@ -40,6 +40,7 @@ OPS = (
     "preflight",
     "store_start",
     "store_stop",
+    "expel",  # a fenced node's dead torchrun taken out of the rendezvous (agent/expel.py)
     "start",
     "subscribe",
     "unsubscribe",

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-from . import actions, host_step, node, protocol
+from . import actions, expel, host_step, node, protocol
 from .gpu import GpuProbe
 from .hoststats import HostSampler
 from .hostpaths import host_path, host_python
@@ -36,7 +36,7 @@ from .journal import JournalReader, decode_meta, read_back
 from .pace import Pace
 from .preflight import Listener, host_facts
 from .protocol import RequestError
-from .store import fresh_store, start_store, stop_store
+from .store import fresh_store, running_store, start_store, stop_store
 from .version import agent_version
 from .watch import open_watch
 
@@ -231,6 +231,19 @@ class Server:
 
     def op_store_stop(self, args):
         return stop_store(host_path(args["run_root"]))
+
+    def op_expel(self, args):
+        """A node's torchrun, confirmed dead by its fence, taken out of the run's rendezvous
+        by the store process on this host (agent/expel.py); ``{"expelled", "why"}``."""
+        root = host_path(args["run_root"])
+        try:
+            req = expel.checked(args.get("member"))
+        except ValueError as exc:
+            raise RequestError(str(exc), "usage")
+        if not running_store(root):
+            return {"expelled": False, "why": "no store of the run runs on this host"}
+        wait = min(float(args.get("wait", 5)), 30.0)
+        return expel.answer(root, expel.ask(root, req), wait)
 
     # -- the run's judge (agent/judge.py) ---------------------------------------------------
     def op_judge_start(self, args):

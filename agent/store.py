@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 
-from . import host_step, node, procs
+from . import expel, host_step, node, procs
 from .runfiles import log_tail, read_json, write_json_atomic
 
 STORE_SCRIPT = "import sys; from agent.store import store_main; sys.exit(store_main(sys.argv[1:]))"
@@ -83,10 +83,11 @@ def nodes_live(run_root):
             if (node.node_state(os.path.join(run_root, n)) or {}).get("alive")]
 
 
-def wait_for_run_end(run_root, port, settle=SETTLE):
+def wait_for_run_end(run_root, port, settle=SETTLE, between=None):
     """Return once, for ``settle`` seconds in a row, no node of the run lives on this host and
     no client is connected to the store: the run has ended on every node (each node's
-    torchrun holds a connection while it runs; a node's supervisor lives while it restarts)."""
+    torchrun holds a connection while it runs; a node's supervisor lives while it restarts).
+    ``between()`` is called every ``expel.POLL`` seconds meanwhile (the expel requests)."""
     quiet_since = None
     while True:
         if nodes_live(run_root) or clients(port):
@@ -95,7 +96,14 @@ def wait_for_run_end(run_root, port, settle=SETTLE):
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since >= settle:
             return
-        time.sleep(WATCH_POLL)
+        until = time.monotonic() + WATCH_POLL
+        while True:
+            if between is not None:
+                between()
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, expel.POLL))
 
 
 def master_store(TCPStore, addr, port):
@@ -131,7 +139,14 @@ def store_main(argv):
         info["note"] = note
         sys.stderr.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), note))
     write_json_atomic(path, info)
-    wait_for_run_end(os.path.dirname(path), store.port)
+    run_root = os.path.dirname(path)
+
+    def log(text):
+        sys.stderr.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), text))
+        sys.stderr.flush()
+    # a dead torchrun taken out of the rendezvous when its node's fence asks (agent/expel.py)
+    wait_for_run_end(run_root, store.port,
+                     between=lambda: expel.serve_requests(run_root, store, log))
     sys.stderr.write("%s the run has ended on every node: store stopped\n"
                      % time.strftime("%Y-%m-%dT%H:%M:%S"))
     return 0

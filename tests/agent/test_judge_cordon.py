@@ -102,7 +102,7 @@ def test_a_nodes_link_fences_it_before_it_stops(tmp_path, monkeypatch):
     sent = []
     monkeypatch.setattr(judge_link.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     assert link._fence({"who": "judge", "why": "cordoned by the judge (--auto-cordon): x",
-                        "grace": 0}) == {}
+                        "grace": 0}) == {"member": None}  # no torchrun ran here
     assert sent == [(os.getpid(), signal.SIGTERM)]
     assert read_json(str(ndir / node.FENCE))["who"] == "judge"
     # grace 0: a node the verdict named is hung, killed at once (Supervisor.stop_end)

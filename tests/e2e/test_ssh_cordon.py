@@ -93,6 +93,8 @@ async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
         assert os.path.exists(fenced)
         record = History().load(run_id)
         assert record["surgeries"][0]["outcome"] == "done", record["surgeries"]
+        # the store (on the spare's host) took the node's dead torchrun out of the rendezvous
+        assert record["surgeries"][0]["expelled"] == "done", record["surgeries"]
         assert record["surgeries"][0]["gpu"] == "no GPU"
         # the spare's rank and the three others step past the checkpoint they resumed from
         others = [n for n in ("node0", "node1", "node2", "node3") if n != hung]

@@ -89,6 +89,8 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             entry = ctl.record["surgeries"][0]
             assert entry["outcome"] == "done" and entry["left"] == [], entry
             assert entry["gpu"] == "no GPU", entry  # a CPU host: said, not left out
+            # its dead torchrun taken out of the rendezvous by the store (agent/expel.py)
+            assert entry["expelled"] == "done", entry
             assert "@" in entry["who"]
             assert st.nodes[hung].state == "cordoned"
             assert not of_node(ctl.run_id, hung), of_node(ctl.run_id, hung)

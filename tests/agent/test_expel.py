@@ -1,0 +1,110 @@
+"""A fenced node's dead torchrun taken out of the c10d rendezvous on its behalf
+(agent/expel.py): real torch rendezvous handlers on rankdeck's real store process, with a
+keep-alive of 60 s x 3, so without the expel the killed node's entry would hold the
+survivors' next round for three minutes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agent import expel, procs
+from agent.runfiles import write_json_atomic
+from agent.store import start_store, stop_store
+from tests.spine.helpers import HOST_PYTHON
+from tests.waits import wait_for_sync
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MEMBER = os.path.join(REPO, "tests", "agent", "expel", "member.py")
+FLAGS = ["--rdzv-backend", "c10d", "--rdzv-id", "run-x"]
+
+
+def keep_store_up(run_root):
+    """A live node of the run on this host (this test process as its supervisor): the store
+    stops itself only once the run has ended here (agent/store.py wait_for_run_end)."""
+    me = procs.stat(os.getpid())
+    write_json_atomic(os.path.join(run_root, "node0", "state.json"),
+                      {"pid": me.pid, "starttime": me.starttime, "state": "running"})
+
+
+def cmdline(pid):
+    with open("/proc/%d/cmdline" % pid, "rb") as f:
+        return f.read()
+
+
+def member(endpoint, *more, stdin=None):
+    # no bootstrap TCPStore of rank 0's own: these nodes run no workers
+    env = dict(os.environ, PYTHONPATH=REPO, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    return subprocess.Popen([HOST_PYTHON, MEMBER, endpoint] + FLAGS + list(more), env=env,
+                            stdin=stdin, stdout=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def store(tmp_path):
+    run_root = str(tmp_path / "run")
+    os.makedirs(os.path.join(run_root, "node0"))
+    keep_store_up(run_root)
+    info = start_store(run_root, "127.0.0.1", HOST_PYTHON)
+    yield run_root, "127.0.0.1:%d" % info["port"]
+    stop_store(run_root)
+
+
+def test_a_killed_node_is_expelled_and_the_survivors_next_round_completes(store):
+    run_root, endpoint = store
+    a = member(endpoint, "--local-addr", "127.0.0.2")
+    b = member(endpoint, "--local-addr", "127.0.0.3", "--spare", "127.0.0.4", stdin=subprocess.PIPE)
+    try:
+        assert a.stdout.readline() == "joined\n" and b.stdout.readline() == "joined\n"
+        who = expel.member(a.pid)  # as a fence reads its torchrun, before the kill
+        assert who == {"pid": a.pid, "addr": "127.0.0.2", "rdzv_ids": ["run-x"]}
+        a.kill()
+        a.wait()
+        b.stdin.write("again\n")  # b joins again beside the spare, as after a failure
+        b.stdin.flush()
+        # the dead node's pid at another address: not its entry, nothing is touched
+        other = expel.answer(run_root, expel.ask(run_root, dict(who, addr="127.0.0.3")), 30)
+        assert other["expelled"] is False and "no entry for 127.0.0.3 pid %d" % a.pid in other["why"]
+        done = expel.answer(run_root, expel.ask(run_root, who), 30)
+        assert done == {"expelled": True, "why": "", "rdzv_id": "run-x"}
+        # the survivor and the spare (live entries, untouched) make the next round at once
+        assert b.stdout.readline() == "round 1: 127.0.0.3, 127.0.0.4\n"
+        again = expel.answer(run_root, expel.ask(run_root, who), 30)
+        assert again["expelled"] is False and "gone already" in again["why"]
+        unknown = expel.answer(run_root, expel.ask(run_root, dict(who, rdzv_ids=["nope"])), 30)
+        assert unknown == {"expelled": False, "why": "no rendezvous nope in the store"}
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+    with open(os.path.join(run_root, "store.log")) as f:
+        assert "expel 127.0.0.2 pid %d: done" % a.pid in f.read()
+
+
+def test_who_a_torchrun_is_in_the_rendezvous_comes_from_its_command_line():
+    code = "import sys; sys.stdin.read()"
+    for flags, want in (
+            (FLAGS + ["--local-addr", "10.0.0.7"], ("10.0.0.7", ["run-x"])),
+            (["--rdzv_backend=c10d", "--rdzv_id=r-job2", "--local_addr=n1"], ("n1", ["r-job2"])),
+            (["--rdzv-backend", "static", "--rdzv-id", "r"], None),  # not c10d: no expel
+            (["--rdzv-backend", "c10d"], None)):  # no rendezvous id to look in
+        p = subprocess.Popen([sys.executable, "-c", code] + flags, stdin=subprocess.PIPE)
+        try:
+            # Popen returns once exec began; the new command line is set a moment later
+            wait_for_sync(lambda: cmdline(p.pid), what="the child's command line")
+            got = expel.member(p.pid)
+        finally:
+            p.communicate(b"")
+        assert (got and (got["addr"], got["rdzv_ids"])) == want or got is want is None, flags
+    assert expel.member(p.pid) is None  # gone
+
+
+@pytest.mark.parametrize("bad", [None, {"pid": True, "addr": "a", "rdzv_ids": ["r"]},
+                                 {"pid": 5, "addr": "", "rdzv_ids": ["r"]},
+                                 {"pid": 5, "addr": "a", "rdzv_ids": "r"},
+                                 {"pid": 5, "addr": "a", "rdzv_ids": ["r"] * 9}])
+def test_a_member_from_the_wire_is_checked(bad):
+    with pytest.raises(ValueError):
+        expel.checked(bad)
