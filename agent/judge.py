@@ -316,7 +316,8 @@ class Judge:
                     nl = self.lines.get(node)
                 if nl is None:
                     raise judge_wire.WireError("%s is not connected to the judge" % node)
-                nl.request("restart", {}, ACTION_TIMEOUT)
+                said = nl.request("restart", {}, ACTION_TIMEOUT)
+                self.surgeon.expel_dead(node, said.get("member"))  # its old torchrun
                 self.write(event("restarted", node, reason="on-hang",
                                  text="%s restarted by the judge (--on-hang restart)" % node))
             except judge_wire.WireError as exc:

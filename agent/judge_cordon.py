@@ -11,6 +11,10 @@ cordoned by the run's judge itself, with no console attached, in a console's ord
    (agent/node.py ``standby``, 0600): a spare on the judge's own host, which is the first
    spare unless the inventory names a ``store:`` host. Without one the run shrinks when
    ``--nnodes MIN:MAX`` leaves room, else nothing is done and a ``policy`` event says why.
+   Meanwhile, as a console's cordon does, the node's dead torchrun is taken out of the
+   rendezvous by the store beside this judge (agent/expel.py) and, when every rank of the
+   run was stalled, the other nodes' workers are killed through their links
+   (``drop_workers``): their torchruns rejoin at once.
 
 A node whose supervisor already ended (it ended failed) cannot be fenced from here: its last
 state says what was left; the outcome says it was not fenced on its host, and a console that
@@ -31,7 +35,18 @@ from .runfiles import read_json
 
 WHO = "judge"
 FENCE_WAIT = 180.0  # the fenced node's stop, confirmed in its last state
+DROP_WAIT = 30.0  # another node's stalled workers killed (a kill and a look at /proc)
 EXPEL_WAIT = 5.0  # the store's answer to a dead torchrun's expel (it polls every 0.1 s)
+
+
+def stalled_with(judge, node):
+    """The run's other nodes connected to ``judge`` whose workers wait for hung ``node`` in a
+    collective: every rank of the run is stalled (empty when any rank still steps, whose
+    node's workers are left alone). Under the judge's lock."""
+    ranks = list(judge.view.ranks.values())
+    if not ranks or any(r.state != "stalled" for r in ranks):
+        return []
+    return sorted(n for n in judge.lines if n != node and n in judge.view.nodes)
 
 
 class AutoCordon:
@@ -93,6 +108,7 @@ class AutoCordon:
             nl = judge.lines.get(node)
             spare = self.spare_here()
             gone = (judge.view.nodes[node].ended, self.last.get(node))
+            stalled = stalled_with(judge, node)
         if nl is None and not gone[0]:
             judge.write(event("policy", node, action="none", text=(
                 "--auto-cordon: %s not cordoned: it is not connected to the judge, so it "
@@ -119,12 +135,20 @@ class AutoCordon:
         # its dead torchrun out of the rendezvous: the next round does not wait for its
         # entry to expire (the store runs beside this judge: agent/expel.py)
         asked = expel.ask(self.run_root, member) if outcome == "done" and member else None
+        # the other nodes' stalled workers killed while the spare starts, as a console's
+        # cordon does (console/cordon.py drop_workers): their torchruns rejoin at once
+        dropping = [threading.Thread(target=self._drop_workers, args=(name, node), daemon=True)
+                    for name in (stalled if outcome == "done" else [])]
+        for thread in dropping:
+            thread.start()
         if outcome in ("done", "done, not fenced") and spare:
             failed = self._start(spare)
             if failed:
                 outcome = "failed: %s fenced, but spare %s did not start: %s" % (
                     node, spare, failed)
         expelled = self._expelled(asked)
+        for thread in dropping:
+            thread.join()
         fenced = not outcome.startswith("failed") or "fenced, but" in outcome \
             or "still alive" in outcome or "GPU memory" in outcome
         judge.write(event("surgery", node, who=WHO, action="outcome", out=node, fenced=fenced,
@@ -175,6 +199,41 @@ class AutoCordon:
         if gpu.startswith("held"):
             return "failed: %s: GPU memory %s" % (node, gpu), left, gpu, None
         return "done", left, gpu, member
+
+    def _drop_workers(self, name, node):
+        """SIGKILL ``name``'s workers, stalled with hung ``node``, through its link (its
+        supervisor: agent/node.py ``drop_workers``); its torchrun starts them again in the
+        round that goes on without ``node``. One that cannot be asked fails in its collective."""
+        with self.judge.lock:
+            nl = self.judge.lines.get(name)
+        try:
+            if nl is None:
+                raise judge_wire.WireError("%s is not connected to the judge" % name)
+            res = nl.request("drop_workers", {}, DROP_WAIT)
+        except judge_wire.WireError as exc:
+            self.judge.write(event("policy", name, action="drop_workers", text=(
+                "--auto-cordon: %s's workers, stalled with %s, were not killed (%s): they "
+                "fail in their collective instead" % (name, node, exc))))
+            return
+        killed = [p for p in res.get("killed") or [] if isinstance(p, int)]
+        if killed:
+            self.judge.write(event("policy", name, action="drop_workers", killed=killed, text=(
+                "--auto-cordon: %s's workers, stalled with %s, killed: its torchrun starts "
+                "them again without %s" % (name, node, node))))
+
+    def expel_dead(self, node, member):
+        """``node``'s old torchrun, gone after the judge's restart (``member``: who it was in
+        the rendezvous, from the node's link), taken out of the rendezvous by the store
+        beside this judge: the new one's round need not wait for its entry to expire."""
+        try:
+            member = expel.checked(member)
+        except ValueError:  # none named (gone too late, no c10d torchrun, an older node)
+            return
+        said = self._expelled(expel.ask(self.run_root, member))
+        self.judge.write(event("policy", node, action="expel", text=(
+            "%s's old torchrun %s" % (node, "taken out of the rendezvous at once"
+                                      if said == "done" else "left to expire in the "
+                                      "rendezvous (%s)" % said))))
 
     def _expelled(self, asked):
         """What the store said of request ``asked`` (None: nothing was asked)."""

@@ -23,9 +23,9 @@ import signal
 import threading
 import time
 
-from . import actions, expel, judge_wire, static_world
+from . import actions, expel, judge_wire, procs, static_world
 from .journal import JournalReader
-from .node import STOP_END, fenced_end, mark_fenced, refuse_if_fenced
+from .node import STOP_END, drop_workers, fenced_end, mark_fenced, refuse_if_fenced
 from .runfiles import read_json, write_json_atomic
 
 FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples: stragglers
@@ -167,6 +167,10 @@ class JudgeLink:
                 args = msg.get("args") or {}
                 data = self._logged("fence", lambda: self._fence(args),
                                     str(args.get("why") or "")[:200] or None)
+            elif op == "drop_workers":  # the judge cordons a hung node: ours wait for it
+                data = self._logged("drop_workers", lambda: drop_workers({
+                    "run_root": os.path.dirname(self.node_dir.rstrip(os.sep)),
+                    "node": os.path.basename(self.node_dir.rstrip(os.sep))}))
             else:
                 raise ValueError("unknown request %r" % (op,))
             line.send({"t": "res", "id": req_id, "ok": True, "data": data})
@@ -199,17 +203,21 @@ class JudgeLink:
         return data
 
     def _restart(self, master_port=None):
-        """Restart the node (``master_port``: on that port, a static world's restart)."""
+        """Restart the node (``master_port``: on that port, a static world's restart).
+        ``member``: the old torchrun in the c10d rendezvous if it is gone by the answer
+        (agent/expel.py: the judge has it taken out), else None."""
         refuse_if_fenced(self.node_dir)  # a cordoned node is never restarted
         if master_port is not None:  # read by the supervisor at this restart
             static_world.leave_master_port(self.node_dir, master_port)
-        before = (read_json(os.path.join(self.node_dir, "state.json")) or {}).get("launches", 0)
+        st = read_json(os.path.join(self.node_dir, "state.json")) or {}
+        before, member = st.get("launches", 0), expel.member(st.get("torchrun_pid"))
         os.kill(os.getpid(), signal.SIGUSR1)
         deadline = time.monotonic() + RESTART_WAIT
         while time.monotonic() < deadline:
             st = read_json(os.path.join(self.node_dir, "state.json")) or {}
             if st.get("launches", 0) > before and st.get("state") == "running":
-                return {"launches": st.get("launches")}
+                gone = member and not procs.alive(member["pid"])
+                return {"launches": st.get("launches"), "member": member if gone else None}
             time.sleep(0.2)
         raise RuntimeError("the node did not start again within %.0f s" % RESTART_WAIT)
 

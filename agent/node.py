@@ -306,7 +306,8 @@ def stop(args):
 def restart(args):
     """Restart torchrun through a live supervisor, or start a new one from ``spec``; refused
     (``fenced``) on a cordoned node. ``master_port``: the launcher starts again on that port
-    (a static world's restart, agent/static_world.py)."""
+    (a static world's restart, agent/static_world.py). ``member``: the old torchrun in the
+    c10d rendezvous, once it is gone (:func:`expel.member`), or None."""
     ndir = node_dir(args)
     refuse_if_fenced(ndir)
     port = args.get("master_port")
@@ -316,6 +317,7 @@ def restart(args):
         raise RequestError(str(exc), "usage")
     state = node_state(ndir)
     if state and state["alive"]:
+        member = expel.member(state.get("torchrun_pid"))  # the old torchrun, in the rendezvous
         if port is not None:  # read by the supervisor at this restart (take_master_port)
             static_world.leave_master_port(ndir, port)
         # done: the new torchrun started and the old one is gone (the supervisor starts the
@@ -328,7 +330,10 @@ def restart(args):
         # a supervisor that ended just before the signal (its launcher gone on its own: a
         # static world's rank failing as another node's ranks are killed) starts anew below
         if state.get("alive") or not args.get("spec"):
-            return state
+            # ``member``: the old torchrun, gone now, for the store to take out of the
+            # rendezvous (agent/expel.py): the new one's round need not wait for it to expire
+            gone = member and not procs.alive(member["pid"])
+            return dict(state, member=member if gone else None)
     if not args.get("spec"):
         raise RequestError("node %s is not running here; restart needs the run spec"
                            % args["node"], "missing")

@@ -27,6 +27,7 @@ import asyncio
 import time
 
 from .errors import AgentError, LaunchError
+from .expel import expel
 from .surgery import ACTIVE, CORDONED, SPARE, CordonPlan
 
 
@@ -127,32 +128,6 @@ async def drop_workers(ctl, nodes: list[str], node: str) -> None:
             ctl.state.add_event(name, "surgery", "%s's workers, stalled with %s, killed: its "
                                 "torchrun starts them again without %s" % (name, node, node))
     await asyncio.gather(*(one(n) for n in nodes))
-
-
-async def expel(ctl, node: str, member) -> str:
-    """Ask the store's host to take ``node``'s torchrun, dead after its fence, out of the
-    run's c10d rendezvous (agent/expel.py; ``member``: who it was there, from the fence's
-    answer), so the survivors' next round does not wait keep-alive x attempts (3 s) for its
-    entry to expire; what came of it, also as the node's event. Nothing is asked without a
-    ``member`` (an older agent, no c10d torchrun running): the entry expires as before."""
-    link = ctl.links.get(ctl.record.get("rdzv_host") or "")
-    if not isinstance(member, dict):
-        return "not asked (the fence named no torchrun in a c10d rendezvous)"
-    if link is None:
-        return "not asked (the store's host is not connected)"
-    try:
-        res = await link.request("expel", run_root=link.run_root, member=member, timeout=15)
-    except AgentError as exc:
-        res = {"expelled": False, "why": str(exc)}
-    if res.get("expelled") is True:
-        said = "done"
-        ctl.state.add_event(node, "surgery", "%s's torchrun taken out of the rendezvous at "
-                            "once: the next round does not wait for its entry to expire" % node)
-    else:
-        said = "not done: %s" % str(res.get("why") or "no reason given")[:200]
-        ctl.state.add_event(node, "surgery", "%s's torchrun not taken out of the rendezvous "
-                            "(%s): its entry expires by itself in seconds" % (node, said[10:]))
-    return said
 
 
 def unreachable(ctl, plan: CordonPlan) -> str | None:

@@ -28,6 +28,7 @@ from inventory.model import Host, Inventory
 from . import rendezvous, run_env, slurm
 from .errors import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, AgentError,
                      LaunchError, UsageError)
+from .expel import expel
 from .finish import ends_due
 from .history import History, host_record, inventory_from_record
 from .judged import judged, settle
@@ -629,7 +630,12 @@ class RunController:
             extra = {"master_port": port} if port is not None else {}
             return link.request("restart", run_root=link.run_root, node=link.name, spec=spec,
                                 timeout=self.stop_timeout(), **extra)
-        return await self.gather_nodes(req, names)
+        said = await self.gather_nodes(req, names)
+        # each old torchrun, gone now, out of the rendezvous: the new ones' round need not
+        # wait for its entry to expire (console/expel.py)
+        await asyncio.gather(*(expel(self, n, r.get("member")) for n, r in said.items()
+                               if isinstance(r, dict) and isinstance(r.get("member"), dict)))
+        return said
 
     async def hold_nodes(self, hosts: list[Host]) -> None:
         """What holds the run's processes on ``hosts`` beyond this console (a Slurm site's

@@ -17,7 +17,7 @@ import pytest
 
 from agent import node
 from agent.judge_control import running_judge, start_judge, stop_judge
-from tests.agent.test_judge import TOKEN, FakeNode, events, rank_1_hangs
+from tests.agent.test_judge import TOKEN, FakeNode, events, fr, rank_1_hangs, stack
 from tests.waits import wait_for_sync
 
 
@@ -77,6 +77,43 @@ def test_auto_cordon_fences_the_node_and_starts_the_spare_from_its_kept_spec(tmp
     assert not os.path.exists(kept)  # the spec is in the supervisor's memory only now
     texts = [e["text"] for e in events(run_root) if e["what"] in ("policy", "surgery")]
     assert any("--auto-cordon: cordon node1, spare node2 in (rank 1 " in t for t in texts), texts
+
+
+def test_auto_cordon_of_a_hung_node_kills_the_workers_stalled_with_it(tmp_path, stopped_after):
+    """Every rank stalled (node1's rank 1 hangs again after its restart, node0's rank 0 waits
+    for it in a collective): the judge's cordon of node1 has node0's supervisor kill its
+    workers (``drop_workers``), as a console's cordon does, so its torchrun rejoins at once."""
+    run_root, info = judge_with(tmp_path)
+    stopped_after.append(run_root)
+    node.standby({"run_root": run_root, "node": "node2", "spec": {
+        "run_id": "r1", "node": "node2", "cwd": str(tmp_path),
+        "argv": [sys.executable, "-c", "import time; time.sleep(120)"]}})
+    n0 = FakeNode(info["port"], "node0", {"ranks": [
+        {"pid": 10, "rank": 0, "stack": stack("wait"), "fr": fr(5, False)}]})
+    n1 = FencedNode(info["port"], "node1", {"ranks": [
+        {"pid": 11, "rank": 1, "stack": stack("sleep"), "fr": fr(4, True)}]})
+    n1.send({"k": "event", "what": "restarting"}, {"k": "event", "what": "launched", "launch": 2})
+    for n, rank in ((n0, 0), (n1, 1)):
+        n.send({"k": "file", "f": 1, "rank": rank})
+        n.send(*({"k": "metric", "f": 1, "step": step, "step_time": 0.1} for step in range(3)))
+    outcome = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "surgery"
+                                     and e.get("action") == "outcome"], 60, "the outcome")[0]
+    assert (outcome["out"], outcome["in"], outcome["outcome"]) == ("node1", "node2", "done")
+    assert n0.asked.count("drop_workers") == 1 and "fence" not in n0.asked, n0.asked
+    assert "drop_workers" not in n1.asked, n1.asked
+
+
+def test_a_nodes_link_kills_its_workers_when_the_judge_asks(tmp_path):
+    """``drop_workers`` through a node's link (agent/judge_link.py), answered as the agent's
+    op is (agent/node.py; its kills are tests/agent/test_fence.py's): a node that runs no
+    torchrun here has nothing to kill."""
+    from agent import judge_link
+    ndir = tmp_path / "run" / "node1"
+    ndir.mkdir(parents=True)
+    link = judge_link.JudgeLink({}, "node1", str(ndir), dict, dict, lambda _t: None)
+    sent = []
+    link._answer(types.SimpleNamespace(send=sent.append), {"op": "drop_workers", "id": 3})
+    assert sent == [{"t": "res", "id": 3, "ok": True, "data": {"killed": []}}]
 
 
 def test_auto_cordon_without_a_spare_or_room_to_shrink_does_nothing_and_says_why(
