@@ -137,8 +137,9 @@ def serve_requests(run_root, store, log):
             os.unlink(path)
         except OSError:
             continue
-        if not isinstance(req, dict) or time.time() - float(req.get("at") or 0) > STALE:
-            continue
+        at = req.get("at") if isinstance(req, dict) else None
+        if not isinstance(at, (int, float)) or time.time() - at > STALE:
+            continue  # not a request of ours, or its asker is long gone
         try:
             done = expel(store, checked(req))
         except Exception as exc:  # whatever it is, the store goes on serving
