@@ -34,6 +34,7 @@ class FakeNode:
         self.line = judge_wire.connect_peer("127.0.0.1", port, token, node)
         self.node, self.report, self.asked = node, report, []
         self.args = []  # each request's arguments, in order
+        self.answers = {}  # op -> the answer's data (`why`: ``report``; else {})
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
@@ -46,7 +47,7 @@ class FakeNode:
                 return
             self.asked.append(msg.get("op"))
             self.args.append(msg.get("args"))
-            data = self.report if msg.get("op") == "why" else {}
+            data = self.report if msg.get("op") == "why" else self.answers.get(msg.get("op"), {})
             self.line.send({"t": "res", "id": msg["id"], "ok": True, "data": data})
             self.answered(msg)
 
@@ -286,6 +287,34 @@ def test_on_hang_restart_of_a_static_world_restarts_every_node_on_a_fresh_store(
             assert n.args[n.asked.index("restart")] == {"master_port": new["port"]}
         policy = [e for e in events(run_root) if e["what"] == "policy"]
         assert "DeepSpeed's world is static: every node restarts" in policy[0]["text"], policy
+    finally:
+        stop_judge(run_root)
+        stop_store(run_root)
+        wait_for_sync(lambda: running_judge(run_root) is None, 30, "the judge ended")
+
+
+def test_on_hang_restart_has_the_old_torchrun_taken_out_of_the_rendezvous(tmp_path):
+    """The node's link names its old torchrun, gone after the restart (agent/judge_link.py
+    ``_restart``'s ``member``): the judge asks the store beside it to take it out of the
+    rendezvous (agent/expel.py; the expel itself is tests/agent/test_expel.py's), and says
+    what came of it: here the store has no such rendezvous, so nothing is touched."""
+    from agent.store import start_store, stop_store
+    run_root = str(tmp_path / "run")
+    os.makedirs(run_root)
+    start_store(run_root, "127.0.0.1", sys.executable)
+    info = start_judge(run_root, {"addr": "127.0.0.1", "token": TOKEN,
+                                  "nodes": ["node0", "node1"], "stall_after": 2.0,
+                                  "on_hang": "restart", "max_restarts": 1})
+    try:
+        n0, n1 = rank_1_hangs(info["port"], "sleep")
+        n1.answers["restart"] = {"launches": 2, "member": {
+            "pid": 4242, "addr": "10.0.0.3", "rdzv_ids": ["r-none"]}}
+        said = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "policy"
+                                      and e.get("action") == "expel"], 60, "the expel")
+        assert said[0]["node"] == "node1" and said[0]["text"] == (
+            "node1's old torchrun left to expire in the rendezvous (not done: no rendezvous "
+            "r-none in the store)"), said
+        assert n1.asked.count("restart") == 1 and "restart" not in n0.asked
     finally:
         stop_judge(run_root)
         stop_store(run_root)
