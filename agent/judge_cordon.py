@@ -28,7 +28,7 @@ import threading
 import time
 
 from . import expel, judge_wire
-from .judge_rules import ENDED, event
+from .judge_rules import ENDED, all_stalled, event
 from .node import FENCE, STANDBY, drop_standby, gpu_words, start
 from .protocol import RequestError
 from .runfiles import read_json
@@ -43,8 +43,7 @@ def stalled_with(judge, node):
     """The run's other nodes connected to ``judge`` whose workers wait for hung ``node`` in a
     collective: every rank of the run is stalled (empty when any rank still steps, whose
     node's workers are left alone). Under the judge's lock."""
-    ranks = list(judge.view.ranks.values())
-    if not ranks or any(r.state != "stalled" for r in ranks):
+    if not all_stalled(judge.view.ranks.values()):
         return []
     return sorted(n for n in judge.lines if n != node and n in judge.view.nodes)
 

@@ -370,6 +370,14 @@ def stalled(view):
     return sorted(r for r, rs in view.ranks.items() if rs.state == "stalled")
 
 
+def all_stalled(ranks):
+    """Every one of ``ranks`` stalled (at least one): a node's, then nothing of it can save;
+    the run's, then a hung run, whose other nodes' workers wait in a collective for the hung
+    node's (a cordon kills them: ``drop_workers``, the console's and the judge's alike)."""
+    ranks = list(ranks)
+    return bool(ranks) and all(r.state == "stalled" for r in ranks)
+
+
 def verdict_again_due(view, now):
     """The stall goes on and the last verdict named nobody: look again, 10 s after the first
     look, doubling up to 120 s."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from agent.judge_rules import all_stalled
 from .errors import AgentError, LaunchError
 from .expel import expel
 from .surgery import ACTIVE, CORDONED, SPARE, CordonPlan
@@ -95,8 +96,7 @@ async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
 def hung(ctl, node: str) -> bool:
     """``node``'s ranks are stalled (the judge's or this console's view): nothing of them can
     save, so its fence kills them at once instead of waiting the run's --grace."""
-    ranks = ctl.state.ranks_of(node)
-    return bool(ranks) and all(r.state == "stalled" for r in ranks)
+    return all_stalled(ctl.state.ranks_of(node))
 
 
 def stalled_with(ctl, node: str) -> list[str]:
@@ -104,8 +104,7 @@ def stalled_with(ctl, node: str) -> list[str]:
     rank of the run is stalled. They can save nothing either; their workers fail once the
     node is gone, after seconds of their own teardown, unless :func:`drop_workers` kills
     them first. Empty when any rank still steps (its node's workers are left alone)."""
-    ranks = list(ctl.state.ranks.values())
-    if not ranks or any(r.state != "stalled" for r in ranks):
+    if not all_stalled(ctl.state.ranks.values()):
         return []
     return [h.name for h in ctl.run_hosts() if h.name != node and h.name in ctl.connected()]
 
