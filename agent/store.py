@@ -137,19 +137,20 @@ def store_main(argv):
     info = {"pid": os.getpid(), "addr": addr, "port": store.port, "listens": listens}
     if note:
         info["note"] = note
-        sys.stderr.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), note))
+        log(note)
     write_json_atomic(path, info)
     run_root = os.path.dirname(path)
-
-    def log(text):
-        sys.stderr.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), text))
-        sys.stderr.flush()
     # a dead torchrun taken out of the rendezvous when its node's fence asks (agent/expel.py)
     wait_for_run_end(run_root, store.port,
                      between=lambda: expel.serve_requests(run_root, store, log))
-    sys.stderr.write("%s the run has ended on every node: store stopped\n"
-                     % time.strftime("%Y-%m-%dT%H:%M:%S"))
+    log("the run has ended on every node: store stopped")
     return 0
+
+
+def log(text):
+    """A line of the store's log (its stderr, ``store.log``), with the time."""
+    sys.stderr.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), text))
+    sys.stderr.flush()
 
 
 def store_path(run_root):

@@ -80,8 +80,9 @@ class LogFollower:
 
     ``resolve_rank(attempt, local_rank)`` returns the global rank of that worker, or
     ``(rank, extra)`` with more fields for the file record (world size; ``pid`` None: the
-    worker is not seen yet, asked again for up to PID_WAIT), or None when it is not known (yet). ``ignore`` names torchrun start folders not to follow (a node's earlier
-    supervisor followed them already). ``keep_whole(data, end)``: where, at or before ``end``,
+    worker is not seen yet, asked again for up to PID_WAIT), or None when it is not known
+    (yet). ``ignore`` names torchrun start folders not to follow (a node's earlier supervisor
+    followed them already). ``keep_whole(data, end)``: where, at or before ``end``,
     ``data`` may be cut inside a line (agent/mask.py ``Masker.safe_cut``).
     """
 

@@ -157,11 +157,11 @@ async def cmd_submit(args) -> int:
     except HostUnreachable as exc:
         raise LaunchError("cannot reach the login host: %s" % exc, EXIT_UNREACHABLE) from None
     finally:
-        if job is not None and not (launched and (getattr(args, "detach", False) or
-                                                  getattr(args, "left_running", False))):
+        left = launched and getattr(args, "left_running", False)  # detached from the view
+        if job is not None and not (launched and getattr(args, "detach", False) or left):
             print("rankdeck: " + await slurm_submit.cancel(transport, login, job),
                   file=sys.stderr)  # the run it held is over, or never started
-        elif job is not None and launched and getattr(args, "left_running", False):
+        elif job is not None and left:
             print("rankdeck: Slurm job %s holds the run on: its judge ends the job when the "
                   "run is over (`rankdeck stop` cancels it now)" % job, file=sys.stderr)
         await transport.close()

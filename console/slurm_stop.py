@@ -20,8 +20,8 @@ from .transport import make_transport
 
 
 async def stop_queued(record: dict) -> int | None:
-    """The exit code of a stop whose job waits in the queue, or None when it does not (or
-    the run is not a Slurm run): the stop goes to the nodes then."""
+    """The exit code of a stop whose job waits in the queue or is over, or None when it runs
+    (or the run is not a Slurm run): the stop goes to the nodes then."""
     job = job_of(record.get("transport", ""))
     if not job:
         return None
