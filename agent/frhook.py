@@ -1,8 +1,8 @@
 """The flight-recorder hook: how the agent reads a live rank's flight recorder.
 
 The supervisor copies this file as ``sitecustomize.py`` into ``<node>/frhook/`` and puts that
-folder first on the workers' PYTHONPATH (``install``), with ``TORCH_FR_BUFFER_SIZE`` set so
-torch records every collective (gloo too, in torch 2.13). Python imports ``sitecustomize`` at
+folder first on the workers' PYTHONPATH (agent/hooks.py ``install``), with
+``TORCH_FR_BUFFER_SIZE`` set so torch records every collective (gloo too, in torch 2.13). Python imports ``sitecustomize`` at
 start-up; in a rank (RANK and LOCAL_RANK in its environment) it starts one daemon thread that
 blocks opening a FIFO, ``<fr dir>/<pid>.req``. The agent opens the FIFO and writes a byte
 (agent/fr_dump.py); the thread asks torch for the trace (``_dump_fr_trace_json``) and writes
@@ -15,13 +15,16 @@ blocked in ``open`` costs nothing while nobody asks, and runs as soon as someone
 user), so only that user can ask.
 
 Set ``RANKDECK_FLIGHT_RECORDER=0`` in the run's env (inventory ``env:``) to leave workers
-untouched: no sitecustomize, no buffer, no thread. Standard library only; torch is read from
-``sys.modules`` at dump time, never imported here.
+untouched: no buffer, no thread. Standard library only; torch is read from ``sys.modules`` at
+dump time, never imported here.
+
+The same hook, in torchrun's own process, arms the quicker rendezvous poll
+(agent/rdzv_poll.py, copied beside it). With both switched off (``RANKDECK_RDZV_POLL=0`` as
+well) no sitecustomize is put on the path at all.
 """
 
 import json
 import os
-import shutil
 import sys
 import threading
 
@@ -37,24 +40,6 @@ BUFFER_ENTRIES = "2000"
 
 def enabled(env):
     return env.get(SWITCH, "1") != "0"
-
-
-def install(node_dir, env):
-    """Put the hook on the workers' path in ``env`` (torchrun's environment); returns the
-    folder the workers answer in, or None when the run switched the recorder off."""
-    if not enabled(env):
-        return None
-    hook_dir = os.path.join(node_dir, "frhook")
-    fr_dir = os.path.join(node_dir, "fr")
-    for folder in (hook_dir, fr_dir):
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-    shutil.copyfile(os.path.abspath(__file__),
-                    os.path.join(hook_dir, "sitecustomize.py"))
-    old = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = hook_dir + (os.pathsep + old if old else "")
-    env.setdefault(BUFFER_VAR, BUFFER_ENTRIES)
-    env[DIR_VAR] = fr_dir
-    return fr_dir
 
 
 # -- in the worker ---------------------------------------------------------------------------
@@ -120,10 +105,21 @@ def _chain_original():
     spec.loader.exec_module(module)
 
 
+def _arm_poll():
+    """torchrun's quicker rendezvous poll, from the copy beside this file; a hook that cannot
+    arm it leaves torch's own."""
+    try:
+        import rankdeck_rdzv_poll
+    except ImportError:
+        return
+    rankdeck_rdzv_poll.arm()
+
+
 def _start():
     fr_dir = os.environ.get(DIR_VAR)
     if fr_dir and "RANK" in os.environ and "LOCAL_RANK" in os.environ:
         threading.Thread(target=_serve, args=(fr_dir,), name="rankdeck-fr", daemon=True).start()
+    _arm_poll()
     _chain_original()
 
 

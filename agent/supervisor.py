@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 
-from . import cause, frhook, procs, static_world, torch_quirks
+from . import cause, hooks, procs, static_world, torch_quirks
 from .gpu import GpuProbe, gpu_pids_memory
 from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
@@ -169,7 +169,7 @@ class Supervisor:
         if self.slurm_job is not None:  # asked to save before the job's time limit
             self.slurm_job.new_run()
             env[REQUEST_ENV] = self.slurm_job.request
-        frhook.install(self.node_dir, env)  # live flight-recorder dumps (docs/STUCK.md)
+        hooks.install(self.node_dir, env)  # flight-recorder dumps, rendezvous poll (docs/STUCK.md)
         try:
             self.instance_before = set(os.listdir(self.log_dir))
         except OSError:

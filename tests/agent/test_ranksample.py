@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agent import frhook, ranksample
+from agent import hooks, ranksample
 from agent.journal import JournalWriter, parse
 from tests.waits import wait_for_sync
 
@@ -63,7 +63,7 @@ def test_entry_times_keep_the_newest_collectives_only():
 def node(tmp_path):
     """A node folder with a journal, and a started worker child; yields (folder, journal, proc)."""
     env = dict(os.environ, RANK="3", LOCAL_RANK="0", WORLD_SIZE="4")
-    fr_dir = frhook.install(str(tmp_path), env)
+    fr_dir = hooks.install(str(tmp_path), env)
     journal = JournalWriter(str(tmp_path / "journal"))
     proc = subprocess.Popen([sys.executable, "-c", WORKER], env=env)
     try:
