@@ -102,6 +102,9 @@ class MetricParser:
         self._families = [family() for family in FAMILIES]
         self._files = {}  # file -> _FileFormats
         self._workers = {}  # worker -> {family name: that family's state for the worker}
+        # the keywords the last parsed text mentions (case-insensitively), or None when its
+        # lines were all read (a user regex, a Hugging Face bar): agent/resumed.py asks it
+        self.mentioned = None
 
     def family_of(self, file=None):
         """The name of the family ``file`` settled on, or None while none has matched."""
@@ -124,6 +127,7 @@ class MetricParser:
         huge lines (skipped).
         """
         out = []
+        self.mentioned = None
         if not text:
             return out
         if isinstance(text, (bytes, bytearray)):
@@ -157,7 +161,7 @@ class MetricParser:
         if len(low) != len(text):
             # A few non-ASCII characters lower-case to two (U+0130); offsets would drift.
             low = text.translate(_ASCII_LOWER)
-        present = keywords_in(low)
+        present = self.mentioned = keywords_in(low)
         if not present:
             return
         trigger = _TRIGGERS.get(present)

@@ -13,22 +13,39 @@ bytes (a read per file, a journal write, a message, the console's decode of it):
 lines/s 50 ms turns took about a fifth less of the agent's CPU a line, for ~25 ms more
 latency (docs/BENCHMARKS.md, "Ingest, 2026-11-26").
 
+A torrent (``TORRENT`` bytes a second or more, ten busy nodes' worth: 100k lines/s over four
+nodes is ~2 MiB/s each) that has lasted ``SETTLE`` seconds is read every ``LONG`` instead:
+at that rate each turn's fixed costs (an inotify drain, a read per file, the phase, a journal
+write, serve's message and the console's decode of it) were half of rankdeck's CPU
+(docs/BENCHMARKS.md, "Ingest, 2026-11-26, third part"), and no person reads thousands of lines
+a second, so 50 ms more between batches shows nothing new; a flood below it (10k lines/s on
+one node is ~0.8 MiB/s, where the latency target lives) keeps ``FAST``, as does a torrent's
+first second and the first turn after it ebbs.
+
 Where inotify wakes them (agent/watch.py) ``serve`` reads the journal as soon as the
 supervisor appends, so the supervisor may spend the pair's budget alone: ``SLOW_WATCHED``
 batches a trickle two turns into one, and a quiet spell costs a turn a second
 (agent/supervisor.py ``IDLE_WATCHED``).
 """
 
+import time
+
 FAST = 0.05
 SLOW = 0.1
+LONG = 0.1  # a torrent's wait, once it has lasted SETTLE seconds
 SLOW_WATCHED = 0.2  # the supervisor's ceiling when serve is woken by its appends
 RATE = 32 << 10  # bytes a second: 8 ranks x 10 lines/s is ~8 KiB/s, a busy node 100 KiB/s+
+TORRENT = 1 << 20  # bytes a second
+SETTLE = 1.0  # seconds a torrent lasts before its turns are LONG
 
 
 class Pace:
-    def __init__(self, fast: float = FAST, slow: float = SLOW, rate: float = RATE):
+    def __init__(self, fast: float = FAST, slow: float = SLOW, rate: float = RATE,
+                 long: float = LONG, torrent: float = TORRENT, clock=time.monotonic):
         self.fast, self.slow, self.rate = fast, slow, rate
+        self.long, self.torrent, self.clock = long, torrent, clock
         self.wait = fast
+        self.torrent_since = None  # when the turns began to bring a torrent
 
     @property
     def batch(self) -> float:
@@ -37,6 +54,13 @@ class Pace:
 
     def after(self, nbytes: int) -> float:
         """The wait before the next turn, given the bytes this turn brought."""
+        if nbytes >= self.torrent * self.wait:
+            now = self.clock()
+            if self.torrent_since is None:
+                self.torrent_since = now
+            self.wait = self.long if now - self.torrent_since >= SETTLE else self.fast
+            return self.wait
+        self.torrent_since = None
         if nbytes >= self.batch:
             self.wait = self.fast
         else:

@@ -90,7 +90,7 @@ class Recorder:
         try:
             # the worker (local rank, attempt, instance) ties its stdout to its stderr
             parsed = self.parser.parse(text, meta["f"], self.ranks[meta["f"]][1:4])
-            parsed += resumed_records(text)
+            parsed += resumed_records(text, self.parser.mentioned)
         except Exception as exc:  # a parser bug must never stop the journal
             parsed = []
             self.log("metrics parser failed: %r" % (exc,))

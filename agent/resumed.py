@@ -15,7 +15,8 @@ import re
 from .format_plain import step_from_path
 from .metric_values import to_int
 
-_KEYWORDS = ("resumed step=", "Loading model from ", "global step ", "Restored all states")
+_LOADING = "Loading model from "
+_KEYWORDS = ("resumed step=", _LOADING, "global step ", "Restored all states")
 _PATTERNS = (
     re.compile(r"\bresumed step=(?P<step>[0-9]{1,12}) from=(?P<path>\S{1,4096})", re.ASCII),
     re.compile(r"\bLoading model from (?P<path>\S.{0,4095}?)\.?\s*$", re.MULTILINE),
@@ -26,10 +27,16 @@ _PATTERNS = (
 )
 
 
-def resumed_records(text):
+def resumed_records(text, mentioned=None):
     """``{"k": "resumed", "step": int|None, "path": str|None}`` for each resume line in
-    ``text`` (one chunk of a rank's output)."""
-    if not any(k in text for k in _KEYWORDS):
+    ``text`` (one chunk of a rank's output). ``mentioned``: the metric keywords ``text``
+    mentions when the metrics parser scanned it already (agent/metrics.py ``mentioned``):
+    every resume line but Hugging Face's ``Loading model from`` says ``step`` or
+    ``checkpoint``, so a chunk without either costs one scan here instead of four."""
+    keywords = _KEYWORDS
+    if mentioned is not None and "step" not in mentioned and "checkpoint" not in mentioned:
+        keywords = (_LOADING,)
+    if not any(k in text for k in keywords):
         return []
     out = []
     for pattern in _PATTERNS:

@@ -83,6 +83,7 @@ class Server:
         self.wake = threading.Event()  # set: the stream loop turns now (a new subscription)
         self.watch = open_watch()  # None: the stream loop polls (agent/pace.py)
         self.state_due = False  # a turn skipped a state check (read it within STATE_POLL)
+        self.behind = False  # the last pump left records unsent (its budget ran out)
         self.listeners = {}
         self._syncs = None  # --sync transfers of this connection (agent/sync.py), once used
         self.console = {}  # who the console said it is (op_hello)
@@ -412,9 +413,10 @@ class Server:
 
     def pump(self, subs):
         """Send what is new in the journals and states of ``subs``; the journal bytes sent
-        (a state message counts as one)."""
+        (a state message counts as one). ``behind``: a journal was not read to its end."""
         sent = 0
         now = time.monotonic()
+        self.behind = False
         for sub in subs:
             # state.json is read BEFORE the journal is drained and sent only once it is: the
             # records written before that state (a node's last lines, its "ended") go first.
@@ -448,6 +450,7 @@ class Server:
                         continue
                 self.write(self._journal_line(sub.sub_id, records))
                 sent += nbytes
+            self.behind = self.behind or not drained
             if check and drained:
                 sub.last_state_check = now
                 if state != sub.last_state:
@@ -499,9 +502,8 @@ class Server:
                 measured = self.send_telemetry(subs)
                 last_gpu = time.monotonic()
             sent = self.pump(subs)
-            flood = sent >= pace.batch  # more is likely waiting: go on at once
             wait = pace.after(sent)
-            if flood:
+            if self.behind:  # a journal had more than a turn's budget: go on at once
                 continue
             if self.watch is not None and self._all_watched():
                 # the supervisor batches its appends already: a change is read at once

@@ -118,3 +118,24 @@ def test_serve_frames_records_for_a_console_that_asks_past_quiet_until(tmp_path,
     server.op_subscribe({"node": "n1", "sub": "other"})
     server.pump(server.subscriptions()[-1:])
     assert b'"t":"jbytes"' not in out.buf and out.buf.count(b'"t":"journal"') == 1
+
+
+def test_serve_turns_again_at_once_only_while_a_journal_is_left_unread(tmp_path, monkeypatch):
+    """A flood read to its end waits for the next append (a second turn at once found
+    nothing: half of serve's turns at 100k lines/s); more than a turn's budget, not."""
+    ndir = tmp_path / "n1"
+    ndir.mkdir()
+    writer = JournalWriter(str(ndir / "journal"))
+    data = {"k": "data", "f": 1, "o": 0, "ts": 1.0}
+    writer.append_many([RECORDS[0]] + [(data, b"x" * 1000 + b"\n")] * 50)  # a turn's flood
+    monkeypatch.setattr(serve.node, "node_dir", lambda args: str(ndir))
+    server = serve.Server(out=Out())
+    server.gpu_interval = 0
+    server.op_subscribe({"node": "n1", "frames": True})
+    assert server.pump(server.subscriptions()) > 50_000 and not server.behind
+    budget = protocol.BATCH_BYTES * 4  # what one turn sends of a journal at most
+    writer.append_many([(data, b"y" * 60_000 + b"\n")] * (budget // 60_000 + 2))
+    writer.close()
+    assert server.pump(server.subscriptions()) >= budget and server.behind
+    server.pump(server.subscriptions())
+    assert not server.behind and server.subscriptions()[0].reader.offset == writer.size
