@@ -115,7 +115,9 @@ class JournalReader:
         """``(start, data)``: the whole records appended since the last call, as the journal
         holds them (at most about ``limit`` bytes), and the offset they start at."""
         buf, start = self._chunk(limit)
-        used = whole(buf, start) if buf else 0
+        if not buf:  # nothing new: a record being written stays kept until its end comes
+            return start, b""
+        used = whole(buf, start)
         self._keep(buf, start, used)
         return start, bytes(buf[:used]) if used < len(buf) else buf
 

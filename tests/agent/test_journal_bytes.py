@@ -51,7 +51,12 @@ def test_a_record_still_being_written_waits_for_the_next_read(tmp_path):
         f.write(b'40 3\n{"k":"data",')
     reader = JournalReader(path)
     assert reader.read_bytes() == (0, open(path, "rb").read()[:whole])
-    assert reader.read_bytes() == (whole, b"")
+    assert reader.read_bytes() == (whole, b"")  # nothing new yet: the half record is kept
+    with open(path, "ab") as f:  # its end: the record comes whole from where it starts
+        f.write(b'"f":1,"o":9,"ts":2.00000000}abc')
+    start, data = reader.read_bytes()
+    assert (start, data[:8], len(data)) == (whole, b'40 3\n{"k', 48)
+    assert protocol.split_records(data, start)[0][0][1] == b"abc"
     writer.close()
 
 
