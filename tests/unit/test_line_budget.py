@@ -67,3 +67,14 @@ def test_without_a_budget_only_the_line_cap_applies():
     kept = Kept(100)
     kept.add(0.0, "node0", 0, [LINE] * 150)
     assert len(kept) == 100 and kept.cost == line_cost([LINE] * 100)
+
+
+def test_a_streams_cost_follows_its_lines_through_whole_and_partial_drops():
+    """Each chunk's cost is counted once, when it comes (console/buffers.py ``costs``): what a
+    drop frees is still what the dropped lines cost, whole chunks or the front of one."""
+    kept = Kept(25)
+    for r in range(12):
+        kept.add(float(r), "node0", r, ["l%d-%s" % (r, "y" * (r * 7 + i)) for i in range(r + 3)])
+        assert kept.cost == line_cost(list(kept)) and len(kept) <= 25
+        assert list(kept.costs) == [line_cost(chunk[3]) for chunk in kept.chunks]
+    assert kept.chunks[0][4] > 0  # the front of a record went, as well as whole ones
