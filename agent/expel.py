@@ -186,7 +186,15 @@ def _expel_one(store, key, addr, pid):
         dead = [n for n in beats if getattr(n, "addr", None) == addr and
                 getattr(n, "pid", None) == pid]
         if not dead:
-            return "no entry for %s pid %d (gone already, or another address)" % (addr, pid)
+            elsewhere = sorted(str(getattr(n, "addr", "?")) for n in beats
+                               if getattr(n, "pid", None) == pid)
+            if elsewhere:  # a member named wrongly: a fault of the request, not the run's
+                return "no entry for %s pid %d: that pid is in it as %s" % (
+                    addr, pid, ", ".join(elsewhere)[:200])
+            # its heartbeat expired and a survivor's sync removed it first (a torchrun slow
+            # to exit on a loaded host): what the expel was for has happened
+            return "no entry for %s pid %d: gone already (expired, or taken out before)" % (
+                addr, pid)
         for n in dead:
             if not isinstance(beats[n], datetime):
                 return "a heartbeat that is not a time (%s)" % type(beats[n]).__name__

@@ -110,9 +110,12 @@ async def test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing(c
 
     res = await ctl.restart("node1")
     assert res["node1"]["launches"] == 2, res
-    # its old torchrun, gone, taken out of the rendezvous by the store (console/expel.py)
-    assert any(e.kind == "rendezvous" and e.node == "node1" and "taken out of the rendezvous at once" in e.text
-               for e in ctl.state.events), [e.text for e in ctl.state.events]
+    # its old torchrun, gone, taken out of the rendezvous by the store (console/expel.py); on
+    # a loaded host it may exit so slowly that its entry has expired and a survivor's sync
+    # removed it first, which the store tells apart from an entry it cannot find
+    assert any(e.kind == "rendezvous" and e.node == "node1" and (
+        "taken out of the rendezvous at once" in e.text or ": gone already (" in e.text)
+        for e in ctl.state.events), [e.text for e in ctl.state.events]
 
     def resumed_lines():
         text = b"".join(d for chunks in got.values() for _o, d in chunks).decode(
