@@ -228,8 +228,9 @@ def test_auto_cordon_through_a_real_supervisor_fences_it_and_nothing_of_it_is_le
         "grace": 600, "judge": judge_ref}})
     try:
         wait_for_sync(lambda: "node1" in judge.lines, 30, "node1's link to the judge")
-        worker = procs.run_pids(None, "r1/node1")
-        assert worker
+        # the launch is recorded once its process is forked; the marker shows once it has
+        # exec'd, which on a loaded host can come after the link is up
+        worker = wait_for_sync(lambda: procs.run_pids(None, "r1/node1"), 30, "node1's worker")
         wait_for_sync(lambda: ignores_sigterm(worker[0]), 30, "the worker ignoring SIGTERM")
         judge.write(event("cordon proposed", "node1", reason="the verdict names rank 1 (x)"))
         outcome = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "surgery"
