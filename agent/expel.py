@@ -35,6 +35,7 @@ from .runfiles import read_json, write_json_atomic
 
 FOLDER = "expel"  # in the run folder on the store's host
 KEY_PREFIX = "torch.rendezvous."  # torch's c10d_rendezvous_backend.py: the key of a run id
+GONE = "gone already (expired, or taken out before)"  # the answer's ``gone``
 NULL_SENTINEL = b"Y2FuaW1hZGFt"  # its value before any node wrote a state
 POLL = 0.1  # seconds between the store's looks for a request
 STALE = 60.0  # a request older than this is dropped unread (its asker is long gone)
@@ -159,14 +160,15 @@ def _drop_if_stale(path):
 
 def expel(store, req):
     """Set the last heartbeat of ``req``'s entries (its addr and pid) to long past in each of
-    its rendezvous ids on ``store`` (a torch TCPStore): ``{"expelled", "why"}``."""
+    its rendezvous ids on ``store`` (a torch TCPStore): ``{"expelled", "why"}``, and ``gone``
+    when a rendezvous had no entry of it left (expired first: nothing to wait for)."""
     whys = []
     for rdzv_id in req["rdzv_ids"]:
         why = _expel_one(store, KEY_PREFIX + rdzv_id, req["addr"], req["pid"])
         if why is None:
             return {"expelled": True, "why": "", "rdzv_id": rdzv_id}
         whys.append(why)
-    return {"expelled": False, "why": "; ".join(whys)}
+    return {"expelled": False, "why": "; ".join(whys), "gone": any(GONE in w for w in whys)}
 
 
 def _expel_one(store, key, addr, pid):
@@ -193,8 +195,7 @@ def _expel_one(store, key, addr, pid):
                     addr, pid, ", ".join(elsewhere)[:200])
             # its heartbeat expired and a survivor's sync removed it first (a torchrun slow
             # to exit on a loaded host): what the expel was for has happened
-            return "no entry for %s pid %d: gone already (expired, or taken out before)" % (
-                addr, pid)
+            return "no entry for %s pid %d: %s" % (addr, pid, GONE)
         for n in dead:
             if not isinstance(beats[n], datetime):
                 return "a heartbeat that is not a time (%s)" % type(beats[n]).__name__

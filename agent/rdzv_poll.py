@@ -44,7 +44,8 @@ def seconds(env):
 
 def patch(module, poll):
     """Make ``module``'s one-second rendezvous wait, and the second its state is kept before
-    it is read again, ``poll`` seconds; False when this torch has neither to change."""
+    it is read again, ``poll`` seconds; False when this torch lacks either (both are left
+    alone) or they are changed already."""
     delay = getattr(module, "_delay", None)
     holder = getattr(module, "_BackendRendezvousStateHolder", None)
     if not callable(delay) or holder is None or getattr(delay, "rankdeck_poll", None):

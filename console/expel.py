@@ -30,7 +30,7 @@ async def expel(ctl, node: str, member) -> str:
                             "once: the next round does not wait for its entry to expire" % node)
     else:
         said = "not done: %s" % str(res.get("why") or "no reason given")[:200]
-        if ": gone already (" in said:  # expired first: the next round does not wait for it
+        if res.get("gone") is True:  # expired first: the next round does not wait for it
             ctl.state.add_event(node, "rendezvous", "%s's torchrun was out of the rendezvous "
                                 "already (%s)" % (node, said[10:]))
         else:

@@ -66,16 +66,18 @@ def test_a_killed_node_is_expelled_and_the_survivors_next_round_completes(store)
         b.stdin.flush()
         # the dead node's pid at another address: not its entry, nothing is touched
         other = expel.answer(run_root, expel.ask(run_root, dict(who, addr="127.0.0.3")), 30)
-        assert other["expelled"] is False and other["why"].startswith(
+        assert other["expelled"] is False and other["gone"] is False and other["why"].startswith(
             "no entry for 127.0.0.3 pid %d: that pid is in it as " % a.pid), other
         done = expel.answer(run_root, expel.ask(run_root, who), 30)
         assert done == {"expelled": True, "why": "", "rdzv_id": "run-x"}
         # the survivor and the spare (live entries, untouched) make the next round at once
         assert b.stdout.readline() == "round 1: 127.0.0.3, 127.0.0.4\n"
         again = expel.answer(run_root, expel.ask(run_root, who), 30)
-        assert again["expelled"] is False and "gone already" in again["why"]
+        assert again["expelled"] is False and again["gone"] is True
+        assert "gone already" in again["why"]
         unknown = expel.answer(run_root, expel.ask(run_root, dict(who, rdzv_ids=["nope"])), 30)
-        assert unknown == {"expelled": False, "why": "no rendezvous nope in the store"}
+        assert unknown == {"expelled": False, "why": "no rendezvous nope in the store",
+                           "gone": False}
     finally:
         for p in (a, b):
             p.kill()
