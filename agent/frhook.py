@@ -5,8 +5,8 @@ folder first on the workers' PYTHONPATH (agent/hooks.py ``install``), with
 ``TORCH_FR_BUFFER_SIZE`` set so torch records every collective (gloo too, in torch 2.13).
 Python imports ``sitecustomize`` at start-up; in a rank (RANK and LOCAL_RANK in its
 environment) it starts one daemon thread that blocks opening a FIFO, ``<fr dir>/<pid>.req``.
-The agent opens the FIFO and writes a byte (agent/fr_dump.py); the thread asks torch for the trace (``_dump_fr_trace_json``) and writes
-``<pid>.json`` in one rename.
+The agent opens the FIFO and writes a byte (agent/fr_dump.py); the thread asks torch for the
+trace (``_dump_fr_trace_json``) and writes ``<pid>.json`` in one rename.
 
 Why a thread on a FIFO rather than a signal: a rank waiting in a collective sits in C++
 (gloo's ``wait``), where a Python signal handler never runs until the wait ends; a thread
