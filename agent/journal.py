@@ -24,7 +24,7 @@ that ends at any offset without reading the journal from its start.
 import json
 import os
 
-from .protocol import split_records as split, whole_records as whole
+from .protocol import JournalCorrupt, split_records as split, whole_records as whole
 
 READ_CHUNK = 1 << 20
 INDEX_EVERY = 1 << 20
@@ -100,29 +100,51 @@ class JournalReader:
         self.offset = offset
         self._fh = None
         self._pending = b""
+        self._damage = None  # the JournalCorrupt this reader stopped at, raised again
 
     def read(self, limit=READ_CHUNK, raw=False):
         """Records appended since the last call (at most about ``limit`` bytes of them), as
-        :func:`parse` gives them, or with ``raw`` as :func:`split` does."""
+        :func:`parse` gives them, or with ``raw`` as :func:`split` does. JournalCorrupt
+        (agent/protocol.py) once the next bytes are no record: the whole records before them
+        come first, and the reader stays at the damage."""
         buf, start = self._chunk(limit)
         if not buf:
             return []
-        records, used = (split if raw else parse)(buf, start)
+        cut = split if raw else parse
+        try:
+            records, used = cut(buf, start)
+        except JournalCorrupt as exc:
+            records, used = cut(buf[:self._damage_at(buf, start, exc)], start)
         self._keep(buf, start, used)
         return records
 
     def read_bytes(self, limit=READ_CHUNK):
         """``(start, data)``: the whole records appended since the last call, as the journal
-        holds them (at most about ``limit`` bytes), and the offset they start at."""
+        holds them (at most about ``limit`` bytes), and the offset they start at; damage as
+        for :meth:`read`."""
         buf, start = self._chunk(limit)
         if not buf:  # nothing new: a record being written stays kept until its end comes
             return start, b""
-        used = whole(buf, start)
+        try:
+            used = whole(buf, start)
+        except JournalCorrupt as exc:
+            used = self._damage_at(buf, start, exc)
         self._keep(buf, start, used)
         return start, bytes(buf[:used]) if used < len(buf) else buf
 
+    def _damage_at(self, buf, start, exc):
+        """Where in ``buf`` the damage ``exc`` begins (the records before it are whole); each
+        later read raises it (a fresh reader is the way to look again), this one too when
+        ``buf`` begins with it."""
+        self._damage = exc
+        if exc.offset <= start:
+            raise exc
+        return exc.offset - start
+
     def _chunk(self, limit):
         """What is left of the last read and up to ``limit`` bytes more; its offset."""
+        if self._damage is not None:
+            raise self._damage
         if self._fh is None:
             try:
                 self._fh = open(self.path, "rb")

@@ -18,6 +18,8 @@ Message kinds (field ``t``); docs/PROTOCOL.md is the reference:
 - ``gpu``     agent -> console: one GPU snapshot of the host.
 - ``actions`` agent -> console: new lines of one node's action log (who changed the run).
 - ``consoles`` agent -> console: the consoles attached to one node, when that changes.
+- ``stream_end`` agent -> console: one subscription's journal can no longer be read (why, and
+              the offset it stopped at); its state, actions and consoles messages go on.
 
 This module is imported by the console; it must stay standard-library only and run on 3.8.
 """
@@ -27,6 +29,9 @@ import json
 PROTOCOL_VERSION = 1
 
 MAX_HEADER = 64  # bytes of a journal record's header (``<meta_len> <data_len>\n``) at most
+# bytes of one journal record at most: a console takes no bigger jbytes message (16 MiB), and
+# a header asking for more is damage, not a record to wait for
+MAX_RECORD = 16 * 1024 * 1024
 
 # Batching of pushed messages: at most this long, or this many bytes, whichever comes first.
 BATCH_SECONDS = 0.05
@@ -81,6 +86,15 @@ class RequestError(Exception):
 
 class ProtocolError(Exception):
     """A line that is not a protocol message; usually means the other side is not an agent."""
+
+
+class JournalCorrupt(ValueError):
+    """Bytes at ``offset`` of a journal that are no record: usually means the journal file was
+    damaged (a disk error, another writer, a copy cut short); the records before it are whole."""
+
+    def __init__(self, offset, what):
+        super().__init__("journal corrupt at offset %d: %s" % (offset, what))
+        self.offset = offset
 
 
 def run_id_ok(run_id):
@@ -168,22 +182,30 @@ def whole_records(buf, base_offset=0):
 
 def _walk(buf, base_offset):
     """``(start, body, meta_len, end)`` in ``buf`` of each whole record: where its header
-    starts, where its meta starts and how long it is, where the record ends; ValueError for a
-    header that is not one."""
+    starts, where its meta starts and how long it is, where the record ends; JournalCorrupt
+    (a ValueError) for bytes that are no record, after the whole records before them."""
     pos = 0
     size = len(buf)
     while pos < size:
         nl = buf.find(b"\n", pos, pos + MAX_HEADER)
         if nl < 0:
             if size - pos >= MAX_HEADER:
-                raise ValueError("journal corrupt at offset %d" % (base_offset + pos))
+                raise JournalCorrupt(base_offset + pos, "no header in %d bytes" % MAX_HEADER)
             return
-        meta_len, data_len = (int(x) for x in buf[pos:nl].split())
-        if meta_len < 0 or data_len < 0:  # a console reads records a host sent: no loop back
-            raise ValueError("journal corrupt at offset %d" % (base_offset + pos))
+        try:
+            meta_len, data_len = (int(x) for x in buf[pos:nl].split())
+        except ValueError:
+            raise JournalCorrupt(base_offset + pos, "a header that is not "
+                                 "'<meta_len> <data_len>'") from None
+        # a console reads records a host sent: no loop back, no wait for a length of damage
+        if not (2 <= meta_len and 0 <= data_len and meta_len + data_len <= MAX_RECORD):
+            raise JournalCorrupt(base_offset + pos, "a record of %d + %d bytes"
+                                 % (meta_len, data_len))
         end = nl + 1 + meta_len + data_len
         if end > size:
             return
+        if buf[nl + 1] != 0x7B or buf[nl + meta_len] != 0x7D:  # "{" ... "}": a JSON object
+            raise JournalCorrupt(base_offset + pos, "a meta that is not a JSON object")
         yield pos, nl + 1, meta_len, end
         pos = end
 

@@ -13,6 +13,11 @@ in ``READ_ONLY_OPS`` (kind ``read-only``), whatever the client is. Each request 
 run (agent/actions.py ``CHANGES``), done or refused, is appended to the node's action log.
 What that does and does not promise: docs/SECURITY.md, "Read-only consoles".
 
+A subscription whose journal cannot be read (damaged bytes: agent/protocol.py
+``JournalCorrupt``) is read once more by a fresh reader, then ended with a ``stream_end``
+message saying where and why; its state and the other subscriptions go on
+(docs/PROTOCOL.md, "Pushed messages").
+
 The stream loop sleeps until a subscribed node's folder changes (the supervisor appended to the
 journal, or replaced state.json: agent/watch.py), a new subscription, or the next telemetry
 sample; where inotify cannot be had it polls at agent/pace.py's rate.
@@ -64,6 +69,9 @@ class Subscription:
         self.quiet_until = quiet_until  # data records starting before this are not sent
         self.ndir = ndir
         self.reader = JournalReader(os.path.join(ndir, "journal"), offset)
+        self.sent_to = offset  # the journal's records before this were sent (or skipped)
+        self.retried_at = None  # where a fresh reader was tried after a failed read
+        self.ended = None  # why its journal can no longer be read (stream_end was sent)
         self.last_state = None
         self.last_state_check = float("-inf")  # never (monotonic starts at boot)
         self.watched = False  # its folder's changes wake the stream loop
@@ -413,52 +421,102 @@ class Server:
 
     def pump(self, subs):
         """Send what is new in the journals and states of ``subs``; the journal bytes sent
-        (a state message counts as one). ``behind``: a journal was not read to its end."""
+        (a state message counts as one). ``behind``: a journal was not read to its end. A
+        subscription whose turn fails is ended (``stream_end``); the others go on."""
         sent = 0
         now = time.monotonic()
         self.behind = False
         for sub in subs:
-            # state.json is read BEFORE the journal is drained and sent only once it is: the
-            # records written before that state (a node's last lines, its "ended") go first.
-            check = now - sub.last_state_check >= STATE_POLL
-            self.state_due = self.state_due or not check
-            state = node.node_state(sub.ndir) if check else None
-            drained = False
-            budget = protocol.BATCH_BYTES * 4
-            while budget > 0:
-                if sub.frames and sub.reader.offset >= sub.quiet_until:
-                    start, data = sub.reader.read_bytes(protocol.BATCH_BYTES)
-                    if not data:
-                        drained = True
-                        break
-                    self.write(protocol.journal_bytes(sub.sub_id, start, data))
-                    budget -= len(data)
-                    sent += len(data)
-                    continue
-                records = sub.reader.read(protocol.BATCH_BYTES, raw=True)
-                if not records:
-                    drained = True
-                    break
-                nbytes = sum(len(d) for _m, d, _s, _e in records) + 64 * len(records)
-                budget -= nbytes
-                if sub.quiet_until and records[0][2] < sub.quiet_until:
-                    # a console resuming its output or wanting recent lines only: state
-                    # records yes, lines of records that start before quiet_until no
-                    records = [r for r in records if r[2] >= sub.quiet_until or
-                               decode_meta(r[0], r[2]).get("k") != "data"]
-                    if not records:
-                        continue
-                self.write(self._journal_line(sub.sub_id, records))
-                sent += nbytes
-            self.behind = self.behind or not drained
-            if check and drained:
-                sub.last_state_check = now
-                if state != sub.last_state:
-                    sub.last_state = state
-                    self.send({"t": "state", "sub": sub.sub_id, "state": state})
-                    sent += 1
-                sent += self.send_operators(sub)
+            try:
+                sent += self.pump_one(sub, now)
+            except Exception as exc:  # a bug or a file of its own: that stream alone ends
+                self.end_stream(sub, "agent error: %s: %s" % (type(exc).__name__, exc))
+                self.drop(sub)
         return sent
+
+    def pump_one(self, sub, now):
+        """One subscription's turn: its journal's new records, then its state, action log and
+        consoles once the journal is drained; what was sent, as :meth:`pump` counts it."""
+        # state.json is read BEFORE the journal is drained and sent only once it is: the
+        # records written before that state (a node's last lines, its "ended") go first.
+        check = now - sub.last_state_check >= STATE_POLL
+        self.state_due = self.state_due or not check
+        state = node.node_state(sub.ndir) if check else None
+        sent, drained = 0, True
+        if sub.ended is None:
+            try:
+                sent, drained = self.send_journal(sub)
+            except (ValueError, OSError) as exc:  # JournalCorrupt, a meta that is no JSON
+                drained = self.journal_failed(sub, exc)
+        self.behind = self.behind or not drained
+        if check and drained:
+            sub.last_state_check = now
+            if state != sub.last_state:
+                sub.last_state = state
+                self.send({"t": "state", "sub": sub.sub_id, "state": state})
+                sent += 1
+            sent += self.send_operators(sub)
+        return sent
+
+    def send_journal(self, sub):
+        """``(bytes sent, drained)``: a turn's budget of ``sub``'s new journal records sent,
+        and whether its journal was read to its end."""
+        sent = 0
+        budget = protocol.BATCH_BYTES * 4
+        while budget > 0:
+            if sub.frames and sub.reader.offset >= sub.quiet_until:
+                start, data = sub.reader.read_bytes(protocol.BATCH_BYTES)
+                if not data:
+                    return sent, True
+                self.write(protocol.journal_bytes(sub.sub_id, start, data))
+                sub.sent_to = start + len(data)
+                budget -= len(data)
+                sent += len(data)
+                continue
+            records = sub.reader.read(protocol.BATCH_BYTES, raw=True)
+            if not records:
+                return sent, True
+            nbytes = sum(len(d) for _m, d, _s, _e in records) + 64 * len(records)
+            budget -= nbytes
+            if sub.quiet_until and records[0][2] < sub.quiet_until:
+                # a console resuming its output or wanting recent lines only: state
+                # records yes, lines of records that start before quiet_until no
+                records = [r for r in records if r[2] >= sub.quiet_until or
+                           decode_meta(r[0], r[2]).get("k") != "data"]
+                if not records:
+                    sub.sent_to = sub.reader.offset
+                    continue
+            self.write(self._journal_line(sub.sub_id, records))
+            sub.sent_to = sub.reader.offset
+            sent += nbytes
+        return sent, False
+
+    def journal_failed(self, sub, exc):
+        """``sub``'s journal could not be read on from ``sent_to``: read once more by a fresh
+        reader from there (a reader's own state: the stream goes on; whether drained), then
+        ended with a ``stream_end`` message saying why (True: its state goes on)."""
+        if sub.retried_at != sub.sent_to:
+            sub.retried_at = sub.sent_to
+            sub.reader.close()
+            sub.reader = JournalReader(sub.reader.path, sub.sent_to)
+            return False
+        self.end_stream(sub, str(exc))
+        return True
+
+    def end_stream(self, sub, why):
+        """Tell the console that ``sub``'s journal stream has ended, where and why, once."""
+        if sub.ended is not None:
+            return
+        sub.ended = why[:300]
+        sub.reader.close()
+        self.send({"t": "stream_end", "sub": sub.sub_id, "offset": sub.sent_to,
+                   "why": sub.ended})
+
+    def drop(self, sub):
+        """``sub`` is no longer served (its turn failed outside its journal)."""
+        with self.subs_lock:
+            if self.subs.get(sub.sub_id) is sub:
+                del self.subs[sub.sub_id]
 
     def send_operators(self, sub):
         """New lines of the node's action log and the consoles attached, when they changed
@@ -489,6 +547,21 @@ class Server:
         return folder
 
     def stream_loop(self):
+        """Push what is new to the console until the connection closes. A turn that fails
+        (a bug: a subscription's own failure ends that one alone, :meth:`pump`) ends every
+        subscription with its reason, and the loop goes on: nothing ends unsaid (the
+        thread's stderr reaches no one)."""
+        while not self.closed.is_set():
+            try:
+                self._stream_turns()
+            except Exception as exc:
+                for sub in self.subscriptions():
+                    self.end_stream(sub, "agent error: %s: %s" % (type(exc).__name__, exc))
+                    self.drop(sub)
+                self.wake.wait(IDLE)
+                self.wake.clear()
+
+    def _stream_turns(self):
         last_gpu = float("-inf")
         measured = None  # the run folder whose disk the last host sample measured
         pace = Pace()

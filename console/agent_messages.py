@@ -65,6 +65,10 @@ def check(msg: dict) -> None:
         _field(msg, "n", _INT, "a jbytes message", span=(0, MAX_FRAME + 1))
         if msg.get("end") != msg["start"] + msg["n"]:
             _bad("a jbytes message's end is %s, not start + n" % _what(msg.get("end")))
+    elif kind == "stream_end":
+        _field(msg, "sub", _STR, "a stream_end message")
+        _field(msg, "offset", _INT, "a stream_end message")
+        _field(msg, "why", _STR, "a stream_end message")
     elif kind == "state":
         st = msg.get("state")
         if st is not None:

@@ -56,8 +56,9 @@ class HeadlessPrinter:
             self.replayed(node)
 
     def replayed(self, node: str) -> None:
+        ns = self.state.nodes[node]
         if self.order is not None and node not in self.order.done and \
-                self.state.nodes[node].journal_offset >= self.ends.get(node, 0):
+                (ns.journal_offset >= self.ends.get(node, 0) or ns.stream_end is not None):
             self.order.finish(node)
 
     def release(self) -> None:

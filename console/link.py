@@ -51,6 +51,7 @@ class NodeLink:
         self._closing = False
         self.connected = asyncio.Event()
         self.quiet_until = 0  # first subscription: skip log lines before this journal offset
+        self.stream_ends: dict[str, int] = {}  # sub -> where its agent's stream stopped
 
     # -- connection ------------------------------------------------------------------------
     async def connect(self) -> dict:
@@ -249,6 +250,28 @@ class NodeLink:
         elif kind == "consoles" and self.state is not None and msg.get("sub") == self.name:
             self.state.operators.apply_consoles(self.name, msg.get("consoles"))
             self.state.changed(self.name)
+        elif kind == "stream_end" and self.state is not None:
+            self._stream_ended(msg["sub"], msg["offset"], msg["why"])
+
+    def _stream_ended(self, sub: str, offset: int, why: str) -> None:
+        """The agent can read a subscribed journal no further (``stream_end``): an event says
+        where, why and where the rest is, once for each place (a reconnect's subscription
+        meets the same damage again); the node's state still comes."""
+        if sub not in (self.name, "judge") or self.stream_ends.get(sub) == offset:
+            return
+        self.stream_ends[sub] = offset
+        why = clean(why, limit=300)
+        if sub == "judge":
+            self.state.add_event(None, "stream stopped", "the judge's log stream stopped at "
+                                 "journal offset %d: %s (agent error on %s); its later events "
+                                 "are not shown" % (offset, why, self.name))
+            return
+        self.state.nodes[self.name].stream_end = offset
+        self.state.add_event(self.name, "stream stopped", "its log stream stopped at journal "
+                             "offset %d: %s (agent error); its later lines are in its files on "
+                             "the host, under %s/%s/ (torchrun/ holds the ranks')"
+                             % (offset, why, clean(self.run_root, limit=200), self.name))
+        self.state.changed(self.name)
 
     async def _reconnect_loop(self) -> None:
         for attempt in itertools.count():

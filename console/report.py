@@ -23,7 +23,8 @@ from .text import human_bytes
 # event kinds the report lists: what an operator asks about after a run
 REPORTED_EVENTS = ("launched", "restarting", "worker failed", "killed", "stopping", "exited",
                    "failed", "stopped", "lost", "stalled", "recovered", "verdict", "resumed",
-                   "checkpoint incomplete", "checkpoint deleted", "world", "unreachable")
+                   "checkpoint incomplete", "checkpoint deleted", "world", "unreachable",
+                   "stream stopped")
 MAX_EVENTS = 200
 _MD_SPECIAL = "\\`*_{}[]()#+!|~"
 _SVG_W, _SVG_H, _PAD = 640, 320, 48

@@ -124,6 +124,7 @@ class NodeState:
     phase: dict | None = None  # its torchrun's phase (console/rendezvous.py), from state.json
     worker_failure: dict | None = None  # the newest worker_failed of its current torchrun
     state_seen: bool = False  # a state message (its state.json) has arrived (caught_up waits)
+    stream_end: int | None = None  # its agent can read its journal no further than this
     hardware: tuple | None = None  # (gpu, host, their telemetry.hardware_row): hardware_of
     slots: int = 1  # its processes (the inventory's slots): bounds its records (ownership.py)
     stray: FileInfo | None = None  # bytes of files never announced (or long forgotten)

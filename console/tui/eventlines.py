@@ -32,7 +32,7 @@ ALERTS = {
     "lost": "bold white on red", "unreachable": "bold white on red",
     "diverged": "bold white on red", "checkpoint incomplete": "bold white on red",
     "stalled": "bold black on yellow", "verdict": "bold black on yellow",
-    "refused": "bold black on yellow",
+    "refused": "bold black on yellow", "stream stopped": "bold white on red",
 }
 CHECKPOINT_KINDS = ("checkpoint", "checkpoint complete", "checkpoint incomplete",
                     "checkpoint deleted")
