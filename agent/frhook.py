@@ -19,7 +19,8 @@ untouched: no buffer, no thread. Standard library only; torch is read from ``sys
 dump time, never imported here.
 
 The same hook, in torchrun's own process, arms the quicker rendezvous poll
-(agent/rdzv_poll.py, copied beside it). With both switched off (``RANKDECK_RDZV_POLL=0`` as
+(agent/rdzv_poll.py, copied beside it) and, in a warm spare's, the gate that holds it before
+its rendezvous (agent/spare_gate.py). With both switched off (``RANKDECK_RDZV_POLL=0`` as
 well) no sitecustomize is put on the path at all.
 """
 
@@ -105,21 +106,58 @@ def _chain_original():
     spec.loader.exec_module(module)
 
 
-def _arm_poll():
-    """torchrun's quicker rendezvous poll, from the copy beside this file; a hook that cannot
-    arm it leaves torch's own."""
-    try:
-        import rankdeck_rdzv_poll
-    except ImportError:
-        return
-    rankdeck_rdzv_poll.arm()
+# -- in torchrun ------------------------------------------------------------------------------
+class _AfterImport:
+    """On sys.meta_path until ``name`` is imported: loads it as Python would, then calls
+    ``then(module)`` right after it ran; ``otherwise()`` when its loader cannot be wrapped."""
+
+    def __init__(self, name, then, otherwise):
+        self.name, self.then, self.otherwise = name, then, otherwise
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)  # asked once
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            if self.otherwise is not None:
+                self.otherwise()
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            self.then(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def after_import(name, then, otherwise=None):
+    """Have ``then(module)`` change module ``name`` (torch's) as soon as it is imported."""
+    sys.meta_path.insert(0, _AfterImport(name, then, otherwise))
+
+
+def _arm_parts():
+    """torchrun's quicker rendezvous poll (agent/rdzv_poll.py) and a warm spare's gate
+    (agent/spare_gate.py), from the copies beside this file; each arms itself only where it
+    applies, and a part that is not there leaves torch as it is."""
+    for name in ("rankdeck_rdzv_poll", "rankdeck_spare_gate"):
+        try:
+            part = __import__(name)
+        except ImportError:
+            continue
+        part.arm(after_import)
 
 
 def _start():
     fr_dir = os.environ.get(DIR_VAR)
     if fr_dir and "RANK" in os.environ and "LOCAL_RANK" in os.environ:
         threading.Thread(target=_serve, args=(fr_dir,), name="rankdeck-fr", daemon=True).start()
-    _arm_poll()
+    _arm_parts()
     _chain_original()
 
 

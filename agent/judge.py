@@ -176,7 +176,9 @@ class Judge:
                            "data": self.cordon(msg.get("args") or {})})
             elif msg and msg.get("op") == "ping":
                 line.send({"t": "res", "id": msg.get("id"), "ok": True,
-                           "data": {"started": self.started, "on_hang": self.on_hang}})
+                           # over: a warm spare held for the run ends (agent/spare_hold.py)
+                           "data": {"started": self.started, "on_hang": self.on_hang,
+                                    "over": self.over is not None}})
         except judge_wire.WireError:
             pass
         finally:

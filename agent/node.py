@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from . import expel, host_step, procs, protocol, static_world
+from . import expel, host_step, procs, protocol, spare_hold, static_world
 from .hostpaths import host_path, host_spec
 from .protocol import RequestError
 from .runfiles import log_tail, read_json, write_json_atomic, write_text
@@ -21,7 +21,7 @@ from .version import HERE
 
 AGENT_PARENT = os.path.dirname(HERE)
 SPAWN_TIMEOUT = 30.0
-LIVE_STATES = ("starting", "running", "restarting", "stopping")
+LIVE_STATES = ("starting", "held", "running", "restarting", "stopping")
 STOP_END = "stop-end.json"  # how the next stop ends the node: a `stop` request's `end`
 FENCE = "fenced.json"  # a cordoned node (docs/SURGERY.md): no start or restart until unfenced
 # a spare's start spec under --auto-cordon (docs/SURGERY.md): the run's judge starts the spare
@@ -94,12 +94,9 @@ def spawn_supervisor(ndir, spec):
     spec or an unwritable run folder; its log tail is in the message), ``timeout``.
     """
     os.makedirs(os.path.join(ndir, "torchrun"), 0o700, exist_ok=True)
-    spec = host_spec(spec)
+    spec = prepared(ndir, spec)
     if spec.get("hostfile") is not None:  # DeepSpeed's, named by --hostfile in the argv
         write_text(os.path.join(ndir, "hostfile"), str(spec["hostfile"]))
-    if JOB_UMASK is not None:
-        spec["job_umask"] = JOB_UMASK
-    spec.setdefault("log_dir", os.path.join(ndir, "torchrun"))
     env = agent_env()
     before = read_json(os.path.join(ndir, "state.json"), {}) or {}
     # The spec (with secrets) goes through the pipe: never a file, never a command line. On
@@ -109,8 +106,9 @@ def spawn_supervisor(ndir, spec):
     deadline = time.monotonic() + SPAWN_TIMEOUT
     while time.monotonic() < deadline:
         state = node_state(ndir)
-        if state and state.get("pid") == proc.pid and state.get("launches", 0) > before.get(
-                "launches", 0):
+        # launched: torchrun started, or a warm spare's held (its launch counts once put in)
+        if state and state.get("pid") == proc.pid and (state.get("launches", 0) > before.get(
+                "launches", 0) or (spec.get("hold") and state.get("state") == "held")):
             threading.Thread(target=proc.wait, daemon=True).start()  # reap if it ends
             return state
         if proc.poll() is not None:
@@ -119,6 +117,16 @@ def spawn_supervisor(ndir, spec):
         time.sleep(0.02)
     raise RequestError("supervisor did not report within %d s; see %s/supervisor.log"
                        % (SPAWN_TIMEOUT, ndir), "timeout")
+
+
+def prepared(ndir, spec):
+    """A start spec as the supervisor gets it: host paths expanded, the login's umask for the
+    job, torchrun's log folder."""
+    spec = host_spec(spec)
+    if JOB_UMASK is not None:
+        spec["job_umask"] = JOB_UMASK
+    spec.setdefault("log_dir", os.path.join(ndir, "torchrun"))
+    return spec
 
 
 def signal_and_wait(ndir, sig, done, timeout):
@@ -265,10 +273,18 @@ def unfence(args):
 
 def start(args):
     """Start the node's run; refused (``conflict``) while a supervisor of it lives, and
-    (``fenced``) on a cordoned node."""
+    (``fenced``) on a cordoned node. A warm spare (``spec.hold``: agent/spare_hold.py) starts
+    held; a start of a held spare puts it in (:func:`put_in`)."""
     ndir = node_dir(args)
     refuse_if_fenced(ndir)
     state = node_state(ndir)
+    if state and state["alive"] and state.get("state") == "held" and \
+            not args["spec"].get("hold"):
+        released = put_in(ndir, state, args["spec"])
+        if released is not None:
+            drop_standby(ndir)
+            return released
+        state = node_state(ndir)
     if state and state["alive"]:
         raise RequestError("node %s of run %s is already running (supervisor pid %s)"
                            % (args["node"], state.get("run_id"), state.get("pid")),
@@ -278,8 +294,24 @@ def start(args):
         write_json_atomic(os.path.join(ndir, RECORD), args["record"])
         os.chmod(os.path.join(ndir, RECORD), 0o600)
     started = spawn_supervisor(ndir, args["spec"])
-    drop_standby(ndir)  # a spare put in by a console: the judge must not start it again
+    if not args["spec"].get("hold"):  # (a held spare is still the judge's to put in)
+        drop_standby(ndir)  # a spare put in by a console: the judge must not start it again
     return started
+
+
+def put_in(ndir, state, spec):
+    """A held spare's torchrun released into the run's rendezvous (SIGUSR2 to its supervisor)
+    when ``spec`` is what it holds; the node's state then, or None when it is not the process
+    asked for (another spec: it is stopped) or it ended meanwhile: the caller starts anew."""
+    if state.get("digest") != spare_hold.digest(prepared(ndir, spec)):
+        stop({"run_root": os.path.dirname(ndir), "node": os.path.basename(ndir),
+              "end": {"state": "stopped", "cause": {
+                  "message": "a cordon asked for another start spec than the one it held"}}})
+        return None
+    now = signal_and_wait(ndir, signal.SIGUSR2,
+                          lambda old, new: new.get("state") != "held" or not new["alive"],
+                          SPAWN_TIMEOUT)
+    return now if now.get("alive") and now.get("state") == "running" else None
 
 
 def stop(args):

@@ -9,7 +9,7 @@ second later, and the round's ranks are assigned when the slowest of them has lo
 three nodes waiting, about 0.75 s on average, on every launch, restart and cordon
 (docs/BENCHMARKS.md, "The rendezvous polled every 0.25 s").
 
-The node's hook (agent/frhook.py, Python's ``sitecustomize``) arms :class:`_Finder` in
+The node's hook (agent/frhook.py, Python's ``sitecustomize``) arms this in
 torchrun's own process (not in its workers: they have ``LOCAL_RANK``): when torch imports
 ``dynamic_rendezvous``, its module-level ``_delay`` is wrapped so that a one-second wait is
 ``RANKDECK_RDZV_POLL`` seconds (default 0.25), and a state holder keeps its copy that long at
@@ -24,7 +24,6 @@ imported here.
 """
 
 import os
-import sys
 
 VAR = "RANKDECK_RDZV_POLL"
 DEFAULT = "0.25"
@@ -67,38 +66,12 @@ def patch(module, poll):
     return True
 
 
-class _Finder:
-    """On sys.meta_path until torch imports ``TARGET``: then loads it as Python would and
-    patches it right after it ran."""
-
-    def __init__(self, poll):
-        self.poll = poll
-
-    def find_spec(self, name, path=None, target=None):
-        if name != TARGET:
-            return None
-        sys.meta_path.remove(self)  # asked once
-        from importlib.machinery import PathFinder
-
-        spec = PathFinder.find_spec(name, path)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        run = loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            patch(module, self.poll)
-
-        loader.exec_module = exec_module
-        return spec
-
-
-def arm(env=None):
-    """In torchrun's process (the hook calls this at start-up): patch the rendezvous when torch
-    imports it. Workers, and a run that said ``0``, are left alone."""
+def arm(after_import, env=None):
+    """In torchrun's process (the hook calls this at start-up, with its ``after_import``:
+    agent/frhook.py): patch the rendezvous when torch imports it. Workers, and a run that said
+    ``0``, are left alone."""
     env = os.environ if env is None else env
     poll = seconds(env)
     if poll is None or "LOCAL_RANK" in env:
         return
-    sys.meta_path.insert(0, _Finder(poll))
+    after_import(TARGET, lambda module: patch(module, poll))

@@ -11,7 +11,8 @@ line). It outlives the SSH connection and the laptop. Its files, in the node's r
 - ``supervisor.log`` this process's own errors.
 
 Signals: SIGTERM stops the node's run (verified kill, see procs.kill_run); SIGUSR1 restarts
-torchrun (kill, then start again into the same rendezvous).
+torchrun (kill, then start again into the same rendezvous); SIGUSR2 puts a warm spare in (its
+torchrun, held before the rendezvous since launch, joins it: agent/spare_hold.py).
 
 What torchrun and its workers print is recorded by agent/recorder.py (masked, parsed,
 journaled); this module owns the journal and the file follower it reads through, and their
@@ -30,7 +31,7 @@ import signal
 import sys
 import time
 
-from . import cause, hooks, procs, static_world, torch_quirks
+from . import cause, hooks, procs, spare_gate, static_world, torch_quirks
 from .gpu import GpuProbe, gpu_pids_memory
 from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
@@ -39,6 +40,7 @@ from .mask import Masker
 from .pace import SLOW, SLOW_WATCHED, Pace
 from .ranksample import RankSampler, period_of
 from .recorder import Recorder
+from .spare_hold import Hold
 from .node import STOP_END, job_env
 from .runfiles import read_json, write_json_atomic
 from .slurm_job import REQUEST_ENV, JobTurns
@@ -153,7 +155,10 @@ class Supervisor:
         sys.stderr.flush()
 
     # -- torchrun --------------------------------------------------------------------------
-    def launch(self):
+    def launch(self, gate=None):
+        """Start torchrun. ``gate``: the read end of a warm spare's pipe (agent/spare_hold.py):
+        torchrun is held before its rendezvous until the supervisor writes to it; the node's
+        state is ``held`` meanwhile and the launch is counted when it is released."""
         env = job_env()  # the login's PYTHONPATH, without the agent's folder
         env.update(self.spec.get("env", {}))
         env[procs.MARKER] = self.marker
@@ -169,6 +174,9 @@ class Supervisor:
         if self.slurm_job is not None:  # asked to save before the job's time limit
             self.slurm_job.new_run()
             env[REQUEST_ENV] = self.slurm_job.request
+        if gate is not None:  # the hook holds this torchrun (agent/spare_gate.py)
+            os.set_inheritable(gate, True)
+            env[spare_gate.VAR] = str(gate)
         hooks.install(self.node_dir, env)  # flight-recorder dumps, rendezvous poll (docs/STUCK.md)
         try:
             self.instance_before = set(os.listdir(self.log_dir))
@@ -199,6 +207,13 @@ class Supervisor:
         os.close(out)
         os.close(devnull)
         self.torchrun = pid
+        if gate is not None:
+            os.close(gate)
+            self.save(state="held", torchrun_pid=pid, exit_code=None, cause=None,
+                      phase=dict(self.torchrun_log.phase.phase))
+            self.recorder.event("held", pid=pid, text="warm spare: torchrun loaded, held "
+                                "before the rendezvous until a cordon puts this node in")
+            return
         launches = self.state["launches"] + 1
         self.save(state="running", torchrun_pid=pid, launches=launches, exit_code=None,
                   cause=None, phase=dict(self.torchrun_log.phase.phase))
@@ -327,9 +342,8 @@ class Supervisor:
         self.judge_link = JudgeLink(self.spec.get("judge") or {}, self.spec["node"],
                                     self.node_dir, self.recorder.files_by_rank, self.why_report,
                                     self.log)
-        self.judge_link.start()
-        signal.signal(signal.SIGTERM, self.on_signal)
-        signal.signal(signal.SIGUSR1, self.on_signal)
+        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(signum, self.on_signal)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         console_log = os.path.join(self.node_dir, "torchrun.log")
@@ -338,16 +352,22 @@ class Supervisor:
             os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
         self.follower.add(console_log, stream="torchrun",
                           attempt=None, local_rank=None, instance=None)
-        self.launch()
+        # torchrun's records (its phase: torchrun.log, followed above, and the rank record), a
+        # stop or restart and torchrun's end wake the loop. Not the whole node folder: this
+        # loop's own journal and state.json writes would wake it for a turn that finds nothing.
+        self.follower.wake_on(record, signals=(signal.SIGCHLD,))
+        if self.spec.get("hold"):  # a warm spare: held until a cordon puts it in
+            ended = Hold(self).wait()
+            if ended is not None:
+                return ended
+        else:
+            self.launch()
+        self.judge_link.start()  # a held spare joins the judge's view when put in
         grace = self.state["grace"]
         phase_read = 0.0
         telemetry = TelemetryRecorder(self.journal, self.spec.get("cwd") or self.node_dir)
         # ranks' CPU and collective entry times (stragglers, silent ranks)
         ranks_sample = RankSampler(self.journal, self.node_dir, period_of(self.spec.get("env") or {}))
-        # torchrun's records (its phase: torchrun.log, followed above, and the rank record), a
-        # stop or restart and torchrun's end wake the loop. Not the whole node folder: this
-        # loop's own journal and state.json writes would wake it for a turn that finds nothing.
-        self.follower.wake_on(record, signals=(signal.SIGCHLD,))
         pace = Pace(slow=SLOW if self.follower.watch is None else SLOW_WATCHED)
         while True:
             read = self.recorder.pump()
@@ -361,12 +381,7 @@ class Supervisor:
             if self.requests:
                 sig = self.requests.pop(0)
                 if sig == signal.SIGTERM:
-                    end = self.stop_end()
-                    self.save(state="stopping")
-                    self.recorder.event("stopping")
-                    # a cordon of a hung node kills at once (end["grace"] 0, agent/node.py)
-                    report = self.kill(grace if end["grace"] is None else end["grace"])
-                    return self.finish(end["state"], None, report, cause=end["cause"])
+                    return self.stop_now()
                 if sig == signal.SIGUSR1:
                     self.save(state="restarting")
                     self.recorder.event("restarting")
@@ -408,6 +423,15 @@ class Supervisor:
                 return self.finish("failed", code, report, cause=self.root_cause(code))
             self.follower.wait(pace.after(read),
                                PHASE_POLL if self.follower.watch is None else IDLE_WATCHED)
+
+    def stop_now(self):
+        """A stop asked (SIGTERM): the node's run killed and verified, its end recorded."""
+        end = self.stop_end()
+        self.save(state="stopping")
+        self.recorder.event("stopping")
+        # a cordon of a hung node kills at once (end["grace"] 0, agent/node.py)
+        report = self.kill(self.state["grace"] if end["grace"] is None else end["grace"])
+        return self.finish(end["state"], None, report, cause=end["cause"])
 
     def on_requeue(self, job, grace):
         """``("wait", why)``: end the ranks, the run waits (restarting) for its job to run

@@ -79,8 +79,10 @@ async def by_cordon(work: str) -> float:
         done = time.monotonic() - t0
         nodes = {"node0", "node1", "node2", "node3", "node4"} - {hung}
         await wait_for(lambda: stepping_past(ctl.state, CKPT_STEP, nodes), TIMEOUT, "stepping")
-        print("  cordon: fenced in %.1f s, spare started at %.1f s; dead torchrun expelled: %s"
-              % (entry["fence_s"], done, entry.get("expelled", "(not tried)")), flush=True)
+        warm = any(e.node == "node4" and "put in warm" in e.text for e in ctl.state.events)
+        print("  cordon: fenced in %.1f s, spare (%s) started at %.1f s; dead torchrun "
+              "expelled: %s" % (entry["fence_s"], "warm" if warm else "cold", done,
+                                entry.get("expelled", "(not tried)")), flush=True)
         return time.monotonic() - t0
     finally:
         await wind_down(ctl)

@@ -15,7 +15,7 @@ import json
 from agent import protocol
 
 # a supervisor's states (state.json ``state``; agent/supervisor.py, agent/node.py "lost")
-SUPERVISOR_STATES = ("starting", "running", "stopping", "restarting", "exited", "failed",
+SUPERVISOR_STATES = ("starting", "held", "running", "stopping", "restarting", "exited", "failed",
                      "stopped", "lost")
 ENDED_STATES = ("exited", "failed", "stopped")
 _INT, _NUM, _STR, _DICT = "a whole number", "a number", "text", "an object"

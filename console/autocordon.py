@@ -1,6 +1,7 @@
 """Node surgery the run's judge does itself, ``launch --auto-cordon`` (docs/SURGERY.md), from
 the console's side: the spare's start spec handed to the judge's host at launch, and the
-judge's surgeries (console/judged.py) kept in the run record, the spare put in followed.
+judge's surgeries (console/judged.py) kept in the run record, the spare put in followed; the
+warm spares started at launch, and the spares that run (held or put in) for a stop.
 The controller is passed in (console/run.py calls these); this module imports no Textual.
 """
 
@@ -65,9 +66,36 @@ async def keep_spare_spec(ctl, spare, spec, endpoint: str) -> None:
                             "(%s); `rankdeck cordon` from a console can" % (spare.name, exc))
 
 
+WARM = "RANKDECK_WARM_SPARES"  # 0 in the run's env: spares start cold at a cordon
+
+
+async def warm_spares(ctl, spec, endpoint: str, slurm: bool) -> None:
+    """Each spare's torchrun started now and held before the rendezvous (agent/spare_hold.py):
+    a cordon then puts it in without its start and torch's import (docs/SURGERY.md, "Warm
+    spares"). torchrun launches only (the others' commands name their node's place), with a
+    judge (it ends a held spare with the run), not in a Slurm job (its turns are the whole
+    run's). A spare that cannot be held says why and stays cold: the run goes on."""
+    names = [h.name for h in ctl.inventory.spares if h.name in ctl.connected()]
+    if not names or spec.launcher or spec.launch_with != "torchrun" or slurm or \
+            not ctl.judge_ref or spec.env.get(WARM) == "0":
+        return
+    order = ctl.run_hosts()
+    result = await ctl.gather_nodes(lambda link: link.request(
+        "start", run_root=link.run_root, node=link.name, record=ctl.record,
+        spec=dict(ctl.node_spec(link.host, spec, endpoint, order[:-1] + [link.host]),
+                  hold=True)), names)
+    for name, res in result.items():
+        if isinstance(res, BaseException):
+            ctl.state.add_event(name, "surgery", "%s stays a cold spare (%s): a cordon starts "
+                                "its torchrun then" % (name, res))
+        else:
+            ctl.state.add_event(name, "surgery", "%s is a warm spare: its torchrun is loaded "
+                                "and held before the rendezvous" % name)
+
+
 async def spares_running(ctl) -> list[str]:
-    """The spares whose agent says they run: put in by the judge (``--auto-cordon``) while no
-    console recorded it. A run's stop stops them too."""
+    """The spares whose agent says they run: held warm (:func:`warm_spares`), or put in by the
+    judge (``--auto-cordon``) while no console recorded it. A run's stop stops them too."""
     spares = [n for n, role in ctl.roles().items() if role == SPARE and n in ctl.connected()]
     states = await ctl.gather_nodes(lambda link: link.request(
         "state", run_root=link.run_root, node=link.name), spares)

@@ -150,10 +150,13 @@ async def put_in(ctl, spare: str) -> str | None:
     spec = ctl.node_spec(link.host, ctl.spec, ctl.record.get("rdzv_endpoint", ""))
     try:
         await ctl.hold_nodes([link.host])  # (a Slurm cgroup site's rankdeck-host step)
-        await link.request("start", run_root=link.run_root, node=spare, spec=spec)
+        res = await link.request("start", run_root=link.run_root, node=spare, spec=spec)
     except (LaunchError, AgentError) as exc:  # (its host step, its start)
         ctl.state.set_node(spare, "failed", str(exc))
         return str(exc)
+    if isinstance(res, dict) and res.get("warm") is True:  # held since launch: agent/spare_hold.py
+        ctl.state.add_event(spare, "surgery", "%s put in warm: its torchrun, loaded at launch, "
+                            "joins the rendezvous now" % spare)
     try:
         await link.subscribe()
     except AgentError as exc:  # it runs; this console just cannot show it

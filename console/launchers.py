@@ -37,6 +37,7 @@ from inventory.model import LAUNCHERS, Host
 
 RDZV_CONF = "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3"
 TORCHRUN_MODULE = "torch.distributed.run"
+MONITOR_S = "0.25"  # torchrun's look at its workers (--monitor-interval)
 ACCELERATE_MODULE = "accelerate.commands.launch"
 DEEPSPEED_MODULE = "deepspeed.launcher.runner"
 HOSTFILE = "hostfile"  # in the node's run folder, written by the agent (deepspeed)
@@ -114,7 +115,11 @@ def _torchrun(python: str, p: NodePlace, max_restarts: int) -> list[str]:
         "--rdzv-conf", RDZV_CONF + (",last_call_timeout=5" if ":" in p.nnodes else ""),
         "--local-addr", p.host.addr,
         "--max-restarts", str(max_restarts),
-        "--monitor-interval", "1",
+        # how soon torchrun sees its workers failed (a node restarted or cordoned) and rejoins:
+        # every 0.25 s, the rendezvous poll's pace (agent/rdzv_poll.py: each look also asks
+        # for nodes waiting, from a copy of the state kept that long); 1 s cost every restart
+        # and cordon 0.4 s on average (docs/BENCHMARKS.md, "Warm spares")
+        "--monitor-interval", MONITOR_S,
         "--log-dir", p.log_dir,
         "--redirects", "3",
     ]
@@ -132,7 +137,7 @@ def _accelerate(python: str, p: NodePlace, max_restarts: int, module: bool, scri
             "--num_processes", str(p.total),
             "--rdzv_backend", "c10d",
             "--rdzv_conf", RDZV_CONF,
-            "--max_restarts", str(max_restarts), "--monitor_interval", "1",
+            "--max_restarts", str(max_restarts), "--monitor_interval", MONITOR_S,
             "--log_dir", p.log_dir, "--tee", "0",
             "--mixed_precision", "no", "--dynamo_backend", "no",
             "--num_cpu_threads_per_process", "1"]

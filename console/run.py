@@ -33,7 +33,7 @@ from .finish import ends_due
 from .history import History, host_record, inventory_from_record
 from .judged import judged, settle
 from .consoles import Me
-from .autocordon import follow_judge, keep_spare_spec, spares_running
+from .autocordon import follow_judge, keep_spare_spec, spares_running, warm_spares
 from .link import NodeLink
 from .liveness import beside_judge, check_stalls, verdict_again_due
 from .preflight import HostCheck, check_table, run_preflight
@@ -317,6 +317,7 @@ class RunController:
             raise LaunchError("could not start on %s; the run was stopped:\n%s" % (
                 ", ".join(bad), "\n".join(cause_line(n, e) for n, e in bad.items())),
                 EXIT_FAILED, bad)
+        await warm_spares(self, spec, endpoint, bool(slurm.job_of(self.inventory.transport or "")))
         self.history.save(self.record)
         await self.subscribe_all()
         return self.run_id
@@ -682,12 +683,16 @@ class RunController:
     async def restart_refusal(self, names: list[str]) -> str | None:
         """Why restarting ``names`` now must wait (a rendezvous under way: console/rendezvous.py),
         judged on every node's state as its agent says it now; None: go ahead."""
+        # the run's nodes: a spare (a warm one's torchrun waits before the rendezvous) and a
+        # cordoned node are in no rendezvous of it
+        active = {n: ns for n, ns in self.state.nodes.items() if ns.role == ACTIVE}
         states = await self.gather_nodes(lambda link: link.request(
-            "state", run_root=link.run_root, node=link.name, timeout=30))
+            "state", run_root=link.run_root, node=link.name, timeout=30),
+            [n for n in active if n in self.links])
         for name, st in states.items():
             if isinstance(st, dict):
                 self.state.apply_supervisor_state(name, st)
-        return rendezvous.restart_refusal(self.state.nodes, list(self.state.ranks.values()),
+        return rendezvous.restart_refusal(active, list(self.state.ranks.values()),
                                           names, time.time(), self.state.stall_min_s)
 
     async def stacks(self, names: list[str] | None = None) -> dict:

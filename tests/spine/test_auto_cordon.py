@@ -60,6 +60,9 @@ def test_auto_cordon_puts_the_spare_in_for_a_node_that_crashes_again_after_its_r
         assert [e["node"] for e in proposed] == ["node1"], proposed
         assert "ended failed" in proposed[0]["reason"]
         assert not os.path.exists(kept)  # the spare started: the spec is in memory only
+        # the spare's torchrun held since launch went in (agent/spare_hold.py), not a new one
+        spare = read_json(os.path.join(node_dir(workdir, run_id, "node2"), "state.json"))
+        assert (spare["state"], spare["launches"], spare.get("warm")) == ("running", 1, True)
 
         node0_from = os.path.getsize(os.path.join(node_dir(workdir, run_id, "node0"),
                                                   "journal"))

@@ -45,6 +45,11 @@ def of_node(run_id: str, node: str) -> list:
             if procs.environ(pid).get(procs.MARKER) == "%s/%s" % (run_id, node)]
 
 
+def torchruns(run_id: str, node: str) -> list[int]:
+    """The pids of ``node``'s torchruns in the run."""
+    return [pid for pid, cmd in of_node(run_id, node) if "torch.distributed.run" in cmd]
+
+
 async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
     work = tmp_path / "work"
     inv = local_inventory(work, n=5)
@@ -68,6 +73,11 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             # the store and the judge live on the spare, which runs no torchrun
             assert ctl.record["rdzv_host"] == "node4" and ctl.judge_host() == "node4"
             assert st.nodes["node4"].state == "spare"
+            # a warm spare: its torchrun started at launch, held before the rendezvous
+            assert any(e.node == "node4" and "is a warm spare" in e.text for e in st.events), \
+                seen(st)
+            held = torchruns(ctl.run_id, "node4")
+            assert len(held) == 1, of_node(ctl.run_id, "node4")
             hung = st.ranks[2].node
             await until(pilot, lambda: st.checkpoints.last_complete() is not None,
                         what="the step-4 checkpoint complete")
@@ -92,6 +102,9 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             # its dead torchrun taken out of the rendezvous by the store (agent/expel.py)
             assert entry["expelled"] == "done", entry
             assert "@" in entry["who"]
+            # the held torchrun went in, not a new one
+            assert any(e.node == "node4" and "put in warm" in e.text for e in st.events)
+            assert torchruns(ctl.run_id, "node4") == held
             assert st.nodes[hung].state == "cordoned"
             assert not of_node(ctl.run_id, hung), of_node(ctl.run_id, hung)
             # every rank was stalled behind the hung one: the other nodes' workers were
