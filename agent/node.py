@@ -303,10 +303,13 @@ def put_in(ndir, state, spec):
     """A held spare's torchrun released into the run's rendezvous (SIGUSR2 to its supervisor)
     when ``spec`` is what it holds; the node's state then, or None when it is not the process
     asked for (another spec: it is stopped) or it ended meanwhile: the caller starts anew."""
-    if state.get("digest") != spare_hold.digest(prepared(ndir, spec)):
+    differ = spare_hold.differences(state.get("digest"), spare_hold.digest(
+        prepared(ndir, spec), secret=state.get("secret_names") or ()))
+    if differ:
         stop({"run_root": os.path.dirname(ndir), "node": os.path.basename(ndir),
               "end": {"state": "stopped", "cause": {
-                  "message": "a cordon asked for another start spec than the one it held"}}})
+                  "message": "a cordon asked for another start spec than the one it held "
+                  "(%s differ); it starts cold" % ", ".join(differ)[:300]}}})
         return None
     now = signal_and_wait(ndir, signal.SIGUSR2,
                           lambda old, new: new.get("state") != "held" or not new["alive"],

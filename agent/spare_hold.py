@@ -29,16 +29,39 @@ from . import judge_wire, procs, spare_gate
 
 ASK_EVERY = 2.0  # seconds between two questions to the judge: is the run over?
 JUDGE_LOST_S = 60.0  # the judge unreachable this long: the run is taken as over
-KEPT_OUT = ("hold", "judge", "digest", "restarted", "node_dir")  # not what the spare would run
+# not what the spare would run (the secrets: :func:`digest`)
+KEPT_OUT = ("hold", "judge", "digest", "restarted", "node_dir", "secret_env", "secret_parts")
 
 
-def digest(spec):
-    """What a start spec runs (argv, env, folders, settings), as a short hash: a put-in's spec
-    must be the held one's, else the held torchrun is not the process asked for. The judge's
-    address and token (kept on the host anyway) and the hold itself are left out."""
-    kept = {k: v for k, v in spec.items() if k not in KEPT_OUT}
-    text = json.dumps(kept, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+def digest(spec, secret=()):
+    """What a start spec runs (argv, env, folders, settings), as short hashes by part (each
+    env variable a part of its own, ``env.NAME``): a put-in's spec must be the held one's,
+    else the held torchrun is not the process asked for. Left out: the judge's address and
+    token (kept on the host anyway), the hold itself, and the secrets (the spec's
+    ``secret_env`` names and ``secret``): a later console reads them again from its own shell
+    (console/run_env.py), and the held torchrun has the values the run was launched with.
+    Hashes only: no value is kept."""
+    def short(value):
+        text = json.dumps(value, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    hidden = set(secret) | set(secret_names(spec))
+    parts = {k: short(v) for k, v in spec.items() if k not in KEPT_OUT and k != "env"}
+    env = spec.get("env") if isinstance(spec.get("env"), dict) else {}
+    parts.update(("env." + k, short(v)) for k, v in env.items() if k not in hidden)
+    return parts
+
+
+def secret_names(spec):
+    """The env names ``spec`` holds secrets in."""
+    names = spec.get("secret_env")
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def differences(held, asked):
+    """The parts (:func:`digest`) in which two specs differ, sorted; empty when alike."""
+    held = held if isinstance(held, dict) else {}
+    return sorted(k for k in set(held) | set(asked) if held.get(k) != asked.get(k))
 
 
 class RunEnd:
@@ -99,7 +122,7 @@ class Hold:
     def __init__(self, sup):
         self.sup = sup
         read, self.go = os.pipe()  # the write end stays here (not inherited: O_CLOEXEC)
-        sup.save(digest=digest(sup.spec))
+        sup.save(digest=digest(sup.spec), secret_names=secret_names(sup.spec))
         sup.launch(gate=read)
         self.run_end = RunEnd(sup.spec.get("judge"), os.path.dirname(sup.node_dir))
 

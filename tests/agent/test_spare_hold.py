@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from agent import hooks, judge_wire, node, procs, spare_gate
+from agent import hooks, judge_wire, node, procs, spare_gate, spare_hold
 from agent.judge_control import start_judge, stop_judge, running_judge
 from tests.waits import wait_for_sync
 
@@ -186,3 +186,22 @@ def test_a_held_spare_ends_with_its_run_and_a_run_without_judge_gets_none(tmp_pa
     ended = wait_for_sync(lambda: (lambda st: st if not st["alive"] else None)(
         node.node_state(node.node_dir(args(nojudge)))), 60, "ended at once")
     assert "no judge" in ended["cause"]["message"]
+
+
+def test_a_put_in_matches_the_held_spec_but_for_the_judge_and_the_secrets_a_shell_reads_again():
+    """What decides warm or cold (agent/spare_hold.py ``digest``): a later console's spec has
+    no judge token, and reads the secrets again from its own shell (another value, or none);
+    any other change (a plain env value, the argv) is another process: named, by part."""
+    held = {"run_id": "r1", "argv": ["torchrun", "--nnodes", "4"], "judge": {"token": "x"},
+            "env": {"A": "1", "TOKEN": "s3cret"}, "secret_env": ["TOKEN"],
+            "secret_parts": ["s3cret"], "hold": True}
+    kept = spare_hold.digest(held)
+    assert "s3cret" not in repr(kept) and "env.TOKEN" not in kept
+    for later in ({"env": {"A": "1"}, "secret_env": [], "secret_parts": []},
+                  {"env": {"A": "1", "TOKEN": "other"}, "judge": {}}):
+        asked = dict(held, **later)
+        asked.pop("hold")
+        assert spare_hold.differences(kept, spare_hold.digest(
+            asked, secret=spare_hold.secret_names(held))) == []
+    asked = dict(held, env={"A": "2", "TOKEN": "s3cret"}, argv=["torchrun", "--nnodes", "3"])
+    assert spare_hold.differences(kept, spare_hold.digest(asked)) == ["argv", "env.A"]

@@ -6,6 +6,7 @@ trainer: the hosts share no disk), and the cordoned node has no process of the r
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -96,6 +97,16 @@ async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
         # the store (on the spare's host) took the node's dead torchrun out of the rendezvous
         assert record["surgeries"][0]["expelled"] == "done", record["surgeries"]
         assert record["surgeries"][0]["gpu"] == "no GPU"
+        # the spare's torchrun, held since launch, went in: a later console's start (no judge
+        # token in its spec) is still the spec it held
+        with open(five_hosts.local_path("node4", "%s/.rankdeck/runs/%s/node4/state.json"
+                                        % (work, run_id))) as f:
+            spare = json.load(f)
+        journal = five_hosts.local_path("node4", "%s/.rankdeck/runs/%s/node4/journal"
+                                        % (work, run_id))
+        assert (spare["launches"], spare.get("warm")) == (1, True), [
+            (m.get("what"), m.get("cause")) for m, _d, _e in JournalReader(journal).read()
+            if m.get("k") == "event"]
         # the spare's rank and the three others step past the checkpoint they resumed from
         others = [n for n in ("node0", "node1", "node2", "node3") if n != hung]
         wait_for_sync(lambda: max(steps(five_hosts, work, run_id, "node4") or [0]) > 8 and
