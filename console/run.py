@@ -537,7 +537,11 @@ class RunController:
                     timeout)
             except asyncio.TimeoutError:
                 pass
-        await self.gather_nodes(one, self.connected())
+        # the nodes this console follows: a spare's journal (a warm spare's held torchrun) is
+        # not read until it is put in, and waiting for it would wait the whole timeout
+        followed = [n for n in self.connected() if self.links[n].subscribed]
+        if followed:
+            await self.gather_nodes(one, followed)
         judge = self.links.get(self.judge_host() or "")
         if judge is not None and judge.judge_subscribed:
             st = await judge.request("state", run_root=judge.run_root, node="judge")
