@@ -89,6 +89,7 @@ async def warm_spares(ctl, spec, endpoint: str, slurm: bool) -> None:
             ctl.state.add_event(name, "surgery", "%s stays a cold spare (%s): a cordon starts "
                                 "its torchrun then" % (name, res))
         else:
+            ctl.state.nodes[name].warm = True
             ctl.state.add_event(name, "surgery", "%s is a warm spare: its torchrun is loaded "
                                 "and held before the rendezvous" % name)
 

@@ -131,6 +131,7 @@ class NodeState:
     # "active", or "spare" / "cordoned" (docs/SURGERY.md): a node of another role shows
     # that role as its state, whatever its agent says, and the run's end does not wait for it
     role: str = "active"
+    warm: bool = False  # a spare whose torchrun waits held before the rendezvous (launch)
 
     @property
     def torchrun_restarts(self) -> int:

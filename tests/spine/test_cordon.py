@@ -16,6 +16,7 @@ from agent import procs
 from console.cordon import cordon, uncordon
 from console.history import History
 from console.run import LaunchSpec, RunController
+from console.summary import node_detail
 from console.transport.local import LocalTransport
 from console.tui.app import RankdeckApp
 from console.tui.confirm import ConfirmScreen
@@ -76,6 +77,7 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             # a warm spare: its torchrun started at launch, held before the rendezvous
             assert any(e.node == "node4" and "is a warm spare" in e.text for e in st.events), \
                 seen(st)
+            assert node_detail(st, st.nodes["node4"]).startswith("warm")  # its row says so
             held = torchruns(ctl.run_id, "node4")
             assert len(held) == 1, of_node(ctl.run_id, "node4")
             hung = st.ranks[2].node
