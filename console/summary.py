@@ -51,8 +51,8 @@ def node_detail(state: RunState, ns: NodeState, ranks: list | None = None) -> st
     ("" for a node running as it should: the table shows its telemetry there)."""
     if ns.cause:
         return ns.cause
-    if ns.state == "spare":  # (docs/SURGERY.md, "Warm spares")
-        return "warm: its torchrun waits, loaded" if ns.warm else "waits to be put in"
+    if ns.state == "spare":  # its torchrun loaded, held (docs/SURGERY.md, "Warm spares")
+        return "warm" if ns.warm else ""
     phase = node_phase(state, ns, ranks)
     if phase == "running" and (ns.phase or {}).get("name") == "workers running" and \
             not state.waiting:

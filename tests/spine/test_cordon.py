@@ -77,7 +77,7 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             # a warm spare: its torchrun started at launch, held before the rendezvous
             assert any(e.node == "node4" and "is a warm spare" in e.text for e in st.events), \
                 seen(st)
-            assert node_detail(st, st.nodes["node4"]).startswith("warm")  # its row says so
+            assert node_detail(st, st.nodes["node4"]) == "warm"  # its row says so
             held = torchruns(ctl.run_id, "node4")
             assert len(held) == 1, of_node(ctl.run_id, "node4")
             hung = st.ranks[2].node
