@@ -103,34 +103,48 @@ class JournalReader:
         self._damage = None  # the JournalCorrupt this reader stopped at, raised again
 
     def read(self, limit=READ_CHUNK, raw=False):
-        """Records appended since the last call (at most about ``limit`` bytes of them), as
-        :func:`parse` gives them, or with ``raw`` as :func:`split` does. JournalCorrupt
-        (agent/protocol.py) once the next bytes are no record: the whole records before them
-        come first, and the reader stays at the damage."""
-        buf, start = self._chunk(limit)
-        if not buf:
+        """Records appended since the last call (at most about ``limit`` bytes of them, or
+        the next record whole), as :func:`parse` gives them, or with ``raw`` as :func:`split`
+        does. JournalCorrupt (agent/protocol.py) once the next bytes are no record: the whole
+        records before them come first, and the reader stays at the damage."""
+        buf, start, used = self._whole(limit)
+        if not used:
             return []
-        cut = split if raw else parse
-        try:
-            records, used = cut(buf, start)
-        except JournalCorrupt as exc:
-            records, used = cut(buf[:self._damage_at(buf, start, exc)], start)
+        records, _used = (split if raw else parse)(
+            buf if self._damage is None else buf[:used], start)
         self._keep(buf, start, used)
         return records
 
     def read_bytes(self, limit=READ_CHUNK):
         """``(start, data)``: the whole records appended since the last call, as the journal
-        holds them (at most about ``limit`` bytes), and the offset they start at; damage as
-        for :meth:`read`."""
-        buf, start = self._chunk(limit)
-        if not buf:  # nothing new: a record being written stays kept until its end comes
+        holds them (at most about ``limit`` bytes, or the next record whole), and the offset
+        they start at; damage as for :meth:`read`."""
+        buf, start, used = self._whole(limit)
+        if not used:  # nothing new: a record being written stays kept until its end comes
             return start, b""
-        try:
-            used = whole(buf, start)
-        except JournalCorrupt as exc:
-            used = self._damage_at(buf, start, exc)
         self._keep(buf, start, used)
         return start, bytes(buf[:used]) if used < len(buf) else buf
+
+    def _whole(self, limit):
+        """``(buf, start, used)``: what is left of the last read and up to ``limit`` bytes
+        more, its offset, and how many of its bytes are whole records; read on while none is
+        and the journal has more. Its next record may be longer than ``limit``: a 64 KiB data
+        record with its header is, and a turn of serve's that stopped at it sent nothing
+        until the next append (docs/BENCHMARKS.md, "Ingest, 2026-11-26, seventh part")."""
+        buf, start = self._chunk(limit)
+        while buf:
+            try:
+                used = whole(buf, start)
+            except JournalCorrupt as exc:
+                used = self._damage_at(buf, start, exc)
+            if used:
+                return buf, start, used
+            self._pending = buf  # kept whatever comes: the record's start
+            more, _start = self._chunk(limit)
+            if not more:  # the record is still being written
+                break
+            buf = more
+        return buf, start, 0
 
     def _damage_at(self, buf, start, exc):
         """Where in ``buf`` the damage ``exc`` begins (the records before it are whole); each

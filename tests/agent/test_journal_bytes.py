@@ -60,6 +60,32 @@ def test_a_record_still_being_written_waits_for_the_next_read(tmp_path):
     writer.close()
 
 
+def test_a_record_longer_than_a_read_comes_whole_from_that_read(tmp_path, monkeypatch):
+    """A 64 KiB data record with its header is longer than serve's 64 KiB read: the read goes
+    on to the record's end (it returned nothing, and serve's turn sent nothing, until the
+    supervisor's next append)."""
+    path = str(tmp_path / "n1" / "journal")
+    (tmp_path / "n1").mkdir()
+    writer = JournalWriter(path)
+    line = b"rank=3 seq=1234567 t=1795723407.123456 " + b"x" * 40 + b"\n"
+    big = ({"k": "data", "f": 1, "o": 0, "ts": 1.5}, line * (65536 // len(line)))
+    writer.append_many([RECORDS[0]])
+    at = writer.size  # where the long records start: nothing of them read before
+    writer.append_many([big] * 3)
+    start, data = JournalReader(path, at).read_bytes(protocol.BATCH_BYTES)
+    assert (start, len(data)) == (at, (writer.size - at) // 3)
+    records = JournalReader(path, at).read(protocol.BATCH_BYTES, raw=True)
+    assert [r[2] for r in records] == [at]
+    monkeypatch.setattr(serve.node, "node_dir", lambda args: str(tmp_path / "n1"))
+    out = Out()
+    server = serve.Server(out=out)
+    server.gpu_interval = 0
+    server.op_subscribe({"node": "n1", "frames": True, "offset": at})
+    server.pump(server.subscriptions())  # one turn: every record, as the journal holds them
+    assert server.subscriptions()[0].reader.offset == writer.size
+    writer.close()
+
+
 @pytest.mark.parametrize("data,reason", [
     (b"-20 0\n" + b"x" * 30, "journal corrupt"),  # a length that would read backwards
     (b'12 0\n{"k":"data"', "cut short"),
