@@ -106,9 +106,10 @@ def spawn_supervisor(ndir, spec):
     deadline = time.monotonic() + SPAWN_TIMEOUT
     while time.monotonic() < deadline:
         state = node_state(ndir)
-        # launched: torchrun started, or a warm spare's held (its launch counts once put in)
+        # launched: torchrun started, or a warm spare's held (its launch counts once put in;
+        # it may have ended already: a run without a judge keeps no spare held)
         if state and state.get("pid") == proc.pid and (state.get("launches", 0) > before.get(
-                "launches", 0) or (spec.get("hold") and state.get("state") == "held")):
+                "launches", 0) or (spec.get("hold") and state.get("state") != "starting")):
             threading.Thread(target=proc.wait, daemon=True).start()  # reap if it ends
             return state
         if proc.poll() is not None:

@@ -532,9 +532,10 @@ class RunController:
             node = self.state.nodes[link.name]
             has_state = st.get("state") != "missing"  # no state.json: no state message comes
             try:
+                # (a journal its agent can read no further, stream_end: as far as it goes)
                 await asyncio.wait_for(self._until(
-                    lambda: node.journal_offset >= size and (node.state_seen or not has_state)),
-                    timeout)
+                    lambda: (node.journal_offset >= size or node.stream_end is not None)
+                    and (node.state_seen or not has_state)), timeout)
             except asyncio.TimeoutError:
                 pass
         # the nodes this console follows: a spare's journal (a warm spare's held torchrun) is
@@ -547,8 +548,9 @@ class RunController:
             st = await judge.request("state", run_root=judge.run_root, node="judge")
             size = st.get("journal_size") or 0
             try:
-                await asyncio.wait_for(self._until(lambda: self.state.judge_offset >= size),
-                                       timeout)
+                await asyncio.wait_for(self._until(
+                    lambda: self.state.judge_offset >= size or "judge" in judge.stream_ends),
+                    timeout)
             except asyncio.TimeoutError:
                 pass
 
