@@ -82,13 +82,7 @@ def ask_judge(run_root, op, timeout=60.0, args=None):
     if not info or not token:
         raise RuntimeError("no judge runs for this run on this host")
     try:
-        line = judge_wire.connect_peer(info["addr"], info["port"], token, "console:" + op)
-        try:
-            line.sock.settimeout(timeout)
-            line.send({"t": "req", "id": 1, "op": op, "args": args or {}})
-            answer = line.read()
-        finally:
-            line.close()
+        answer = judge_wire.ask(info["addr"], info["port"], token, op, timeout, args)
     except (OSError, judge_wire.WireError) as exc:
         raise RuntimeError("the judge did not answer: %s" % exc)
     if not answer or not answer.get("ok"):

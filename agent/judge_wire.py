@@ -129,6 +129,18 @@ def connect_peer(addr, port, token, node, timeout=HELLO_TIMEOUT):
         raise
 
 
+def ask(addr, port, token, op, timeout, args=None, hello_timeout=HELLO_TIMEOUT):
+    """A console's one request to the judge at ``addr:port`` (``console:OP``): its answer
+    (``{"ok", "data"}``, or None when the judge closed the line); OSError or WireError."""
+    line = connect_peer(addr, port, token, "console:" + op, timeout=hello_timeout)
+    try:
+        line.sock.settimeout(timeout)
+        line.send({"t": "req", "id": 1, "op": op, "args": args or {}})
+        return line.read()
+    finally:
+        line.close()
+
+
 def read_token(run_root):
     """The run's judge token kept on this host, or None."""
     try:

@@ -102,14 +102,8 @@ class RunEnd:
                 return
 
     def ask(self):
-        line = judge_wire.connect_peer(self.addr, int(self.port), self.token,
-                                       "console:ping", timeout=5.0)
-        try:
-            line.sock.settimeout(5.0)
-            line.send({"t": "req", "id": 1, "op": "ping", "args": {}})
-            answer = line.read() or {}
-        finally:
-            line.close()
+        answer = judge_wire.ask(self.addr, int(self.port), self.token, "ping", 5.0,
+                                hello_timeout=5.0) or {}
         if not answer.get("ok"):
             raise ValueError("no answer")
         return bool((answer.get("data") or {}).get("over"))
