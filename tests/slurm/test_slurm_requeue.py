@@ -35,15 +35,25 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
         slurm.cmd(["scontrol", "update", "JobId=" + job, "TimeLimit=5"])
 
         def let_it_run():
-            """... and lets it run at once, once it waits: Slurm holds a requeued batch job
-            about 2 minutes (its BeginTime), Slurm's wait, not rankdeck's (the suite's time);
-            the nodes then see it running again before some of them ever saw it queued."""
+            """... and lets it run soon, once it waits: Slurm holds a requeued batch job about
+            2 minutes (its BeginTime), Slurm's wait, not rankdeck's (the suite's time); the
+            nodes then see it running again before some of them ever saw it queued. Not in the
+            second of the requeue: each slurmd revoked the job's credential then, and takes
+            every credential made in that second or before for the revoked one (`ctime <=
+            revoked`, whole seconds), so a start then fails (`Killing non-startable batch
+            JobId: Job credential revoked`, the job FAILED): Slurm's own hold is there for it."""
             state = slurm.job_state(job)
-            if state == "PENDING":
-                slurm.cmd(["scontrol", "update", "JobId=" + job, "StartTime=now"], check=False)
+            if state == "PENDING" and not released:  # (once: each update moves it on)
+                try:
+                    released.append(slurm.cmd(["scontrol", "update", "JobId=" + job,
+                                               "StartTime=now+2"]))
+                except RuntimeError:  # (it started between the two: the next look says)
+                    pass
             return state == "RUNNING"
-        wait_for_sync(let_it_run, TIMEOUT, lambda: "job %s running again: %s"
-                      % (job, slurm.job_state(job)), every=1)
+        released = []
+        wait_for_sync(let_it_run, TIMEOUT, lambda: "job %s running again: %s" % (
+            job, slurm.cmd(["squeue", "-h", "--states=all", "-j", job, "-o", "%T %r %S"],
+                           check=False)), every=1)
 
         def resumed():
             lines = rankdeck("logs", run_id, check=False).stdout.splitlines()
