@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import time
 
-from .slurm_words import ALIVE, QUEUED, seconds_left
+from .slurm_words import ALIVE, JUDGE_COMMENT, QUEUED, seconds_left
 
 JOB_ENV = "RANKDECK_SLURM_JOB"
 REQUEST_ENV = "RANKDECK_CHECKPOINT_REQUEST"
@@ -254,10 +254,19 @@ ENDED_ALREADY = ("already completing or completed", "Invalid job id")
 def release_job(job, succeeded):
     """End job ``job`` (rankdeck submitted it; its run is over) by signalling its batch
     script, so its nodes are not held idle to the time limit; its end state says how the run
-    ended. None when done, else why not (no scancel here, Slurm's refusal)."""
+    ended. First the job's comment says the judge ends it (:data:`JUDGE_COMMENT`): a job that
+    ends FAILED without it was ended by Slurm (a start it could not make, a node's failure),
+    not once the run was over. None when done, else why not (no scancel here, Slurm's
+    refusal)."""
     scancel = shutil.which("scancel")
     if scancel is None:
         return "scancel is not on this host's PATH"
+    comment = "%s the run %s" % (JUDGE_COMMENT, "succeeded" if succeeded else "did not succeed")
+    try:  # (a comment Slurm refuses costs only the words status gives: console/slurm.py)
+        subprocess.run([shutil.which("scontrol") or "scontrol", "update", "JobId=" + job,
+                        "Comment=" + comment], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
     try:
         res = subprocess.run([scancel, "--batch", "--signal=" + RELEASE_SIGNALS[bool(succeeded)],
                               job], capture_output=True, text=True, timeout=30)

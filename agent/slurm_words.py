@@ -4,6 +4,9 @@ nodes (agent/slurm_job.py), the console on the login host (console/slurm.py)."""
 
 ALIVE = ("RUNNING", "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT")
 QUEUED = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD")  # a requeued job waits in them
+# the start of the comment the run's judge gives a job rankdeck submitted as it ends it, the run
+# over (agent/slurm_job.py release_job); status reads it (console/slurm.py with_job)
+JUDGE_COMMENT = "rankdeck: its run's judge ended it:"
 
 
 def seconds_left(text):

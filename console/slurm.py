@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, replace
 
 # squeue's words, read alike by the supervisors on the nodes (agent/slurm_words.py)
-from agent.slurm_words import ALIVE as JOB_ALIVE, QUEUED as JOB_QUEUED
+from agent.slurm_words import ALIVE as JOB_ALIVE, JUDGE_COMMENT, QUEUED as JOB_QUEUED
 from agent.slurm_words import seconds_left as time_left_s
 from inventory.model import Host, Inventory
 from .errors import EXIT_UNREACHABLE, LaunchError, UsageError
@@ -203,14 +203,15 @@ JOB_ENDS = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "NODE_FAIL": "failed
 
 
 async def job_now(transport, login: Host, job: str) -> dict:
-    """``{"job", "state", "reason", "time_left_s"}`` from ``squeue`` on the login host; state
-    ``GONE`` once Slurm no longer knows the job, ``UNKNOWN`` when squeue could not answer."""
+    """``{"job", "state", "reason", "time_left_s", "judged"}`` from ``squeue`` on the login
+    host (``judged``: the run's judge ended it, its comment says); state ``GONE`` once Slurm
+    no longer knows the job, ``UNKNOWN`` when squeue could not answer."""
     try:
         code, out, err = await transport.on_login(login, ["squeue", "-h", "--states=all",
-                                                          "-j", job, "-o", "%T|%r|%L"])
+                                                          "-j", job, "-o", "%T|%r|%L|%k"])
     except Exception as exc:  # noqa: BLE001 (the login host unreachable: say so, go on)
         return {"job": job, "state": "UNKNOWN", "reason": str(exc)[:200], "time_left_s": None}
-    fields = (out.strip().splitlines() or [""])[0].split("|")
+    fields = (out.strip().splitlines() or [""])[0].split("|", 3)  # (a comment may hold |)
     if code != 0 or not fields[0]:
         gone = "Invalid job id" in err or (code == 0 and not fields[0])
         return {"job": job, "state": "GONE" if gone else "UNKNOWN",
@@ -218,15 +219,18 @@ async def job_now(transport, login: Host, job: str) -> dict:
                 "time_left_s": None}
     return {"job": job, "state": fields[0],
             "reason": fields[1] if len(fields) > 1 and fields[1] != "None" else "",
-            "time_left_s": time_left_s(fields[2]) if len(fields) > 2 else None}
+            "time_left_s": time_left_s(fields[2]) if len(fields) > 2 else None,
+            "judged": len(fields) > 3 and fields[3].startswith(JUDGE_COMMENT)}
 
 
 def with_job(status: dict, job: dict, requeue: bool = False, submitted: bool = False) -> dict:
     """``status`` with ``slurm`` (the job now) added; a run its job outlived is ended by it:
     ``cancelled`` (scancel, preemption), ``timeout`` or ``failed``, ``slurm.ended`` saying
     why in words; ``slurm.checkpoint_age_s`` beside the time left. A ``requeue`` run's job back in the queue is waited for
-    (``slurm.requeued``). A job ``submit`` made (``submitted``) the run's judge ended once the
-    run was over: ``COMPLETED`` when it succeeded, ``FAILED`` when not (agent/judge.py)."""
+    (``slurm.requeued``). A job ``submit`` made (``submitted``) the run's judge ends once the
+    run is over: ``COMPLETED`` when it succeeded, ``FAILED`` when not (agent/judge.py), its
+    comment saying so (``judged``); one that ended ``FAILED`` without it Slurm ended before
+    (a start it could not make: the job's batch script never ran)."""
     status["slurm"] = dict(job)
     # beside the time left, how old the run's last complete checkpoint is (None: none yet)
     last = next((c for c in status.get("checkpoints") or () if c.get("last_complete")), None)
@@ -241,8 +245,11 @@ def with_job(status: dict, job: dict, requeue: bool = False, submitted: bool = F
     words = {"CANCELLED": "was cancelled (scancel, by you or an administrator)",
              "TIMEOUT": "reached its time limit", "GONE": "is over (Slurm no longer knows it)",
              "COMPLETING": "is ending"}.get(state, "ended %s" % state)
-    if submitted and state in ("COMPLETED", "FAILED"):
+    if submitted and (state == "COMPLETED" or state == "FAILED" and job.get("judged")):
         words = "ended %s: the run's judge ended it once the run was over" % state
+    elif submitted and state == "FAILED":
+        words = "ended FAILED before the run was over: Slurm ended it, not the run's judge " \
+            "(`scontrol show job %s` or the controller's log says why)" % job["job"]
     status["slurm"]["ended"] = "Slurm job %s %s%s" % (
         job["job"], words, " (%s)" % job["reason"] if job["reason"] else "")
     if state != "COMPLETING" and status.get("state") not in ("succeeded", "failed", "stopped"):

@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from agent.journal import JournalReader
+from agent.slurm_words import JUDGE_COMMENT
 from tests.slurm.slurmcluster import SlurmCluster
 from tests.spine.helpers import TINY, node_dir, rank_log_files
 from tests.waits import wait_for_sync
@@ -231,7 +232,10 @@ def test_submit_detach_returns_while_pending_and_its_follower_launches_once_it_r
         after = rankdeck("status", run_id, "--json", check=False)
         assert after.returncode == 0, after.stderr
         ended = json.loads(after.stdout)
-        assert ended["state"] == "succeeded" and "COMPLETED" in ended["slurm"]["ended"], ended
+        assert ended["state"] == "succeeded" and "COMPLETED: the run's judge ended it" in \
+            ended["slurm"]["ended"], ended  # (its comment says so: Slurm's own record too)
+        assert JUDGE_COMMENT in slurm.cmd(["squeue", "-h", "--states=all", "-j", job, "-o",
+                                           "%k"]), "the job's comment"
         stop = rankdeck("stop", run_id)
         assert "Slurm job %s is over (COMPLETED)" % job in stop.stdout, stop.stdout
     finally:

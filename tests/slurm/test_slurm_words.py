@@ -131,6 +131,20 @@ def test_a_run_its_job_outlived_ends_with_it_once_slurm_says_how():
     assert "ended" not in with_job({"state": "running"}, dict(job, state="RUNNING"))["slurm"]
 
 
+def test_a_submitted_job_slurm_failed_is_not_said_to_be_the_judges_end():
+    """The judge's end of a job ``submit`` made leaves its comment; a job FAILED without it
+    Slurm ended (seen: a requeued job started in the second of its requeue, its credential
+    revoked), and status says so, not "the run's judge ended it"."""
+    from console.slurm import with_job
+
+    job = {"job": "9", "state": "FAILED", "reason": "NonZeroExitCode", "time_left_s": None}
+    slurm_s = with_job({"state": "running"}, job, submitted=True)
+    assert slurm_s["state"] == "failed" and "Slurm ended it, not the run's judge" in \
+        slurm_s["slurm"]["ended"] and "scontrol show job 9" in slurm_s["slurm"]["ended"]
+    judged = with_job({"state": "running"}, dict(job, judged=True), submitted=True)
+    assert "the run's judge ended it once the run was over" in judged["slurm"]["ended"]
+
+
 def test_the_header_counts_the_time_left_down_beside_the_last_complete_checkpoint():
     from console.state import RunState
     from console.tui.header import job_left
