@@ -2,7 +2,8 @@
 
 The action log is ``<node dir>/actions.jsonl``: one JSON object a line, appended by `serve`
 after every request that changes the run on this node (``CHANGES``: launch, stop, restart,
-sync, cordon, signal), never rewritten. Each line says who asked (``who``: the ``user@laptop``
+sync, cordon, signal, and the store's host's expel of a fenced node's torchrun from the
+rendezvous), never rewritten. Each line says who asked (``who``: the ``user@laptop``
 the console sent, unverified; ``login``: the account this agent runs as, which the SSH login
 proved), what, which node, when and how it went. A line is written with one ``write`` on an
 ``O_APPEND`` descriptor, so lines of several consoles' serves never interleave.
@@ -25,7 +26,8 @@ CONSOLES = "consoles"
 CHANGES = {"start": "launch", "stop": "stop", "restart": "restart", "sync_commit": "sync",
            "fence": "cordon", "unfence": "uncordon", "standby": "launch", "cordon": "cordon",
            "uncordon": "uncordon", "signal": "signal",
-           "drop_workers": "cordon"}  # a hung node's cordon, on the other nodes
+           "drop_workers": "cordon",  # a hung node's cordon, on the other nodes
+           "expel": "expel"}  # its dead torchrun out of the rendezvous, on the store's host
 TEXT_MAX = 200  # who, detail and result: a console's text, kept short
 READ_MAX = 1 << 20  # bytes of the log one read returns at most
 

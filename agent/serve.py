@@ -162,6 +162,9 @@ class Server:
         if not isinstance(args, dict) or not args.get("run_root") or not args.get("node"):
             return
         result = "ok" if reply["ok"] else "%s: %s" % (reply.get("kind"), reply.get("error"))
+        data = reply.get("data")
+        if isinstance(data, dict) and data.get("expelled") is False:  # asked, not done
+            result = "not done: %s" % data.get("why")
         end = args.get("end")
         detail = args.get("detail") or (
             "the run is over: %s" % end.get("state") if isinstance(end, dict) else None)

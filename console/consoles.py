@@ -30,7 +30,8 @@ from .sanitize import clean
 TEXT_MAX = 200
 # an action's name -> how a line says it was done
 DONE = {"launch": "launched", "stop": "stopped", "restart": "restarted", "sync": "synced code to",
-        "cordon": "cordoned", "uncordon": "uncordoned", "signal": "signalled"}
+        "cordon": "cordoned", "uncordon": "uncordoned", "signal": "signalled",
+        "expel": "asked the store on"}
 
 
 @dataclass

@@ -21,7 +21,10 @@ async def expel(ctl, node: str, member) -> str:
     if link is None:
         return "not asked (the store's host is not connected)"
     try:
-        res = await link.request("expel", run_root=link.run_root, member=member, timeout=15)
+        # (node, detail: the line of the store host's action log, agent/actions.py)
+        res = await link.request("expel", run_root=link.run_root, member=member, timeout=15,
+                                 node=link.name, detail="to take %s's dead torchrun, pid %s, "
+                                 "out of the rendezvous" % (node, member.get("pid")))
     except AgentError as exc:
         res = {"expelled": False, "why": str(exc)}
     if res.get("expelled") is True:

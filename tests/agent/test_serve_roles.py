@@ -18,6 +18,7 @@ MUTATING = [("start", {"spec": {"run_id": "r1"}}), ("stop", {}), ("restart", {})
             ("store_stop", {}), ("judge_start", {"spec": {}}), ("judge_stop", {}),
             ("sync_put", {"session": "x", "pieces": []}), ("listen", {"addr": "127.0.0.1"}),
             ("fence", {}), ("unfence", {}), ("signal", {"signal": "SIGKILL"}),
+            ("expel", {"member": {"pid": 4242, "addr": "node3", "rdzv_ids": ["r1"]}}),
             ("judge", {"ask": "cordon", "args": {"out": "node1"}}), ("judge", {})]
 
 
@@ -62,7 +63,7 @@ def test_a_watching_connection_is_refused_every_change_and_each_try_is_logged(ru
     assert sorted(os.listdir(os.path.join(run_root, "node1"))) == [actions.LOG]
     logged, _end = actions.read(os.path.join(run_root, "node1"))
     assert [e["action"] for e in logged] == ["launch", "stop", "restart", "sync", "cordon",
-                                             "uncordon", "signal"]
+                                             "uncordon", "signal", "expel"]
     assert all(e["who"] == "bob@laptop" and e["result"].startswith("read-only:")
                for e in logged)
     assert all(e["login"] == actions.login() for e in logged)
@@ -108,6 +109,26 @@ def test_a_driving_connections_changes_are_logged_with_their_result(run_root):
         "restart", "node1", "alice@laptop", "c-alice")
     assert line["result"].startswith("missing: node node1 is not running")
     assert line["ts"] <= line["ts"] + line["took_s"]
+
+
+def test_an_expel_is_logged_on_the_store_host_with_what_came_of_it(run_root):
+    """A cordon's ask of the store's host (console/expel.py sends its node and the fenced
+    node's torchrun as the detail): logged with the answer's outcome, not only "ok"."""
+    from console.consoles import action_line
+
+    out = Out()
+    server = serve.Server(out=out)
+    ask(server, out, "hello", role="drive", who="alice@laptop", console="c-alice")
+    res = ask(server, out, "expel", run_root=run_root, node="node1", detail="to take node3's "
+              "dead torchrun, pid 4242, out of the rendezvous",
+              member={"pid": 4242, "addr": "node3", "rdzv_ids": ["r1"]})
+    assert res["ok"] and res["data"]["expelled"] is False  # no store runs here
+    logged, _end = actions.read(os.path.join(run_root, "node1"))
+    assert [(e["action"], e["node"], e["result"]) for e in logged] == [
+        ("expel", "node1", "not done: no store of the run runs on this host")]
+    assert action_line(logged[0]).startswith(
+        "alice@laptop (login %s) asked the store on node1 (to take node3's dead torchrun, pid "
+        "4242, out of the rendezvous): not done: no store" % actions.login())
 
 
 def test_consoles_attached_are_listed_while_their_connection_lives(run_root):

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from agent import procs
+from agent import actions, procs
 from console.cordon import cordon, uncordon
 from console.history import History
 from console.run import LaunchSpec, RunController
@@ -103,6 +103,10 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             assert entry["gpu"] == "no GPU", entry  # a CPU host: said, not left out
             # its dead torchrun taken out of the rendezvous by the store (agent/expel.py)
             assert entry["expelled"] == "done", entry
+            # ... and kept in the store host's action log, with who asked it (agent/actions.py)
+            logged, _end = actions.read(node_dir(work, ctl.run_id, "node4"))
+            assert [(e["node"], e["result"]) for e in logged if e["action"] == "expel"] == [
+                ("node4", "ok")] and "%s's dead torchrun" % hung in str(logged), logged
             assert "@" in entry["who"]
             # the held torchrun went in, not a new one
             assert any(e.node == "node4" and "put in warm" in e.text for e in st.events)
