@@ -26,6 +26,7 @@ Over 450 lines: one op_<name> per request of docs/PROTOCOL.md, each a line or tw
 the work to its module; the table of requests reads best whole.
 """
 
+import fcntl
 import os
 import signal
 import socket
@@ -48,6 +49,14 @@ from .watch import open_watch
 STATE_POLL = 0.25
 OPS_LOG = "RANKDECK_SERVE_OPS"  # a file each request's op is appended to: tests prove with it
 # which requests consoles made (tests/spine/test_judge_consoles.py); unset, nothing is written
+# bytes of a journal one turn sends at most: in ``jbytes`` (frames) what is ready goes as one
+# message up to this (or one record longer than it), not one per 64 KiB read: each message
+# costs the console a wake-up, a header to parse and a dispatch (docs/BENCHMARKS.md, "Ingest,
+# eighth part"). A console takes any jbytes message up to 16 MiB (agent_messages.MAX_FRAME),
+# an older one too: nothing to negotiate.
+TURN_BYTES = protocol.BATCH_BYTES * 4
+PIPE_BYTES = 1 << 20  # serve's output pipe, where the system lets it be this wide
+F_SETPIPE_SZ = 1031  # Linux's fcntl, named in Python's fcntl from 3.10 on (a host may run 3.8)
 IDLE = 1.0  # with a watch: the longest sleep of the stream loop (a dead supervisor is seen)
 # what a read-only connection may ask: requests that read. Any other (a new op too) is refused.
 # `stacks` and `why` are answered without signalling the ranks (agent/stacks.py).
@@ -465,10 +474,10 @@ class Server:
         """``(bytes sent, drained)``: a turn's budget of ``sub``'s new journal records sent,
         and whether its journal was read to its end."""
         sent = 0
-        budget = protocol.BATCH_BYTES * 4
+        budget = TURN_BYTES
         while budget > 0:
             if sub.frames and sub.reader.offset >= sub.quiet_until:
-                start, data = sub.reader.read_bytes(protocol.BATCH_BYTES)
+                start, data = sub.reader.read_bytes(budget)  # what is ready: one message
                 if not data:
                     return sent, True
                 self.write(protocol.journal_bytes(sub.sub_id, start, data))
@@ -629,6 +638,19 @@ class Server:
             actions.leave(path)
 
 
+def widen_pipe(fd, size=PIPE_BYTES):
+    """Let the pipe ``fd`` (serve's output) hold ``size`` bytes, where the system allows it
+    (Linux's ``F_SETPIPE_SZ``; up to /proc/sys/fs/pipe-max-size, 1 MiB by default, for a user
+    under their pipe quota); anything else keeps the pipe as it is: a socket, another system,
+    a limit. A 64 KiB pipe took a turn's ``jbytes`` message of ~200 KB in three writes and the
+    console woke for each (docs/BENCHMARKS.md, "Ingest, eighth part"); the kernel holds at
+    most ``size`` bytes, and a full pipe still holds serve back."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", F_SETPIPE_SZ), size)
+    except (OSError, ValueError):
+        pass
+
+
 def log_op(path, op):
     """Append ``<pid> <op>`` to ``path`` (OPS_LOG); a line each, whole (O_APPEND)."""
     try:
@@ -646,6 +668,7 @@ def main():
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     node.keep_files_private()
+    widen_pipe(sys.stdout.fileno())
     server = Server()
     server.serve_forever()
     return 0
