@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -97,6 +98,11 @@ async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
         # the store (on the spare's host) took the node's dead torchrun out of the rendezvous
         assert record["surgeries"][0]["expelled"] == "done", record["surgeries"]
         assert record["surgeries"][0]["gpu"] == "no GPU"
+        # ... kept in that host's action log, as `rankdeck actions` prints every node's
+        acts = cli("actions", run_id)
+        assert acts.returncode == 0 and re.search(
+            r"asked the store on node4 \(to take %s's dead torchrun, pid \d+, out of the "
+            r"rendezvous\): ok" % hung, acts.stdout), acts.stdout + acts.stderr
         # the spare's torchrun, held since launch, went in: a later console's start (no judge
         # token in its spec) is still the spec it held
         with open(five_hosts.local_path("node4", "%s/.rankdeck/runs/%s/node4/state.json"
