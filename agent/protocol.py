@@ -171,6 +171,13 @@ def split_records(buf, base_offset=0):
     return records, records[-1][3] - base_offset if records else 0
 
 
+def record_spans(buf, base_offset=0):
+    """``(start, body, meta_len, end)`` in ``buf`` of each whole record at its start (see
+    :func:`_walk`), for a reader that decodes only some metas (agent/journal.py
+    :func:`~agent.journal.metas_of`)."""
+    return _walk(buf, base_offset)
+
+
 def whole_records(buf, base_offset=0):
     """How many bytes at the start of ``buf`` are whole records (none copied: ``serve``
     sends them to a console as they are: :func:`journal_bytes`)."""
