@@ -342,13 +342,14 @@ def _field(obj: dict, key: str, kind: str, what: str, optional: bool = False,
     value = obj.get(key)
     if value is None and optional:
         return
-    ok = {
-        _INT: _is_int(value) and span[0] <= value < span[1],
-        _NUM: _is_num(value) and -NUMBER_MAX <= value <= NUMBER_MAX,  # NaN fails both
-        _LOSS: _is_num(value),  # inf and NaN pass: a diverged run's loss (state.py marks it)
-        _STR: isinstance(value, str),
-        _DICT: isinstance(value, dict),
-    }[kind]
+    if kind == _INT:  # the one test asked for, not all five: a few a record, every record
+        ok = _is_int(value) and span[0] <= value < span[1]
+    elif kind == _NUM:
+        ok = _is_num(value) and -NUMBER_MAX <= value <= NUMBER_MAX  # NaN fails both
+    elif kind == _LOSS:
+        ok = _is_num(value)  # inf and NaN pass: a diverged run's loss (state.py marks it)
+    else:
+        ok = isinstance(value, str if kind == _STR else dict)
     if not ok:
         if value is None:
             _bad("%s has %s no value, not %s" % (what, key, kind))
