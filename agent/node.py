@@ -75,9 +75,25 @@ def supervisor_alive(state):
     return bool(state) and procs.alive(state.get("pid", -1), state.get("starttime"))
 
 
-def node_state(ndir):
-    """state.json plus whether its supervisor still lives (``alive``); None without one."""
-    state = read_json(os.path.join(ndir, "state.json"))
+def node_state(ndir, seen=None):
+    """state.json plus whether its supervisor still lives (``alive``); None without one.
+
+    ``seen``: a dict the caller keeps between calls (``serve`` asks four times a second):
+    state.json is read and parsed again only when its inode, size or time changed (the
+    supervisor replaces it whole: agent/runfiles.py ``write_json_atomic``); its supervisor's
+    life is looked at every time."""
+    path = os.path.join(ndir, "state.json")
+    if seen is None:
+        state = read_json(path)
+    else:
+        try:
+            st = os.stat(path)
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None
+        if key is None or seen.get("key") != key:
+            seen["key"], seen["state"] = key, read_json(path)
+        state = dict(seen["state"]) if isinstance(seen["state"], dict) else seen["state"]
     if state is None:
         return None
     state["alive"] = supervisor_alive(state)

@@ -83,6 +83,7 @@ class Subscription:
         self.ended = None  # why its journal can no longer be read (stream_end was sent)
         self.last_state = None
         self.last_state_check = float("-inf")  # never (monotonic starts at boot)
+        self.state_seen = {}  # state.json as last read, and its stat (agent/node.py)
         self.watched = False  # its folder's changes wake the stream loop
 
 
@@ -453,7 +454,7 @@ class Server:
         # records written before that state (a node's last lines, its "ended") go first.
         check = now - sub.last_state_check >= STATE_POLL
         self.state_due = self.state_due or not check
-        state = node.node_state(sub.ndir) if check else None
+        state = node.node_state(sub.ndir, sub.state_seen) if check else None
         sent, drained = 0, True
         if sub.ended is None:
             try:

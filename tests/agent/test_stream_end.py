@@ -217,10 +217,10 @@ def test_a_turn_failing_outside_its_journal_ends_that_subscription_alone(tmp_pat
     server, out, (w0, w1) = server_of(tmp_path, "node0", "node1")
     real = serve.node.node_state
 
-    def node_state(ndir):
+    def node_state(ndir, seen=None):
         if ndir.endswith("node0"):
             raise PermissionError(13, "Permission denied", ndir + "/state.json")
-        return real(ndir)
+        return real(ndir, seen)
     monkeypatch.setattr(serve.node, "node_state", node_state)
     lines(w1, "n1 line")
     server.pump(server.subscriptions())
