@@ -24,10 +24,11 @@ that ends at any offset without reading the journal from its start.
 import json
 import os
 
-from .protocol import JournalCorrupt, record_spans, split_records as split, \
-    whole_records as whole
+from .protocol import MAX_HEADER, JournalCorrupt, is_meta, record_header, \
+    split_records as split, whole_records as whole
 
 READ_CHUNK = 1 << 20
+META_WINDOW = 4096  # bytes read at a record's header to walk it and its meta, not its data
 INDEX_EVERY = 1 << 20
 BACK_SCAN = 32 << 20  # bytes of journal one read_back may look through
 
@@ -94,25 +95,14 @@ def decode_meta(meta, start):
     return meta
 
 
-def metas_of(buf, base_offset, kinds):
-    """The metas (``j`` added) of the whole records in ``buf`` whose kind is one of
-    ``kinds``, in order. A meta that names its kind first (``{"k":"data",...``, as
-    JournalWriter writes them) and names no kind wanted is passed over: no JSON decode, no
-    copy of its data. A follower of steps and events (agent/judge_link.py) so reads a torrent
-    of log data at little more than the cost of reading the file (docs/BENCHMARKS.md,
-    "Ingest, tenth part"); any other meta is decoded and its ``k`` looked at."""
-    wanted = {kind.encode("ascii") for kind in kinds}
-    found = []
-    for pos, body, meta_len, _end in record_spans(buf, base_offset):
-        if buf.startswith(_KIND_AT, body):
-            quote = buf.find(b'"', body + 6, body + meta_len)
-            kind = buf[body + 6:quote] if quote > 0 else b"\\"
-            if kind not in wanted and b"\\" not in kind:
-                continue
-        meta = decode_meta(buf[body:body + meta_len], base_offset + pos)
-        if meta.get("k") in kinds:
-            found.append(meta)
-    return found
+def kind_named(meta):
+    """The kind a meta's first bytes name (``{"k":"data",...``: JournalWriter writes every
+    meta so) as bytes; None for a meta that does not begin so, or names it with an escape."""
+    if not meta.startswith(_KIND_AT):
+        return None
+    quote = meta.find(b'"', 6)
+    kind = meta[6:quote] if quote > 0 else b"\\"
+    return None if b"\\" in kind else kind
 
 
 class JournalReader:
@@ -139,15 +129,65 @@ class JournalReader:
         return records
 
     def read_metas(self, kinds, limit=READ_CHUNK):
-        """The metas of the records of ``kinds`` appended since the last call (of about
-        ``limit`` bytes of records, or the next record whole), as :func:`metas_of` finds
-        them; damage as for :meth:`read`."""
-        buf, start, used = self._whole(limit)
-        if not used:
+        """The metas (``j`` added) of the records of ``kinds`` appended since the last call,
+        in order, from about ``limit`` bytes of records (or the next record whole). Only the
+        records' headers and metas are read, a window at each header: not their data, and a
+        meta that names another kind first (:func:`kind_named`) is not decoded. A follower of
+        steps and events (agent/judge_link.py) so reads a torrent of log data for little more
+        than a read a record (docs/BENCHMARKS.md, "Ingest, tenth part"). Damage as for
+        :meth:`read`: the metas before it first, then JournalCorrupt at each later call."""
+        if self._damage is not None:
+            raise self._damage
+        fd = self.fileno()
+        start = pos = self.offset
+        if fd is None:
             return []
-        found = metas_of(buf if self._damage is None else buf[:used], start, kinds)
-        self._keep(buf, start, used)
+        size = os.fstat(fd).st_size
+        wanted = {kind.encode("ascii") for kind in kinds}
+        found = []
+        window, at = b"", start  # the file's bytes from offset ``at``
+        try:
+            while pos < size and (pos == start or pos - start < limit):
+                if pos + MAX_HEADER > at + len(window):
+                    window, at = os.pread(fd, META_WINDOW, pos), pos
+                head = record_header(window, pos - at, at)
+                if head is None:  # its header is still being written
+                    break
+                body, meta_len, data_len = head
+                end = at + body + meta_len + data_len
+                if end > size:  # the record is still being written
+                    break
+                if body + meta_len > len(window):  # a long meta: read it whole
+                    window, at = os.pread(fd, body - (pos - at) + meta_len, pos), pos
+                    body = record_header(window, 0, at)[0]
+                meta = window[body:body + meta_len]
+                if len(meta) != meta_len or not is_meta(meta[0], meta[-1]):
+                    raise JournalCorrupt(pos, "a meta that is not a JSON object")
+                kind = kind_named(meta)
+                if kind is None or kind in wanted:
+                    meta = decode_meta(meta, pos)
+                    if meta.get("k") in kinds:
+                        found.append(meta)
+                pos = end
+        except JournalCorrupt as exc:
+            self._damage = exc
+            if pos == start:
+                raise
+        if pos > start:
+            self.offset, self._pending = pos, b""
+            self._fh.seek(pos)
         return found
+
+    def fileno(self):
+        """The journal's file descriptor (opened at the first read); None while there is no
+        journal yet."""
+        if self._fh is None:
+            try:
+                self._fh = open(self.path, "rb")
+            except FileNotFoundError:
+                return None
+            self._fh.seek(self.offset)
+        return self._fh.fileno()
 
     def read_bytes(self, limit=READ_CHUNK):
         """``(start, data)``: the whole records appended since the last call, as the journal
@@ -193,12 +233,8 @@ class JournalReader:
         """What is left of the last read and up to ``limit`` bytes more; its offset."""
         if self._damage is not None:
             raise self._damage
-        if self._fh is None:
-            try:
-                self._fh = open(self.path, "rb")
-            except FileNotFoundError:
-                return b"", self.offset
-            self._fh.seek(self.offset)
+        if self.fileno() is None:
+            return b"", self.offset
         chunk = self._fh.read(limit)
         if not chunk:
             return b"", self.offset

@@ -171,13 +171,6 @@ def split_records(buf, base_offset=0):
     return records, records[-1][3] - base_offset if records else 0
 
 
-def record_spans(buf, base_offset=0):
-    """``(start, body, meta_len, end)`` in ``buf`` of each whole record at its start (see
-    :func:`_walk`), for a reader that decodes only some metas (agent/journal.py
-    :func:`~agent.journal.metas_of`)."""
-    return _walk(buf, base_offset)
-
-
 def whole_records(buf, base_offset=0):
     """How many bytes at the start of ``buf`` are whole records (none copied: ``serve``
     sends them to a console as they are: :func:`journal_bytes`)."""
@@ -194,27 +187,43 @@ def _walk(buf, base_offset):
     pos = 0
     size = len(buf)
     while pos < size:
-        nl = buf.find(b"\n", pos, pos + MAX_HEADER)
-        if nl < 0:
-            if size - pos >= MAX_HEADER:
-                raise JournalCorrupt(base_offset + pos, "no header in %d bytes" % MAX_HEADER)
+        head = record_header(buf, pos, base_offset)
+        if head is None:
             return
-        try:
-            meta_len, data_len = (int(x) for x in buf[pos:nl].split())
-        except ValueError:
-            raise JournalCorrupt(base_offset + pos, "a header that is not "
-                                 "'<meta_len> <data_len>'") from None
-        # a console reads records a host sent: no loop back, no wait for a length of damage
-        if not (2 <= meta_len and 0 <= data_len and meta_len + data_len <= MAX_RECORD):
-            raise JournalCorrupt(base_offset + pos, "a record of %d + %d bytes"
-                                 % (meta_len, data_len))
-        end = nl + 1 + meta_len + data_len
+        body, meta_len, data_len = head
+        end = body + meta_len + data_len
         if end > size:
             return
-        if buf[nl + 1] != 0x7B or buf[nl + meta_len] != 0x7D:  # "{" ... "}": a JSON object
+        if not is_meta(buf[body], buf[body + meta_len - 1]):
             raise JournalCorrupt(base_offset + pos, "a meta that is not a JSON object")
-        yield pos, nl + 1, meta_len, end
+        yield pos, body, meta_len, end
         pos = end
+
+
+def record_header(buf, pos, base_offset=0):
+    """``(body, meta_len, data_len)`` of the record whose header starts at ``pos`` in ``buf``
+    (``body``: where its meta starts); None while the header is not whole in ``buf``;
+    JournalCorrupt for bytes that are no header (``base_offset``: where ``buf`` starts)."""
+    nl = buf.find(b"\n", pos, pos + MAX_HEADER)
+    if nl < 0:
+        if len(buf) - pos >= MAX_HEADER:
+            raise JournalCorrupt(base_offset + pos, "no header in %d bytes" % MAX_HEADER)
+        return None
+    try:
+        meta_len, data_len = (int(x) for x in buf[pos:nl].split())
+    except ValueError:
+        raise JournalCorrupt(base_offset + pos, "a header that is not "
+                             "'<meta_len> <data_len>'") from None
+    # a console reads records a host sent: no loop back, no wait for a length of damage
+    if not (2 <= meta_len and 0 <= data_len and meta_len + data_len <= MAX_RECORD):
+        raise JournalCorrupt(base_offset + pos, "a record of %d + %d bytes"
+                             % (meta_len, data_len))
+    return nl + 1, meta_len, data_len
+
+
+def is_meta(first, last):
+    """Whether a meta's first and last bytes are those of a JSON object's: ``{`` ... ``}``."""
+    return first == 0x7B and last == 0x7D
 
 
 def bytes_to_text(data):

@@ -10,7 +10,7 @@ import pytest
 
 from agent import journal as journal_mod
 from agent import judge_link
-from agent.journal import JournalReader, JournalWriter, metas_of
+from agent.journal import META_WINDOW, JournalReader, JournalWriter
 from agent.protocol import JournalCorrupt
 
 LINE = b"rank=3 seq=123456 t=1764212345.123456 xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n"
@@ -70,14 +70,17 @@ def test_a_data_record_is_passed_over_without_decoding_its_meta(tmp_path, monkey
 
 @pytest.mark.parametrize("meta", [
     {"f": 1, "k": "metric", "step": 3},  # its kind not first: decoded
+    {"k": "metr\\u0069c", "step": 3},  # an escape in its kind: decoded, and a metric
     {"k": "metr\\ic", "step": 3},  # an escape in its kind: decoded, and not a metric
+    {"k": "metric", "path": "p" * (3 * META_WINDOW)},  # longer than a window: read whole
 ])
 def test_a_meta_that_does_not_begin_with_its_kind_is_decoded(tmp_path, meta):
     path = tmp_path / "journal"
-    body = json.dumps(meta, separators=(",", ":")).encode()
+    body = json.dumps(meta, separators=(",", ":")).replace("\\\\u0069", "\\u0069").encode()
     path.write_bytes(b"%d 0\n%s" % (len(body), body))
-    got = metas_of(path.read_bytes(), 0, ("metric",))
-    assert got == ([dict(meta, j=0)] if meta.get("k") == "metric" else [])
+    got = JournalReader(str(path)).read_metas(("metric",))
+    decoded = json.loads(body)
+    assert got == ([dict(decoded, j=0)] if decoded.get("k") == "metric" else [])
 
 
 def test_read_metas_stops_at_damage_as_read_does(tmp_path):
