@@ -20,7 +20,7 @@ import time
 
 from . import procs
 from .frhook import NO_RECORDER
-from .runfiles import read_json
+from .runfiles import file_id, read_json
 from .stacks import dump_stacks
 
 KEEP = 64
@@ -52,21 +52,13 @@ def request(fr_dir, pid, wait=ANSWER_WAIT):
     return {"error": "the rank did not answer within %.0f s" % wait}
 
 
-def _answer_id(out):
-    try:
-        st = os.stat(out)
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
-
-
 def ask(fr_dir, pid):
     """Write the request byte into ``pid``'s FIFO without waiting: ``{"before": ...}`` to pass
     to :func:`answer`, or {"error": why}. The answer file is never removed: the agent's
     ``why`` and the supervisor's periodic sample (agent/ranksample.py) may ask at once, and
     each waits for a file newer than the one it saw (one rename makes each answer)."""
     req = os.path.join(fr_dir, "%d.req" % pid)
-    before = _answer_id(os.path.join(fr_dir, "%d.json" % pid))
+    before = file_id(os.path.join(fr_dir, "%d.json" % pid))
     # ENXIO: no reader has the FIFO open. The hook reopens it once it has answered the
     # previous asker (the judge's two samples, the periodic sampler and a console's `why` may
     # come close together), so keep trying for a moment before saying it does not listen.
@@ -94,7 +86,7 @@ def ask(fr_dir, pid):
 def answer(fr_dir, pid, asked):
     """The trace the hook wrote since :func:`ask` returned ``asked``, or None (not yet)."""
     out = os.path.join(fr_dir, "%d.json" % pid)
-    if _answer_id(out) in (None, asked["before"]):
+    if file_id(out) in (None, asked["before"]):
         return None
     return read_json(out)
 

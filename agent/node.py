@@ -16,7 +16,7 @@ import time
 from . import expel, host_step, procs, protocol, spare_hold, static_world
 from .hostpaths import host_path, host_spec
 from .protocol import RequestError
-from .runfiles import log_tail, read_json, write_json_atomic, write_text
+from .runfiles import file_id, log_tail, read_json, write_json_atomic, write_text
 from .version import HERE
 
 AGENT_PARENT = os.path.dirname(HERE)
@@ -79,18 +79,14 @@ def node_state(ndir, seen=None):
     """state.json plus whether its supervisor still lives (``alive``); None without one.
 
     ``seen``: a dict the caller keeps between calls (``serve`` asks four times a second):
-    state.json is read and parsed again only when its inode, size or time changed (the
+    state.json is read and parsed again only when its inode, time or size changed (the
     supervisor replaces it whole: agent/runfiles.py ``write_json_atomic``); its supervisor's
     life is looked at every time."""
     path = os.path.join(ndir, "state.json")
     if seen is None:
         state = read_json(path)
     else:
-        try:
-            st = os.stat(path)
-            key = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except OSError:
-            key = None
+        key = file_id(path)
         if key is None or seen.get("key") != key:
             seen["key"], seen["state"] = key, read_json(path)
         state = dict(seen["state"]) if isinstance(seen["state"], dict) else seen["state"]

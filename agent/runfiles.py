@@ -27,6 +27,16 @@ def write_text(path, text):
     os.replace(tmp, path)
 
 
+def file_id(path):
+    """``(inode, mtime_ns, size)`` of ``path``, None when it is missing: another value once
+    the file was replaced or rewritten (a reader's cue to read it again)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def read_json(path, default=None):
     """The JSON in ``path``, or ``default`` when it is missing or not (yet) valid JSON."""
     try:
