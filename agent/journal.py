@@ -169,10 +169,8 @@ class JournalReader:
                     if meta.get("k") in kinds:
                         found.append(meta)
                 pos = end
-        except JournalCorrupt as exc:
-            self._damage = exc
-            if pos == start:
-                raise
+        except JournalCorrupt as exc:  # at ``pos``: raised now if nothing came before it
+            self._damage_at(window, start, exc)
         if pos > start:
             self.offset, self._pending = pos, b""
             self._fh.seek(pos)
