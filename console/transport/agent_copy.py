@@ -10,9 +10,11 @@ runs a small bootstrap with the host's python (:func:`AgentBundle.remote_command
   user and not writable by others unless sticky (as ``/tmp``). Otherwise it refuses with exit
   status 5 and says why and how to fix it: a folder someone else can write is not one to run
   code from (docs/SECURITY.md);
-- checks the version folder: only ``.complete`` and ``agent/`` with ``.py`` files (and
-  Python's own ``__pycache__``), every entry the user's, no link, nothing writable by others,
-  and the sha256 of the ``.py`` files equal to the version in its name. A folder that fails
+- checks the version folder: only ``.complete`` and ``agent/`` with ``.py`` files, in it or in
+  one level of sub-packages (``agent/PACKAGE/NAME.py``, every name a Python identifier: no
+  ``..``, no deeper folder), and Python's own ``__pycache__`` beside them; every entry the
+  user's, no link, nothing writable by others, and the sha256 of the ``.py`` files equal to the
+  version in its name. A folder that fails
   (half-copied, tampered, planted) is moved aside and copied afresh: the bootstrap prints
   :data:`SEND_MARKER`, reads the payload (:meth:`AgentBundle.framed`) from stdin, unpacks it
   into a private temporary folder and renames that into place;
@@ -84,17 +86,47 @@ def check_root():
             return
         up = os.path.dirname(up)
 
+WORD = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+
+def ident(word):
+    # a Python identifier of ASCII letters, digits and _: no "", ".", ".." or "/"
+    return word != "" and not word[0].isdigit() and all(c in WORD for c in word)
+
+def package(word):
+    return ident(word) and word != "__pycache__"
+
+def source(parts):
+    # agent/NAME.py or agent/PACKAGE/NAME.py, one level of sub-packages and no deeper
+    return (len(parts) in (2, 3) and parts[0] == "agent" and parts[-1].endswith(".py")
+            and ident(parts[-1][:-3]) and all(package(p) for p in parts[1:-1]))
+
 def allowed(rel, st):
     parts = rel.split(os.sep)
     if stat.S_ISDIR(st.st_mode):
-        return parts in (["agent"], ["agent", "__pycache__"])
+        if parts[-1] == "__pycache__":
+            parts = parts[:-1]
+        return parts == ["agent"] or (len(parts) == 2 and parts[0] == "agent"
+                                      and package(parts[1]))
     if not stat.S_ISREG(st.st_mode):
         return False
     if len(parts) == 1:
         return rel == ".complete"
-    if len(parts) == 2:
-        return parts[0] == "agent" and rel.endswith(".py") and not parts[1].startswith(".")
-    return parts[:2] == ["agent", "__pycache__"] and len(parts) == 3
+    if len(parts) >= 3 and parts[-2] == "__pycache__":
+        return parts[:2] == ["agent", "__pycache__"] and len(parts) == 3 or (
+            len(parts) == 4 and parts[0] == "agent" and package(parts[1]))
+    return source(parts)
+
+def sources(src):
+    # the agent's source files by their names in the payload ("PACKAGE/NAME.py"), sorted as
+    # agent/version.py sorts them: its hash is over the same names and bytes
+    names = []
+    for name in os.listdir(src):
+        path = os.path.join(src, name)
+        if name.endswith(".py"):
+            names.append(name)
+        elif package(name) and os.path.isdir(path):
+            names.extend(name + "/" + n for n in os.listdir(path) if n.endswith(".py"))
+    return sorted(names)
 
 def problem(folder):
     # why ``folder`` is not a copy of this version to run, or None
@@ -115,9 +147,9 @@ def problem(folder):
                 return "unexpected owner, mode or entry at %s" % (rel or ".")
         h = hashlib.sha256()
         src = os.path.join(folder, "agent")
-        for name in sorted(n for n in os.listdir(src) if n.endswith(".py")):
+        for name in sources(src):
             h.update(name.encode() + b"\0")
-            with open(os.path.join(src, name), "rb") as f:
+            with open(os.path.join(src, *name.split("/")), "rb") as f:
                 h.update(f.read())
             h.update(b"\0")
         if h.hexdigest()[:16] != version:
@@ -164,9 +196,12 @@ def unpack():
     pos = 0
     for entry in head.decode("ascii").split(";"):
         name, size = entry.rsplit(" ", 1)
-        if "/" in name or name.startswith(".") or not name.endswith(".py"):
+        parts = ["agent"] + name.split("/")
+        if not source(parts):
             sys.exit("rankdeck: bad file name in agent payload: %r" % name)
-        with open(os.path.join(tmp, "agent", name), "wb") as f:
+        if len(parts) == 3 and not os.path.isdir(os.path.join(tmp, "agent", parts[1])):
+            os.mkdir(os.path.join(tmp, "agent", parts[1]), 0o700)
+        with open(os.path.join(tmp, *parts), "wb") as f:
             f.write(body[pos:pos + int(size)])
         pos += int(size)
     open(os.path.join(tmp, ".complete"), "w").close()
@@ -196,11 +231,16 @@ if why is not None:
     if why is not None:
         sys.stderr.write("rankdeck: the agent copy in %s is %s\n" % (home, why))
         sys.exit(5)
-try:  # made here, private: with the login's umask (002, say) it is group-writable, which
-    # the check above refuses, and every connection would copy the agent again
-    os.mkdir(os.path.join(home, "agent", "__pycache__"), 0o700)
-except OSError:
-    pass
+# made here, private: with the login's umask (002, say) Python makes them group-writable,
+# which the check above refuses, and every connection would copy the agent again
+for name in [""] + os.listdir(os.path.join(home, "agent")):
+    folder = os.path.join(home, "agent", name)
+    if name and not (package(name) and os.path.isdir(folder)):
+        continue
+    try:
+        os.mkdir(os.path.join(folder, "__pycache__"), 0o700)
+    except OSError:
+        pass
 os.chdir(home)
 os.umask(login_umask)
 path = os.environ.get("PYTHONPATH")
@@ -252,7 +292,7 @@ class AgentBundle:
             before = agent_version_mod.agent_version(folder)
             files = {}
             for name in agent_version_mod.source_files(folder):
-                with open(os.path.join(folder, name), "rb") as f:
+                with open(os.path.join(folder, *name.split("/")), "rb") as f:
                     files[name] = f.read()
             if agent_version_mod.agent_version(folder) == before:
                 return cls(before, files)

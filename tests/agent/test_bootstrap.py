@@ -8,6 +8,7 @@ and which interpreter serve ends up in.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -82,3 +83,61 @@ def test_pynvml_is_found_without_site(tmp_path):
                          text=True, timeout=60, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "pynvml"
+
+
+def agent_with_a_package(tmp_path):
+    """A copy of this agent with one sub-package added: agent/extra/{__init__,mod}.py."""
+    folder = tmp_path / "src" / "agent"
+    shutil.copytree(os.path.join(REPO, "agent"), folder,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (folder / "extra").mkdir()
+    (folder / "extra" / "__init__.py").write_text("")
+    (folder / "extra" / "mod.py").write_text("WHO = 'extra'\n")
+    return folder
+
+
+def test_an_agent_with_a_sub_package_is_copied_once_and_runs(tmp_path):
+    bundle = AgentBundle.from_local(str(agent_with_a_package(tmp_path)))
+    assert "extra/mod.py" in bundle.files and "extra/__init__.py" in bundle.files
+    copied, hello, _cmd, err = start(bundle, tmp_path, umask=0o002)
+    assert copied and hello["agent"] == bundle.version, err
+    copied, hello, _cmd, err = start(bundle, tmp_path, umask=0o002)
+    assert not copied and "afresh" not in err, err  # the bootstrap's hash is version.py's
+    cache = tmp_path / ".cache" / "rankdeck" / ("agent-" + bundle.version) / "agent"
+    assert (cache / "extra" / "mod.py").read_text() == "WHO = 'extra'\n"
+    assert (cache / "extra").stat().st_mode & 0o777 == 0o700
+    assert (cache / "extra" / "__pycache__").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("name", ["extra/deeper/mod.py", "../escaped.py", "extra/../../up.py",
+                                  "/abs.py", ".hidden.py", "extra/.hidden.py", "__pycache__/x.py",
+                                  "extra/", "ex tra/mod.py", "extra\\mod.py", "extra/mod.pyc"])
+def test_a_crafted_payload_with_a_deeper_or_escaping_path_is_refused(tmp_path, name):
+    files = dict(AgentBundle.from_local().files)
+    files[name] = b"open(__import__('os').path.expanduser('~/pwned'), 'w').close()\n"
+    crafted = AgentBundle("0123456789abcdef", files)
+    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    proc = subprocess.run(["sh", "-c", crafted.remote_command(sys.executable, "~/.cache/rd")],
+                          input=crafted.framed(), capture_output=True, env=env, timeout=60)
+    assert proc.returncode != 0
+    assert b"bad file name in agent payload" in proc.stderr, proc.stderr
+    cache = tmp_path / ".cache" / "rd"
+    assert not (cache / "agent-0123456789abcdef").exists()
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert not [p for p in written if "escaped" in p or "up.py" in p or "pwned" in p], written
+    assert not os.path.exists("/abs.py")
+
+
+@pytest.mark.parametrize("planted", ["agent/extra/deeper/mod.py", "agent/extra/.x.py",
+                                     "agent/extra/__pycache__/deeper/x.pyc", "agent/ex-tra/a.py"])
+def test_a_copy_with_a_deeper_entry_is_copied_afresh(tmp_path, planted):
+    bundle = AgentBundle.from_local(str(agent_with_a_package(tmp_path)))
+    start(bundle, tmp_path)
+    home = tmp_path / ".cache" / "rankdeck" / ("agent-" + bundle.version)
+    path = home / planted
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.write_text("planted = True\n")
+    copied, hello, _cmd, err = start(bundle, tmp_path)
+    assert copied and "copying the agent afresh" in err and "unexpected" in err, err
+    assert hello["agent"] == bundle.version
+    assert not (home / planted).exists()
