@@ -1,5 +1,5 @@
 """The judge's cordon policy, ``launch --auto-cordon`` (docs/SURGERY.md): a node proposed for
-cordon (agent/judge_rules.py ``cordon_proposal``; agent/gpu.py's Xid and ECC errors) is
+cordon (agent/judge_rules.py ``cordon_proposal``; agent/gpu_nvml.py's Xid and ECC errors) is
 cordoned by the run's judge itself, with no console attached, in a console's order:
 
 1. the node leaves the judge's view and the spare joins it (``Judge.cordon``, the ``surgery``
