@@ -8,8 +8,8 @@ anyway (docs/DESIGN-NOTES.md, "The judge", lists the failure cases).
 
 How: it listens on the rendezvous address (agent/judge_wire.py: a token handshake); each
 node's supervisor connects (agent/judge_link.py) and forwards the metas of its journal and
-its state.json; the judge keeps a RunView (agent/judge_rules.py) and every second applies the
-rules: stalls (also of a run whose ranks print no steps, from their CPU), the verdict when a
+its state.json; the judge keeps a RunView (agent/judge_view.py) and every second applies the
+rules (agent/judge_rules.py): stalls (also of a run whose ranks print no steps, from their CPU), the verdict when a
 stall starts and again while it lasts (it asks every node for its ranks' stacks and
 flight-recorder tails, twice, and decides with agent/verdict.py), a rendezvous that waits and
 for whom, nodes whose torchrun waits for what cannot come, the run's end, a node in trouble
@@ -37,9 +37,9 @@ import time
 from . import judge_notify, judge_wire, procs
 from .judge_cordon import AutoCordon
 from .journal import JournalWriter
-from .judge_rules import (CORDON_WITHIN_S, RULES, RunView, check_stalls, check_waiting,
-                          ends_due, event, run_over, stalled, verdict_again_due,
-                          verdict_proposals)
+from .judge_rules import (CORDON_WITHIN_S, RULES, check_stalls, check_waiting, ends_due, event,
+                          run_over, stalled, verdict_again_due, verdict_proposals)
+from .judge_view import RunView
 from .judge_control import judge_dir
 from .mask import Masker
 from .runfiles import write_json_atomic
