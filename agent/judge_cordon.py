@@ -1,9 +1,9 @@
 """The judge's cordon policy, ``launch --auto-cordon`` (docs/SURGERY.md): a node proposed for
-cordon (agent/judge_rules.py ``cordon_proposal``; agent/gpu.py's Xid and ECC errors) is
+cordon (agent/judge_rules.py ``cordon_proposal``; agent/gpu_nvml.py's Xid and ECC errors) is
 cordoned by the run's judge itself, with no console attached, in a console's order:
 
-1. the node leaves the judge's view and the spare joins it (``Judge.cordon``, the ``surgery``
-   event with who = ``judge``);
+1. the node leaves the judge's view and the spare joins it (``Judge.cordon``,
+   agent/judge_listen.py; the ``surgery`` event with who = ``judge``);
 2. the node is fenced, then stopped, through its own supervisor's link (agent/judge_link.py
    ``fence``: ``fenced.json`` first, then a stop); its last state says which processes
    survived the stop and whether GPU memory is still held by them;

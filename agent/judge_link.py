@@ -140,7 +140,7 @@ class JudgeLink:
             state = read_json(path)
             if isinstance(state, dict):
                 # sent: this host's clock now, so the judge can move the phase's `since` into
-                # its own clock (agent/judge_rules.py: hosts' clocks differ)
+                # its own clock (agent/judge_view.py: hosts' clocks differ)
                 kill = state.get("kill") if isinstance(state.get("kill"), dict) else {}
                 line.send({"t": "state", "state": dict({k: state.get(k) for k in (
                     "state", "phase", "cause", "exit_code", "launches", "restarts")},

@@ -11,11 +11,12 @@ Why a wait needs saying: with a fixed ``--nnodes`` a rendezvous waits for every 
 its join timeout (600 s, torch's default; rankdeck's ``--rdzv-conf`` leaves it), and a node
 whose torchrun has ended never joins. Nothing steps and nothing fails for ten minutes.
 
-One rule, two appliers: the run's judge (agent/judge_rules.py, over its RunView, in its own
-clock) and a console with no judge (console/liveness.py, over RunState). Plain functions on
-node and rank objects, duck-typed: a node has ``name``, ``state`` and ``phase``, a rank
-``node`` and ``last_progress``, all times in one clock. Phases come from a host and are
-untrusted: :func:`phase_of` keeps only known names and numbers, and cleans the note.
+One rule, two appliers: the run's judge (agent/judge_rules.py, over its RunView of
+agent/judge_view.py, in its own clock) and a console with no judge (console/liveness.py, over
+RunState). Plain functions on node and rank objects, duck-typed: a node has ``name``, ``state``
+and ``phase``, a rank ``node`` and ``last_progress``, all times in one clock. Phases come from
+a host and are untrusted: :func:`phase_of` keeps only known names and numbers, and cleans the
+note.
 
 Standard library only; Python >= 3.9 (the console imports it: tests/unit/test_layers.py).
 """

@@ -32,7 +32,8 @@ import sys
 import time
 
 from . import cause, hooks, procs, spare_gate, static_world, torch_quirks
-from .gpu import GpuProbe, gpu_pids_memory
+from .gpu import GpuProbe
+from .gpu_fields import gpu_pids_memory
 from .hoststats import TelemetryRecorder
 from .journal import JournalWriter
 from .judge_link import JudgeLink

@@ -21,7 +21,7 @@ async def _sample(ctl, unanswered: dict[str, str] | None = None
                   ) -> tuple[list[dict], dict[str, str]]:
     """(one report per rank that answered, {node: cause} for nodes that did not). The nodes
     in ``unanswered`` (an earlier sample's) are not asked again: each would cost another
-    REQUEST_TIMEOUT_S of the same silence (as the judge's, agent/judge.py)."""
+    REQUEST_TIMEOUT_S of the same silence (as the judge's, agent/judge_sample.py)."""
     reports: list[dict] = []
     unreachable: dict[str, str] = dict(unanswered or {})
     names = [n for n in ctl.links if n not in unreachable]

@@ -21,7 +21,7 @@ runs a small bootstrap with the host's python (:func:`AgentBundle.remote_command
 - runs ``agent serve`` from the checked folder in its own interpreter, as ``python -m agent
   serve`` would (with the login's umask, which serve keeps for the job; serve itself writes
   with 077). No second interpreter is started: the bootstrap's runs without site (``-E -S``),
-  so the agent imports ``site`` only when it needs site-packages (pynvml, agent/gpu.py).
+  so the agent imports ``site`` only when it needs site-packages (pynvml, agent/gpu_nvml.py).
 
 So a warm host costs one round trip and no payload; a cold one costs one more, to send the
 files. Nothing is installed, nothing secret is on a command line.

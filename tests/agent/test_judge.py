@@ -15,7 +15,8 @@ import pytest
 from agent import judge_wire
 from agent.journal import JournalReader
 from agent.judge_control import ask_judge, running_judge, start_judge, stop_judge
-from agent.judge_rules import RunView, check_stalls, ends_due, run_over
+from agent.judge_rules import check_stalls, ends_due, run_over
+from agent.judge_view import RunView
 from tests.waits import wait_for_sync
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

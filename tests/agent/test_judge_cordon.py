@@ -156,7 +156,7 @@ def test_a_gpu_xid_is_journaled_by_the_node_and_its_judge_cordons_the_node(
     cordon, with no restart before, and --auto-cordon cordons it. Xids a job causes itself
     (45: a killed GPU process, as every fence makes) propose nothing."""
     from agent.hoststats import TelemetryRecorder
-    from agent.judge_rules import RunView
+    from agent.judge_view import RunView
     from tests.agent.test_gpu import FakeClock, full_pynvml
     nv = full_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", nv)

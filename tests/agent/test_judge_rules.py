@@ -1,11 +1,13 @@
-"""The judge's rules added for a run nobody watches (agent/judge_rules.py): a rendezvous that
-waits and for whom, a run whose ranks print no steps stalling on their CPU, a node in trouble
-again soon after its restart proposed for cordon. Plain data in, events out; the judge process
-with real sockets is tests/agent/test_judge.py, real torchrun tests/spine/test_judge*.py."""
+"""The judge's rules added for a run nobody watches (agent/judge_rules.py, over the RunView of
+agent/judge_view.py): a rendezvous that waits and for whom, a run whose ranks print no steps
+stalling on their CPU, a node in trouble again soon after its restart proposed for cordon. Plain
+data in, events out; the judge process with real sockets is tests/agent/test_judge.py, real
+torchrun tests/spine/test_judge*.py."""
 
 from __future__ import annotations
 
-from agent.judge_rules import RunView, check_stalls, check_waiting, cordon_proposal
+from agent.judge_rules import check_stalls, check_waiting, cordon_proposal
+from agent.judge_view import RunView
 
 HOST = 1_764_000_000.0  # a host's clock, far from the judge's (seconds since it started)
 

@@ -102,7 +102,8 @@ def test_the_reference_trainer_saves_when_asked_and_goes_on(tmp_path):
 
 def test_a_run_its_slurm_job_cancelled_ends_cancelled_in_the_judge_s_journal_and_notifies_stopped():
     from agent.judge_notify import kind_of
-    from agent.judge_rules import RunView, run_over
+    from agent.judge_rules import run_over
+    from agent.judge_view import RunView
 
     view = RunView(["node0", "node1"], 60)
     why = "Slurm job 41 was cancelled (scancel): the run ended with it"
