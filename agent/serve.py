@@ -1,8 +1,8 @@
 """One per SSH connection (or local pipe): speaks the protocol on stdin/stdout, dies with it.
 
-`serve` holds nothing that matters: runs belong to their supervisors (started, signalled and
-read by agent/node.py). When stdin closes (the connection dropped, the console quit) serve
-exits and the training carries on. This module dispatches requests (``op_<name>``) and pushes
+`serve` holds nothing that matters: runs belong to their supervisors (started and signalled by
+agent/node_ops.py, read by agent/node.py). When stdin closes (the connection dropped, the
+console quit) serve exits and the training carries on. This module dispatches requests (``op_<name>``) and pushes
 what is new in subscribed journals. Requests are handled on threads so a slow one (a stop
 waiting out a grace period) never holds up the log stream; every pushed message goes through
 one writer lock.
@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 
-from . import actions, expel, host_step, node, protocol
+from . import actions, expel, host_step, node, node_fence, node_ops, protocol
 from .gpu import GpuProbe
 from .hoststats import HostSampler
 from .hostpaths import host_path, host_python
@@ -318,24 +318,24 @@ class Server:
     def op_sync_abort(self, args):
         return self._sync("sync_abort", args)
 
-    # -- the node's run (agent/node.py) ----------------------------------------------------
+    # -- the node's run (agent/node.py, node_ops.py, node_fence.py) -------------------------
     def op_start(self, args):
-        return node.start(args)
+        return node_ops.start(args)
 
     def op_stop(self, args):
-        return node.stop(args)
+        return node_ops.stop(args)
 
     def op_restart(self, args):
-        return node.restart(args)
+        return node_ops.restart(args)
 
     def op_fence(self, args):
-        return node.fence(args)
+        return node_fence.fence(args, node_ops.stop)
 
     def op_unfence(self, args):
-        return node.unfence(args)
+        return node_fence.unfence(args)
 
     def op_drop_workers(self, args):
-        return node.drop_workers(args)
+        return node_fence.drop_workers(args)
 
     def op_host_up(self, args):
         """Whether this Slurm job's rankdeck-host step answers on this node (the console
@@ -343,7 +343,7 @@ class Server:
         return {"up": host_step.up()}
 
     def op_standby(self, args):
-        return node.standby(args)
+        return node_fence.standby(args)
 
     def op_state(self, args):
         return node.state_of(args)

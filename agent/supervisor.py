@@ -18,7 +18,7 @@ What torchrun and its workers print is recorded by agent/recorder.py (masked, pa
 journaled); this module owns the journal and the file follower it reads through, and their
 lifetime. Each file's global rank comes from torchrun's own record of its worker group
 (agent/torchrun_log.py), else from the worker's environment; a failure's cause is built by
-agent/cause.py. Paths in the spec are already absolute here (agent/hostpaths.py, in node.py).
+agent/cause.py. Paths in the spec are already absolute here (agent/hostpaths.py, in node_ops.py).
 
 Over 450 lines: the launch, the kill, the restart (with a static world's new port,
 agent/static_world.py) and the cause of an end all act on the same launcher process and its
@@ -41,7 +41,8 @@ from .pace import SLOW, SLOW_WATCHED, Pace
 from .ranksample import RankSampler, period_of
 from .recorder import Recorder
 from .spare_hold import Hold
-from .node import STOP_END, job_env
+from .node import job_env
+from .node_ops import STOP_END
 from .runfiles import read_json, write_json_atomic
 from .slurm_job import REQUEST_ENV, JobTurns
 from .tail import LogFollower, rank_files
@@ -301,7 +302,7 @@ class Supervisor:
         """An old torchrun left exiting by a restart: gone is done; past its grace, SIGKILL
         (reaped by ``_reaped``, this process being its parent) and a ``killed`` event
         saying whether that worked. state.json's ``exiting`` lists them: a restart request
-        is answered once it is empty (agent/node.py), so that nothing of the old run is left
+        is answered once it is empty (agent/node_ops.py), so that nothing of the old run is left
         when the console hears the restart is done."""
         before = len(self.exiting)
         self._watch_exiting()
@@ -429,7 +430,7 @@ class Supervisor:
         end = self.stop_end()
         self.save(state="stopping")
         self.recorder.event("stopping")
-        # a cordon of a hung node kills at once (end["grace"] 0, agent/node.py)
+        # a cordon of a hung node kills at once (end["grace"] 0, agent/node_fence.py)
         report = self.kill(self.state["grace"] if end["grace"] is None else end["grace"])
         return self.finish(end["state"], None, report, cause=end["cause"])
 
@@ -472,7 +473,7 @@ class Supervisor:
 
     def stop_end(self):
         """How this stop ends the node: ``stopped``, or what the console found the node's run
-        had come to (a ``stop`` with ``end``, which agent/node.py leaves in STOP_END before
+        had come to (a ``stop`` with ``end``, which agent/node_ops.py leaves in STOP_END before
         it signals; console/finish.py says when and why), or ``stopped`` with the reason the
         run's judge stopped it (``--max-wall``, ``--on-nan stop``)."""
         path = os.path.join(self.node_dir, STOP_END)
