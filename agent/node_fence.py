@@ -50,8 +50,8 @@ def fence(args, stop):
     done = stop(dict(args, end=fenced_end((args.get("fence") or {}).get("why"),
                                           args.get("grace"), 300)))
     kill = done.get("kill") if isinstance(done.get("kill"), dict) else {}
-    # the supervisor's stop checks the GPU (agent/supervisor.py gpu_after_kill); one that had
-    # ended before left its own end's report, which says nothing of now
+    # the supervisor's stop checks the GPU (agent/supervisor_launcher.py gpu_after_kill); one
+    # that had ended before left its own end's report, which says nothing of now
     gpu = gpu_words(kill.get("gpu")) if before["alive"] else "not checked (its supervisor " \
         "had ended before the fence)"
     return dict(done, fenced=True, gpu=gpu, member=member)
@@ -94,7 +94,7 @@ def fenced_end(why, grace, limit):
 
 
 def gpu_words(gpu):
-    """The GPU check of a node's stop (agent/supervisor.py ``gpu_after_kill``), in words:
+    """The GPU check of a node's stop (agent/supervisor_launcher.py ``gpu_after_kill``), in words:
     ``freed``, ``held: N MiB by pid(s) ...`` or ``no GPU`` (no NVML per-process figures on
     the host: no GPU, or nvidia-smi only)."""
     if not isinstance(gpu, dict):

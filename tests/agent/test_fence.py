@@ -33,8 +33,9 @@ def test_a_fenced_node_refuses_start_and_restart_until_unfenced(tmp_path):
 
 
 def test_the_gpu_check_of_a_stop_in_words():
-    """What a fence says of the GPU memory its processes held (agent/supervisor.py
-    gpu_after_kill's report): freed, still held (the surgery fails), or no GPU to check."""
+    """What a fence says of the GPU memory its processes held
+    (agent/supervisor_launcher.py gpu_after_kill's report): freed, still held (the surgery
+    fails), or no GPU to check."""
     assert node_fence.gpu_words(None) == "no GPU"
     assert node_fence.gpu_words({"held": 0, "pids": []}) == "freed"
     assert node_fence.gpu_words({"held": 3 << 30, "pids": [41, 42]}) == \
