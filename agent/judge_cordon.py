@@ -8,7 +8,7 @@ cordoned by the run's judge itself, with no console attached, in a console's ord
    ``fence``: ``fenced.json`` first, then a stop); its last state says which processes
    survived the stop and whether GPU memory is still held by them;
 3. the spare starts from the start spec the console left on this host at launch
-   (agent/node.py ``standby``, 0600): a spare on the judge's own host, which is the first
+   (agent/node_fence.py ``standby``, 0600): a spare on the judge's own host, which is the first
    spare unless the inventory names a ``store:`` host. Without one the run shrinks when
    ``--nnodes MIN:MAX`` leaves room, else nothing is done and a ``policy`` event says why.
    Meanwhile, as a console's cordon does, the node's dead torchrun is taken out of the
@@ -29,7 +29,8 @@ import time
 
 from . import expel, judge_wire
 from .judge_rules import ENDED, all_stalled, event
-from .node import FENCE, STANDBY, drop_standby, gpu_words, start
+from .node_fence import FENCE, STANDBY, drop_standby, gpu_words
+from .node_ops import start
 from .protocol import RequestError
 from .runfiles import read_json
 
@@ -201,7 +202,7 @@ class AutoCordon:
 
     def _drop_workers(self, name, node):
         """SIGKILL ``name``'s workers, stalled with hung ``node``, through its link (its
-        supervisor: agent/node.py ``drop_workers``); its torchrun starts them again in the
+        supervisor: agent/node_fence.py ``drop_workers``); its torchrun starts them again in the
         round that goes on without ``node``. One that cannot be asked fails in its collective."""
         with self.judge.lock:
             nl = self.judge.lines.get(name)

@@ -25,7 +25,8 @@ import time
 
 from . import actions, expel, judge_wire, procs, static_world
 from .journal import JournalReader
-from .node import STOP_END, drop_workers, fenced_end, mark_fenced, refuse_if_fenced
+from .node_fence import drop_workers, fenced_end, mark_fenced, refuse_if_fenced
+from .node_ops import STOP_END
 from .runfiles import read_json, write_json_atomic
 
 FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples: stragglers
@@ -231,7 +232,7 @@ class JudgeLink:
 
     def _fence(self, args):
         """The judge's cordon (--auto-cordon): fenced first, as `fence` from a console does
-        (agent/node.py), then stopped; the stop's kill report (``left``: what survived it)
+        (agent/node_fence.py), then stopped; the stop's kill report (``left``: what survived it)
         reaches the judge in the node's last state. ``member``: its torchrun in the c10d
         rendezvous, read before the stop (agent/expel.py), or None."""
         why = str(args.get("why") or "cordoned by the judge")

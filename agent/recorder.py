@@ -1,14 +1,14 @@
 """What torchrun and its workers write, recorded: masked, parsed and appended to the journal.
 
 The supervisor (agent/supervisor.py) owns torchrun's lifetime: it starts, kills and reaps
-it, and it owns the journal and the file follower (it opens and closes them). This module
-only records: each turn :meth:`Recorder.pump` takes what the follower read (agent/tail.py),
-masks the data with the run's secrets (the supervisor's agent/mask.py Masker), keeps which
-worker each file belongs to and the last bytes of each worker's stderr, turns torchrun's
-"failed (exitcode: N)" lines into ``worker_failed`` events (agent/worker_exit.py), parses
-metrics, checkpoints and resume lines (agent/metrics.py, agent/resumed.py), and journals it
-all. Saves found complete, deleted or new in ``--checkpoint-dir`` come from
-agent/checkpoint_watch.py.
+it (agent/supervisor_launcher.py), and it owns the journal and the file follower (it opens
+and closes them). This module only records: each turn :meth:`Recorder.pump` takes what the
+follower read (agent/tail.py), masks the data with the run's secrets (the supervisor's
+agent/mask.py Masker), keeps which worker each file belongs to and the last bytes of each
+worker's stderr, turns torchrun's "failed (exitcode: N)" lines into ``worker_failed`` events
+(agent/worker_exit.py), parses metrics, checkpoints and resume lines (agent/metrics.py,
+agent/resumed.py), and journals it all. Saves found complete, deleted or new in
+``--checkpoint-dir`` come from agent/checkpoint_watch.py.
 
 Which torchrun start is current, and where a parser's failure is logged, are the supervisor's
 to know: it hands them in as callables (``current_instance``, ``log``), so this module never

@@ -1,29 +1,17 @@
 """One per SSH connection (or local pipe): speaks the protocol on stdin/stdout, dies with it.
 
-`serve` holds nothing that matters: runs belong to their supervisors (started, signalled and
-read by agent/node.py). When stdin closes (the connection dropped, the console quit) serve
-exits and the training carries on. This module dispatches requests (``op_<name>``) and pushes
-what is new in subscribed journals. Requests are handled on threads so a slow one (a stop
-waiting out a grace period) never holds up the log stream; every pushed message goes through
-one writer lock.
+`serve` holds nothing that matters: runs belong to their supervisors (started and signalled by
+agent/node_ops.py, read by agent/node.py). When stdin closes (the connection dropped, the
+console quit) serve exits and the training carries on. This module dispatches requests
+(``op_<name>``); what is new in subscribed journals is pushed by agent/serve_streams.py.
+Requests are handled on threads so a slow one (a stop waiting out a grace period) never holds
+up the log stream; every message goes through one writer lock.
 
 A console says who it is in its first request (``hello``: docs/PROTOCOL.md); one that says
 ``watch`` makes its connection read-only for good: this serve then refuses every request not
 in ``READ_ONLY_OPS`` (kind ``read-only``), whatever the client is. Each request that changes a
 run (agent/actions.py ``CHANGES``), done or refused, is appended to the node's action log.
 What that does and does not promise: docs/SECURITY.md, "Read-only consoles".
-
-A subscription whose journal cannot be read (damaged bytes: agent/protocol.py
-``JournalCorrupt``) is read once more by a fresh reader, then ended with a ``stream_end``
-message saying where and why; its state and the other subscriptions go on
-(docs/PROTOCOL.md, "Pushed messages").
-
-The stream loop sleeps until a subscribed node's folder changes (the supervisor appended to the
-journal, or replaced state.json: agent/watch.py), a new subscription, or the next telemetry
-sample; where inotify cannot be had it polls at agent/pace.py's rate.
-
-Over 450 lines: one op_<name> per request of docs/PROTOCOL.md, each a line or two that hands
-the work to its module; the table of requests reads best whole.
 """
 
 import fcntl
@@ -34,30 +22,19 @@ import sys
 import threading
 import time
 
-from . import actions, expel, host_step, node, protocol
-from .gpu import GpuProbe
-from .hoststats import HostSampler
+from . import actions, expel, host_step, node, node_fence, node_ops, protocol
 from .hostpaths import host_path, host_python
-from .journal import JournalReader, decode_meta, read_back
-from .pace import Pace
+from .journal import read_back
 from .preflight import Listener, host_facts
 from .protocol import RequestError
+from .serve_streams import Streams, Subscription, wire
 from .store import fresh_store, running_store, start_store, stop_store
 from .version import agent_version
-from .watch import open_watch
 
-STATE_POLL = 0.25
 OPS_LOG = "RANKDECK_SERVE_OPS"  # a file each request's op is appended to: tests prove with it
 # which requests consoles made (tests/spine/test_judge_consoles.py); unset, nothing is written
-# bytes of a journal one turn sends at most: in ``jbytes`` (frames) what is ready goes as one
-# message up to this (or one record longer than it), not one per 64 KiB read: each message
-# costs the console a wake-up, a header to parse and a dispatch (docs/BENCHMARKS.md, "Ingest,
-# eighth part"). A console takes any jbytes message up to 16 MiB (agent_messages.MAX_FRAME),
-# an older one too: nothing to negotiate.
-TURN_BYTES = protocol.BATCH_BYTES * 4
 PIPE_BYTES = 1 << 20  # serve's output pipe, where the system lets it be this wide
 F_SETPIPE_SZ = 1031  # Linux's fcntl, named in Python's fcntl from 3.10 on (a host may run 3.8)
-IDLE = 1.0  # with a watch: the longest sleep of the stream loop (a dead supervisor is seen)
 # what a read-only connection may ask: requests that read. Any other (a new op too) is refused.
 # `stacks` and `why` are answered without signalling the ranks (agent/stacks.py).
 READ_ONLY_OPS = frozenset(("ping", "hello", "subscribe", "unsubscribe", "state", "runs",
@@ -66,44 +43,16 @@ READ_ONLY_ASKS = ("why", "ping")  # of the judge (op_judge): not node surgery
 ROLES = ("drive", "watch")
 
 
-class Subscription:
-    """One console's reading position in one node's journal."""
-
-    def __init__(self, sub_id, ndir, offset, quiet_until=0, actions_from=0, frames=False):
-        self.sub_id = sub_id
-        self.frames = frames  # records sent as the journal holds them (``jbytes``)
-        self.actions_from = actions_from  # the node's action log, read up to here
-        self.actions_sent = False  # the first `actions` message goes even when empty
-        self.consoles = None  # the attached consoles last sent
-        self.quiet_until = quiet_until  # data records starting before this are not sent
-        self.ndir = ndir
-        self.reader = JournalReader(os.path.join(ndir, "journal"), offset)
-        self.sent_to = offset  # the journal's records before this were sent (or skipped)
-        self.retried_at = None  # where a fresh reader was tried after a failed read
-        self.ended = None  # why its journal can no longer be read (stream_end was sent)
-        self.last_state = None
-        self.last_state_check = float("-inf")  # never (monotonic starts at boot)
-        self.state_seen = {}  # state.json as last read, and its stat (agent/node.py)
-        self.watched = False  # its folder's changes wake the stream loop
-
-
 class Server:
     def __init__(self, out=None):
         self.out = out or sys.stdout.buffer
         self.lock = threading.Lock()
-        self.subs = {}
-        self.subs_lock = threading.Lock()
-        self.gpu = GpuProbe()
-        self.gpu_interval = 1.0
-        self.host = HostSampler()  # sampled with the GPUs, sent in the same message
-        self.host.prime()  # so the first message has rates already (agent/hoststats.py)
         self.closed = threading.Event()
-        self.wake = threading.Event()  # set: the stream loop turns now (a new subscription)
-        self.watch = open_watch()  # None: the stream loop polls (agent/pace.py)
-        self.state_due = False  # a turn skipped a state check (read it within STATE_POLL)
-        self.behind = False  # the last pump left records unsent (its budget ran out)
+        # what is pushed unasked: journals, states, telemetry (agent/serve_streams.py)
+        self.streams = Streams(self.write, self.closed)
         self.listeners = {}
         self._syncs = None  # --sync transfers of this connection (agent/sync.py), once used
+        self.syncs_lock = threading.Lock()  # the first --sync request makes _syncs
         self.console = {}  # who the console said it is (op_hello)
         self.read_only = False  # set by a `watch` hello, never cleared
         self.joined = {}  # node folder -> this connection's file among its consoles
@@ -295,7 +244,7 @@ class Server:
     # -- code to the hosts (agent/sync.py) --------------------------------------------------
     def _sync(self, op, args):
         from . import sync  # here, not at the top: every connection starts serve (launch time)
-        with self.subs_lock:
+        with self.syncs_lock:
             if self._syncs is None:
                 self._syncs = sync.Transfers()
         try:
@@ -318,24 +267,24 @@ class Server:
     def op_sync_abort(self, args):
         return self._sync("sync_abort", args)
 
-    # -- the node's run (agent/node.py) ----------------------------------------------------
+    # -- the node's run (agent/node.py, node_ops.py, node_fence.py) -------------------------
     def op_start(self, args):
-        return node.start(args)
+        return node_ops.start(args)
 
     def op_stop(self, args):
-        return node.stop(args)
+        return node_ops.stop(args)
 
     def op_restart(self, args):
-        return node.restart(args)
+        return node_ops.restart(args)
 
     def op_fence(self, args):
-        return node.fence(args)
+        return node_fence.fence(args, node_ops.stop)
 
     def op_unfence(self, args):
-        return node.unfence(args)
+        return node_fence.unfence(args)
 
     def op_drop_workers(self, args):
-        return node.drop_workers(args)
+        return node_fence.drop_workers(args)
 
     def op_host_up(self, args):
         """Whether this Slurm job's rankdeck-host step answers on this node (the console
@@ -343,7 +292,7 @@ class Server:
         return {"up": host_step.up()}
 
     def op_standby(self, args):
-        return node.standby(args)
+        return node_fence.standby(args)
 
     def op_state(self, args):
         return node.state_of(args)
@@ -354,7 +303,7 @@ class Server:
     def op_record(self, args):
         return node.record_of(args)
 
-    # -- journals --------------------------------------------------------------------------
+    # -- journals (pushed by agent/serve_streams.py) ----------------------------------------
     def op_subscribe(self, args):
         ndir = node.node_dir(args)
         sub_id = args.get("sub") or args["node"]
@@ -365,26 +314,11 @@ class Server:
                 and os.path.isdir(ndir)):
             self.joined[ndir] = actions.join(ndir, {k: v for k, v in self.console.items()
                                                     if k != "attach"})
-        with self.subs_lock:
-            old = self.subs.pop(sub_id, None)
-            if old:
-                old.reader.close()
-            self.subs[sub_id] = sub
-        self._watch(sub)
-        self.turn_now()
+        self.streams.add(sub)
         return {"sub": sub_id, "offset": sub.reader.offset}
 
-    def turn_now(self):
-        """The stream loop turns at once (a new subscription, the end)."""
-        self.wake.set()
-        if self.watch is not None:
-            self.watch.wake()
-
     def op_unsubscribe(self, args):
-        with self.subs_lock:
-            sub = self.subs.pop(args.get("sub") or args["node"], None)
-        if sub:
-            sub.reader.close()
+        self.streams.remove(args.get("sub") or args["node"])
         return {}
 
     def op_scrollback(self, args):
@@ -393,7 +327,7 @@ class Server:
         want = min(int(args.get("bytes", 256 * 1024)), protocol.BATCH_BYTES * 8)
         records, start = read_back(path, int(args["before"]), args["files"], want,
                                    int(args.get("since", 0)))
-        return {"recs": self._wire(records), "start": start}
+        return {"recs": wire(records), "start": start}
 
     def op_stacks(self, args):
         from .stacks import dump_stacks  # as for sync: not needed to start
@@ -407,223 +341,12 @@ class Server:
         """A read-only connection's request sends no signal to the ranks, whatever it asks."""
         return dict(args, signals=False) if self.read_only else args
 
-    # -- pushed streams --------------------------------------------------------------------
-    @staticmethod
-    def _wire(records):
-        out = []
-        for meta, data, _end in records:
-            if data:
-                out.append([meta, protocol.bytes_to_text(data)])
-            else:
-                out.append([meta])
-        return out
-
-    def _journal_line(self, sub_id, records):
-        """The ``journal`` message of raw records (agent/journal.py ``split``)."""
-        try:
-            return protocol.journal_line(sub_id, records[-1][3], records)
-        except ValueError:  # a meta not as the supervisor writes them: parsed, as before
-            parsed = [(decode_meta(meta, start), data, end) for meta, data, start, end in records]
-            return protocol.encode({"t": "journal", "sub": sub_id, "end": records[-1][3],
-                                    "recs": self._wire(parsed)})
-
-    def subscriptions(self):
-        """The subscriptions now (a copy: requests add and drop them on other threads)."""
-        with self.subs_lock:
-            return list(self.subs.values())
-
-    def pump(self, subs):
-        """Send what is new in the journals and states of ``subs``; the journal bytes sent
-        (a state message counts as one). ``behind``: a journal was not read to its end. A
-        subscription whose turn fails is ended (``stream_end``); the others go on."""
-        sent = 0
-        now = time.monotonic()
-        self.behind = False
-        for sub in subs:
-            try:
-                sent += self.pump_one(sub, now)
-            except Exception as exc:  # a bug or a file of its own: that stream alone ends
-                self.end_stream(sub, "agent error: %s: %s" % (type(exc).__name__, exc))
-                self.drop(sub)
-        return sent
-
-    def pump_one(self, sub, now):
-        """One subscription's turn: its journal's new records, then its state, action log and
-        consoles once the journal is drained; what was sent, as :meth:`pump` counts it."""
-        # state.json is read BEFORE the journal is drained and sent only once it is: the
-        # records written before that state (a node's last lines, its "ended") go first.
-        check = now - sub.last_state_check >= STATE_POLL
-        self.state_due = self.state_due or not check
-        state = node.node_state(sub.ndir, sub.state_seen) if check else None
-        sent, drained = 0, True
-        if sub.ended is None:
-            try:
-                sent, drained = self.send_journal(sub)
-            except (ValueError, OSError) as exc:  # JournalCorrupt, a meta that is no JSON
-                drained = self.journal_failed(sub, exc)
-        self.behind = self.behind or not drained
-        if check and drained:
-            sub.last_state_check = now
-            if state != sub.last_state:
-                sub.last_state = state
-                self.send({"t": "state", "sub": sub.sub_id, "state": state})
-                sent += 1
-            sent += self.send_operators(sub)
-        return sent
-
-    def send_journal(self, sub):
-        """``(bytes sent, drained)``: a turn's budget of ``sub``'s new journal records sent,
-        and whether its journal was read to its end."""
-        sent = 0
-        budget = TURN_BYTES
-        while budget > 0:
-            if sub.frames and sub.reader.offset >= sub.quiet_until:
-                start, data = sub.reader.read_bytes(budget)  # what is ready: one message
-                if not data:
-                    return sent, True
-                self.write(protocol.journal_bytes(sub.sub_id, start, data))
-                sub.sent_to = start + len(data)
-                budget -= len(data)
-                sent += len(data)
-                continue
-            records = sub.reader.read(protocol.BATCH_BYTES, raw=True)
-            if not records:
-                return sent, True
-            nbytes = sum(len(d) for _m, d, _s, _e in records) + 64 * len(records)
-            budget -= nbytes
-            if sub.quiet_until and records[0][2] < sub.quiet_until:
-                # a console resuming its output or wanting recent lines only: state
-                # records yes, lines of records that start before quiet_until no
-                records = [r for r in records if r[2] >= sub.quiet_until or
-                           decode_meta(r[0], r[2]).get("k") != "data"]
-                if not records:
-                    sub.sent_to = sub.reader.offset
-                    continue
-            self.write(self._journal_line(sub.sub_id, records))
-            sub.sent_to = sub.reader.offset
-            sent += nbytes
-        return sent, False
-
-    def journal_failed(self, sub, exc):
-        """``sub``'s journal could not be read on from ``sent_to``: read once more by a fresh
-        reader from there (a reader's own state: the stream goes on; whether drained), then
-        ended with a ``stream_end`` message saying why (True: its state goes on)."""
-        if sub.retried_at != sub.sent_to:
-            sub.retried_at = sub.sent_to
-            sub.reader.close()
-            sub.reader = JournalReader(sub.reader.path, sub.sent_to)
-            return False
-        self.end_stream(sub, str(exc))
-        return True
-
-    def end_stream(self, sub, why):
-        """Tell the console that ``sub``'s journal stream has ended, where and why, once."""
-        if sub.ended is not None:
-            return
-        sub.ended = why[:300]
-        sub.reader.close()
-        self.send({"t": "stream_end", "sub": sub.sub_id, "offset": sub.sent_to,
-                   "why": sub.ended})
-
-    def drop(self, sub):
-        """``sub`` is no longer served (its turn failed outside its journal)."""
-        with self.subs_lock:
-            if self.subs.get(sub.sub_id) is sub:
-                del self.subs[sub.sub_id]
-
-    def send_operators(self, sub):
-        """New lines of the node's action log and the consoles attached, when they changed
-        (``actions`` and ``consoles`` messages); how many messages were sent."""
-        if os.path.basename(sub.ndir) == "judge":  # the judge's folder: neither
-            return 0
-        sent = 0
-        entries, end = actions.read(sub.ndir, sub.actions_from)
-        if end != sub.actions_from or not sub.actions_sent:
-            sub.actions_from, sub.actions_sent = end, True
-            self.send({"t": "actions", "sub": sub.sub_id, "recs": entries, "end": end})
-            sent += 1
-        consoles = actions.attached(sub.ndir)
-        if consoles != sub.consoles:
-            sub.consoles = consoles
-            self.send({"t": "consoles", "sub": sub.sub_id, "consoles": consoles})
-            sent += 1
-        return sent
-
-    def send_telemetry(self, subs):
-        """The ``gpu`` message: a GPU snapshot and a host sample, measuring the disk of the
-        first subscription's run folder (in its workdir); that folder. The first message
-        waits out the primed window (hoststats.FIRST_WINDOW_S at most, once a connection: a
-        sleep, not a poll) so that it has rates."""
-        self.closed.wait(self.host.settle_s())
-        folder = subs[0].ndir if subs else None
-        self.send({"t": "gpu", "snap": self.gpu.snapshot(), "host": self.host.sample(folder)})
-        return folder
-
-    def stream_loop(self):
-        """Push what is new to the console until the connection closes. A turn that fails
-        (a bug: a subscription's own failure ends that one alone, :meth:`pump`) ends every
-        subscription with its reason, and the loop goes on: nothing ends unsaid (the
-        thread's stderr reaches no one)."""
-        while not self.closed.is_set():
-            try:
-                self._stream_turns()
-            except Exception as exc:
-                for sub in self.subscriptions():
-                    self.end_stream(sub, "agent error: %s: %s" % (type(exc).__name__, exc))
-                    self.drop(sub)
-                self.wake.wait(IDLE)
-                self.wake.clear()
-
-    def _stream_turns(self):
-        last_gpu = float("-inf")
-        measured = None  # the run folder whose disk the last host sample measured
-        pace = Pace()
-        while not self.closed.is_set():
-            subs = self.subscriptions()
-            folder = subs[0].ndir if subs else None
-            # A new subscription's journal and state go after a sample of its disk: a console
-            # that prints once caught up (a new shell's status) has every figure then.
-            if self.gpu_interval and (time.monotonic() - last_gpu >= self.gpu_interval or
-                                      folder not in (None, measured)):
-                measured = self.send_telemetry(subs)
-                last_gpu = time.monotonic()
-            sent = self.pump(subs)
-            wait = pace.after(sent)
-            if self.behind:  # a journal had more than a turn's budget: go on at once
-                continue
-            if self.watch is not None and self._all_watched():
-                # the supervisor batches its appends already: a change is read at once
-                idle = IDLE
-                if self.gpu_interval:
-                    idle = min(idle, last_gpu + self.gpu_interval - time.monotonic())
-                if self.state_due:
-                    idle = min(idle, STATE_POLL)
-                self.state_due = False
-                self.watch.wait(idle)
-                self.watch.drain()
-            else:
-                self.wake.wait(wait)
-                self.wake.clear()
-
-    def _watch(self, sub):
-        """Have the node's folder wake the stream loop; False while it cannot (no such folder
-        yet, or the user's inotify limit: that subscription is polled)."""
-        if not sub.watched and self.watch is not None:
-            try:
-                self.watch.add(sub.ndir)
-                sub.watched = True
-            except OSError:
-                pass
-        return sub.watched
-
-    def _all_watched(self):
-        return all([self._watch(sub) for sub in self.subscriptions()])
-
+    # -- the connection ----------------------------------------------------------------------
     def serve_forever(self, inp=None):
         inp = inp or sys.stdin.buffer
         self.send(protocol.hello(agent_version(), socket.gethostname(),
                                  "%d.%d.%d" % sys.version_info[:3], os.getpid()))
-        threading.Thread(target=self.stream_loop, daemon=True).start()
+        threading.Thread(target=self.streams.stream_loop, daemon=True).start()
         for line in iter(inp.readline, b""):
             if not line.strip():
                 continue
@@ -634,7 +357,7 @@ class Server:
                 continue
             threading.Thread(target=self.handle, args=(msg,), daemon=True).start()
         self.closed.set()
-        self.turn_now()
+        self.streams.turn_now()
         for path in self.joined.values():
             actions.leave(path)
 

@@ -8,7 +8,7 @@ pays that at launch instead: its supervisor starts torchrun with the read end of
 beside agent/frhook.py as ``rankdeck_spare_gate.py``) holds it in its first call for a
 rendezvous handler, before it connects to the store or joins anything: torch is imported,
 nothing of the run is touched. The supervisor writes one byte when the cordon puts the spare
-in (agent/node.py ``start``); torchrun then makes its handler and joins the round at once.
+in (agent/node_ops.py ``start``); torchrun then makes its handler and joins the round at once.
 
 Held there, torchrun is in no rendezvous state: no heartbeat, no redundancy list (torch's own
 spares would be taken by any restart of any node), no timeout. It costs a process with torch

@@ -5,7 +5,7 @@ as for any node, and rankdeck's hook in it (agent/spare_gate.py) holds it before
 torch imported, on the read end of a pipe this supervisor keeps the write end of. The node's
 state is ``held``. What may come next, each seen at once (signals wake the loop):
 
-- a cordon puts the spare in: agent/node.py ``start`` finds the held supervisor, checks the
+- a cordon puts the spare in: agent/node_ops.py ``start`` finds the held supervisor, checks the
   start spec is the one it holds (:func:`digest`), and sends SIGUSR2; this loop writes the go
   byte, the launch is counted (``launched``, ``warm``) and the supervisor goes on as any node's;
 - a stop (SIGTERM: ``rankdeck stop``, a fence): torchrun killed and verified as any node's;

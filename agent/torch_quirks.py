@@ -6,7 +6,7 @@ self._rdzv_handler.shutdown()``), and a c10d handler's shutdown closes the rende
 whole job: the node restarted after it and every other node then end with
 RendezvousClosedError (seen in bench/compat.py's matrix; 2.8 and later do not, docs/COMPAT.md).
 Such a torchrun is stopped for a restart by SIGKILL instead, before its workers are stopped as
-always (agent/supervisor.py).
+always (agent/supervisor_launcher.py).
 
 The source is read, not imported: importing torch costs seconds of CPU, and which versions
 between 2.4 and 2.8 close is not known here; the line itself is the test.

@@ -53,7 +53,7 @@ async def follow_judge(ctl) -> None:
 
 async def keep_spare_spec(ctl, spare, spec, endpoint: str) -> None:
     """``launch --auto-cordon``: the start spec of ``spare`` (a Host: the one the judge lives
-    on, the only spare it can start) goes to its host (agent/node.py ``standby``, 0600), so
+    on, the only spare it can start) goes to its host (agent/node_fence.py ``standby``, 0600), so
     the judge can put it in with no console (agent/judge_cordon.py). It takes the last node's
     place in the node-rank order: torchrun's rendezvous numbers the nodes itself."""
     order = ctl.run_hosts()

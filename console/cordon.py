@@ -6,7 +6,7 @@ out a plan that was not refused, in this order, each step waiting for the one be
 1. the run's judge hears of it (the node leaves its view: no rule, no ``--on-hang restart``
    and no end waits for it; the spare joins) and writes the ``surgery`` event into its
    journal, which every console reads;
-2. the node is fenced, then stopped: ``fence`` (agent/node.py) writes the fence before it
+2. the node is fenced, then stopped: ``fence`` (agent/node_fence.py) writes the fence before it
    signals, so no restart, from any console or the judge, can start it again; the answer
    says which processes of the node are left (none, or the surgery failed);
 3. the spare starts torchrun for the same run id and rendezvous; the other nodes' workers
@@ -110,7 +110,7 @@ def stalled_with(ctl, node: str) -> list[str]:
 
 
 async def drop_workers(ctl, nodes: list[str], node: str) -> None:
-    """SIGKILL the workers of ``nodes`` (agent/node.py ``drop_workers``), stalled with hung
+    """SIGKILL the workers of ``nodes`` (agent/node_fence.py ``drop_workers``), stalled with hung
     ``node``: each torchrun restarts its worker group in the rendezvous round that goes on
     without ``node``. One that cannot be asked is left to fail in its collective, as before."""
     async def one(name):

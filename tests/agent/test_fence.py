@@ -1,4 +1,4 @@
-"""A cordoned node's fence (agent/node.py): once fenced, nothing of the run starts on it
+"""A cordoned node's fence (agent/node_fence.py): once fenced, nothing of the run starts on it
 again (start, restart, the judge's restart through its link) until it is unfenced."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from agent import node
+from agent import node, node_fence, node_ops
 from agent.protocol import RequestError
 
 
@@ -16,27 +16,30 @@ def args(tmp_path, **more) -> dict:
 
 
 def test_a_fenced_node_refuses_start_and_restart_until_unfenced(tmp_path):
-    done = node.fence(args(tmp_path, fence={"who": "alice@laptop", "why": "cordoned"}))
+    done = node_fence.fence(args(tmp_path, fence={"who": "alice@laptop", "why": "cordoned"}),
+                            node_ops.stop)
     # a spare that never ran: fenced, nothing to stop, nothing left
     assert done == {"state": "missing", "left": [], "fenced": True, "gpu": "nothing ran"}
     spec = {"run_id": "r1", "argv": ["true"]}
-    for op in (node.start, node.restart):
+    for op in (node_ops.start, node_ops.restart):
         with pytest.raises(RequestError) as err:
             op(args(tmp_path, spec=spec))
         assert err.value.kind == "fenced" and "uncordon" in str(err.value)
     assert not os.path.exists(os.path.join(str(tmp_path / "run"), "node2", "state.json"))
 
-    assert node.unfence(args(tmp_path)) == {"unfenced": True}
-    node.refuse_if_fenced(node.node_dir(args(tmp_path)))  # no longer raises
-    assert node.unfence(args(tmp_path)) == {"unfenced": False}
+    assert node_fence.unfence(args(tmp_path)) == {"unfenced": True}
+    node_fence.refuse_if_fenced(node.node_dir(args(tmp_path)))  # no longer raises
+    assert node_fence.unfence(args(tmp_path)) == {"unfenced": False}
 
 
 def test_the_gpu_check_of_a_stop_in_words():
-    """What a fence says of the GPU memory its processes held (agent/supervisor.py
-    gpu_after_kill's report): freed, still held (the surgery fails), or no GPU to check."""
-    assert node.gpu_words(None) == "no GPU"
-    assert node.gpu_words({"held": 0, "pids": []}) == "freed"
-    assert node.gpu_words({"held": 3 << 30, "pids": [41, 42]}) == "held: 3072 MiB by pid(s) 41,42"
+    """What a fence says of the GPU memory its processes held
+    (agent/supervisor_launcher.py gpu_after_kill's report): freed, still held (the surgery
+    fails), or no GPU to check."""
+    assert node_fence.gpu_words(None) == "no GPU"
+    assert node_fence.gpu_words({"held": 0, "pids": []}) == "freed"
+    assert node_fence.gpu_words({"held": 3 << 30, "pids": [41, 42]}) == \
+        "held: 3072 MiB by pid(s) 41,42"
 
 
 def test_a_fence_ends_the_node_stopped_with_why_and_a_hung_node_without_grace(tmp_path,
@@ -49,14 +52,14 @@ def test_a_fence_ends_the_node_stopped_with_why_and_a_hung_node_without_grace(tm
     ndir.mkdir(parents=True)
     written = []
     monkeypatch.setattr(node, "node_state", lambda d: {"alive": True})  # a supervisor runs
-    monkeypatch.setattr(node, "stop", lambda a: written.append(a["end"]) or {"left": []})
-    out = node.fence(args(tmp_path, fence={"who": "alice@laptop", "why": "cordoned by a"},
-                          grace=0))
+    out = node_fence.fence(args(tmp_path, fence={"who": "alice@laptop", "why": "cordoned by a"},
+                                grace=0),
+                           lambda a: written.append(a["end"]) or {"left": []})  # its stop
     assert out["fenced"] and out["gpu"] == "no GPU"  # no kill report: no NVML figures
     assert written == [{"state": "stopped", "grace": 0, "cause": {"message": "cordoned by a"}}]
     sup = Supervisor.__new__(Supervisor)  # stop_end reads only the node's folder
     sup.node_dir = str(ndir)
-    write_json_atomic(str(ndir / node.STOP_END), written[0])
+    write_json_atomic(str(ndir / node_ops.STOP_END), written[0])
     assert sup.stop_end() == {"state": "stopped", "grace": 0.0,
                               "cause": {"message": "cordoned by a", "rank": None}}
     assert sup.stop_end() == {"state": "stopped", "cause": None, "grace": None}  # read once
@@ -73,7 +76,7 @@ def test_drop_workers_kills_the_marked_workers_of_a_live_torchrun_and_leaves_it(
 
     from agent import procs
     from agent.runfiles import write_json_atomic
-    assert node.drop_workers(args(tmp_path)) == {"killed": []}  # never ran here
+    assert node_fence.drop_workers(args(tmp_path)) == {"killed": []}  # never ran here
     env = dict(os.environ, **{procs.MARKER: "r1/node2"})
     sleeper = "import time; time.sleep(120)"
     # a stand-in torchrun: a marked worker, and a child it starts without the marker
@@ -94,12 +97,12 @@ def test_drop_workers_kills_the_marked_workers_of_a_live_torchrun_and_leaves_it(
         write_json_atomic(str(ndir / "state.json"), {
             "run_id": "r1", "node": "node2", "pid": me.pid, "starttime": me.starttime,
             "state": "running", "torchrun_pid": torchrun.pid})
-        assert node.drop_workers(args(tmp_path)) == {"killed": [worker]}
+        assert node_fence.drop_workers(args(tmp_path)) == {"killed": [worker]}
         assert torchrun.stdout.readline().split() == ["worker", "gone", str(-signal.SIGKILL)]
         assert torchrun.poll() is None and procs.alive(unmarked)
-        node.mark_fenced(str(ndir), {"who": "alice@laptop"})
+        node_fence.mark_fenced(str(ndir), {"who": "alice@laptop"})
         with pytest.raises(RequestError) as err:
-            node.drop_workers(args(tmp_path))
+            node_fence.drop_workers(args(tmp_path))
         assert err.value.kind == "fenced"
     finally:
         for pid in procs.descendants(torchrun.pid):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from agent import node, procs, protocol
+from agent import node_ops, procs, protocol
 from agent.store import start_store, stop_store
 from console.spec import new_run_id
 from tests.spine.helpers import HOST_PYTHON
@@ -197,8 +197,8 @@ def test_a_supervisor_pid_reused_before_the_signal_is_not_signalled(tmp_path, mo
             "run_id": "r-reused", "node": "n0", "pid": bystander.pid, "starttime": recorded,
             "state": "running", "grace": 1.0}))
         reused_at_the_signal(monkeypatch, bystander.pid, recorded)
-        state = getattr(node, op)({"run_root": str(tmp_path / "run"), "node": "n0",
-                                   "timeout": 5})
+        state = getattr(node_ops, op)({"run_root": str(tmp_path / "run"), "node": "n0",
+                                       "timeout": 5})
         assert state["state"] == "lost" and not state["alive"], state
     finally:
         assert signalled_by_us_only(bystander), "a reused pid was signalled"
@@ -246,7 +246,7 @@ def test_stop_sweep_waits_the_runs_grace_not_two_seconds(tmp_path):
                                  env=dict(os.environ, RANKDECK_RUN="r-grace/n0"))
     try:
         wait_line(straggler)
-        state = node.stop({"run_root": str(tmp_path / "run"), "node": "n0"})
+        state = node_ops.stop({"run_root": str(tmp_path / "run"), "node": "n0"})
         assert state["sweep"]["killed"] == [] and state["left"] == []
         assert saved.read_text() == "saved"
         assert straggler.wait(5) == 0

@@ -279,7 +279,7 @@ def test_a_new_subscriptions_state_comes_after_a_sample_of_its_disk(tmp_path, mo
     monkeypatch.setattr(serve.node, "node_dir", lambda args: str(ndir))
     out = Messages()
     server = serve.Server(out=out)
-    loop = threading.Thread(target=server.stream_loop, daemon=True)
+    loop = threading.Thread(target=server.streams.stream_loop, daemon=True)
     loop.start()
     try:
         first = out.wait_for("gpu")  # before any subscription: no disk to measure
@@ -289,7 +289,7 @@ def test_a_new_subscriptions_state_comes_after_a_sample_of_its_disk(tmp_path, mo
         state = out.wait_for("state", first)
     finally:
         server.closed.set()
-        server.turn_now()
+        server.streams.turn_now()
         loop.join(30)
     before = [m for m in out.msgs[:state] if m["t"] == "gpu"][-1]["host"]
     assert before["cpu_pct"] is not None

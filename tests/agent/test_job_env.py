@@ -1,6 +1,6 @@
 """The job's import path is the user's, not the agent's (issue 29).
 
-A real supervisor (agent/node.py ``start``) runs a script in place of torchrun. The login's
+A real supervisor (agent/node_ops.py ``start``) runs a script in place of torchrun. The login's
 PYTHONPATH holds a training package named ``agent``; the agent runs with its own folder first
 on PYTHONPATH, and the job used to inherit that, so ``import agent`` gave rankdeck's. The
 flight-recorder hook (agent/frhook.py, loaded as ``sitecustomize``) must still load.
@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from agent import node
+from agent import node, node_ops
 
 from tests.waits import wait_for
 
@@ -36,7 +36,7 @@ async def test_a_training_package_named_agent_is_the_jobs_own(tmp_path, monkeypa
     job.mkdir()
     (job / "show.py").write_text(SCRIPT)
     run_root = tmp_path / "runs" / "r1"
-    node.start({"run_root": str(run_root), "node": "n0", "spec": {
+    node_ops.start({"run_root": str(run_root), "node": "n0", "spec": {
         "run_id": "r1", "node": "n0", "argv": [sys.executable, "show.py"],
         "cwd": str(job), "env": {"RANK": "0", "LOCAL_RANK": "0"}}})
     ndir = run_root / "n0"

@@ -79,10 +79,11 @@ def test_a_record_longer_than_a_read_comes_whole_from_that_read(tmp_path, monkey
     monkeypatch.setattr(serve.node, "node_dir", lambda args: str(tmp_path / "n1"))
     out = Out()
     server = serve.Server(out=out)
-    server.gpu_interval = 0
+    server.streams.gpu_interval = 0
     server.op_subscribe({"node": "n1", "frames": True, "offset": at})
-    server.pump(server.subscriptions())  # one turn: every record, as the journal holds them
-    assert server.subscriptions()[0].reader.offset == writer.size
+    # one turn: every record, as the journal holds them
+    server.streams.pump(server.streams.subscriptions())
+    assert server.streams.subscriptions()[0].reader.offset == writer.size
     writer.close()
 
 
@@ -131,23 +132,23 @@ def test_serve_frames_records_for_a_console_that_asks_past_quiet_until(tmp_path,
     monkeypatch.setattr(serve.node, "node_dir", lambda args: str(ndir))
     out = Out()
     server = serve.Server(out=out)
-    server.gpu_interval = 0
+    server.streams.gpu_interval = 0
     server.op_subscribe({"node": "n1", "frames": True, "quiet_until": quiet_until})
-    server.pump(server.subscriptions())
+    server.streams.pump(server.streams.subscriptions())
     first = out.buf.split(b"\n", 1)[0] + b"\n"
     skipped = agent_messages.parse(first)  # from before quiet_until: filtered, as JSON
     assert [r[0]["k"] for r in skipped["recs"]] == ["file", "metric", "data", "event"]
     out.buf = b""
     writer.append_many(RECORDS[1:2])  # past quiet_until: as the journal holds it
     writer.close()
-    server.pump(server.subscriptions())
+    server.streams.pump(server.streams.subscriptions())
     framed = frame_of(out.buf)
     assert [r[0]["k"] for r in framed["recs"]] == ["data"]
     assert framed["recs"][0][0]["j"] == skipped["end"]
 
     out.buf = b""  # a console that does not ask gets journal messages, as before
     server.op_subscribe({"node": "n1", "sub": "other"})
-    server.pump(server.subscriptions()[-1:])
+    server.streams.pump(server.streams.subscriptions()[-1:])
     assert b'"t":"jbytes"' not in out.buf and out.buf.count(b'"t":"journal"') == 1
 
 
@@ -161,12 +162,13 @@ def test_serve_turns_again_at_once_only_while_a_journal_is_left_unread(tmp_path,
     writer.append_many([RECORDS[0]] + [(data, b"x" * 1000 + b"\n")] * 50)  # a turn's flood
     monkeypatch.setattr(serve.node, "node_dir", lambda args: str(ndir))
     server = serve.Server(out=Out())
-    server.gpu_interval = 0
+    streams = server.streams
+    streams.gpu_interval = 0
     server.op_subscribe({"node": "n1", "frames": True})
-    assert server.pump(server.subscriptions()) > 50_000 and not server.behind
+    assert streams.pump(streams.subscriptions()) > 50_000 and not streams.behind
     budget = protocol.BATCH_BYTES * 4  # what one turn sends of a journal at most
     writer.append_many([(data, b"y" * 60_000 + b"\n")] * (budget // 60_000 + 2))
     writer.close()
-    assert server.pump(server.subscriptions()) >= budget and server.behind
-    server.pump(server.subscriptions())
-    assert not server.behind and server.subscriptions()[0].reader.offset == writer.size
+    assert streams.pump(streams.subscriptions()) >= budget and streams.behind
+    streams.pump(streams.subscriptions())
+    assert not streams.behind and streams.subscriptions()[0].reader.offset == writer.size

@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from agent import node
+from agent import node, node_fence, node_ops
 from agent.judge_control import running_judge, start_judge, stop_judge
 from tests.agent.test_judge import TOKEN, FakeNode, events, fr, rank_1_hangs, stack
 from tests.waits import wait_for_sync
@@ -49,7 +49,7 @@ def stopped_after(tmp_path):
         wait_for_sync(lambda: running_judge(run_root) is None, 30, "the judge ended")
         spare = {"run_root": run_root, "node": "node2"}
         if node.node_state(node.node_dir(spare)):
-            node.stop(dict(spare, timeout=30))
+            node_ops.stop(dict(spare, timeout=30))
 
 
 def test_auto_cordon_fences_the_node_and_starts_the_spare_from_its_kept_spec(tmp_path,
@@ -57,10 +57,10 @@ def test_auto_cordon_fences_the_node_and_starts_the_spare_from_its_kept_spec(tmp
     run_root, info = judge_with(tmp_path)
     stopped_after.append(run_root)
     # what the console hands the spare's host at launch (0600: the env's secrets are in it)
-    node.standby({"run_root": run_root, "node": "node2", "spec": {
+    node_fence.standby({"run_root": run_root, "node": "node2", "spec": {
         "run_id": "r1", "node": "node2", "cwd": str(tmp_path), "env": {"TOKEN": "s3cret"},
         "argv": [sys.executable, "-c", "import time; time.sleep(120)"]}})
-    kept = os.path.join(run_root, "node2", node.STANDBY)
+    kept = os.path.join(run_root, "node2", node_fence.STANDBY)
     assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
     n0 = FencedNode(info["port"], "node0", {"ranks": []})
     n1 = FencedNode(info["port"], "node1", {"ranks": []})
@@ -85,7 +85,7 @@ def test_auto_cordon_of_a_hung_node_kills_the_workers_stalled_with_it(tmp_path, 
     workers (``drop_workers``), as a console's cordon does, so its torchrun rejoins at once."""
     run_root, info = judge_with(tmp_path)
     stopped_after.append(run_root)
-    node.standby({"run_root": run_root, "node": "node2", "spec": {
+    node_fence.standby({"run_root": run_root, "node": "node2", "spec": {
         "run_id": "r1", "node": "node2", "cwd": str(tmp_path),
         "argv": [sys.executable, "-c", "import time; time.sleep(120)"]}})
     n0 = FakeNode(info["port"], "node0", {"ranks": [
@@ -105,7 +105,7 @@ def test_auto_cordon_of_a_hung_node_kills_the_workers_stalled_with_it(tmp_path, 
 
 def test_a_nodes_link_kills_its_workers_when_the_judge_asks(tmp_path):
     """``drop_workers`` through a node's link (agent/judge_link.py), answered as the agent's
-    op is (agent/node.py; its kills are tests/agent/test_fence.py's): a node that runs no
+    op is (agent/node_fence.py; its kills are tests/agent/test_fence.py's): a node that runs no
     torchrun here has nothing to kill."""
     from agent import judge_link
     ndir = tmp_path / "run" / "node1"
@@ -141,12 +141,12 @@ def test_a_nodes_link_fences_it_before_it_stops(tmp_path, monkeypatch):
     assert link._fence({"who": "judge", "why": "cordoned by the judge (--auto-cordon): x",
                         "grace": 0}) == {"member": None}  # no torchrun ran here
     assert sent == [(os.getpid(), signal.SIGTERM)]
-    assert read_json(str(ndir / node.FENCE))["who"] == "judge"
+    assert read_json(str(ndir / node_fence.FENCE))["who"] == "judge"
     # grace 0: a node the verdict named is hung, killed at once (Supervisor.stop_end)
-    assert read_json(str(ndir / node.STOP_END)) == {"state": "stopped", "grace": 0, "cause": {
+    assert read_json(str(ndir / node_ops.STOP_END)) == {"state": "stopped", "grace": 0, "cause": {
         "message": "cordoned by the judge (--auto-cordon): x"}}
     with pytest.raises(Exception, match="cordoned"):
-        node.refuse_if_fenced(str(ndir))
+        node_fence.refuse_if_fenced(str(ndir))
 
 
 def test_a_gpu_xid_is_journaled_by_the_node_and_its_judge_cordons_the_node(
@@ -181,7 +181,7 @@ def test_a_gpu_xid_is_journaled_by_the_node_and_its_judge_cordons_the_node(
 
     run_root, info = judge_with(tmp_path)
     stopped_after.append(run_root)
-    node.standby({"run_root": run_root, "node": "node2", "spec": {
+    node_fence.standby({"run_root": run_root, "node": "node2", "spec": {
         "run_id": "r1", "node": "node2", "cwd": str(tmp_path),
         "argv": [sys.executable, "-c", "import time; time.sleep(120)"]}})
     FencedNode(info["port"], "node0", {"ranks": []})
@@ -217,13 +217,13 @@ def test_auto_cordon_through_a_real_supervisor_fences_it_and_nothing_of_it_is_le
     threading.Thread(target=judge.run, args=(sock,), daemon=True).start()
     judge_ref = {"addr": "127.0.0.1", "port": sock.getsockname()[1], "token": TOKEN}
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
-    node.standby({"run_root": run_root, "node": "node2", "spec": {
+    node_fence.standby({"run_root": run_root, "node": "node2", "spec": {
         "run_id": "r1", "node": "node2", "cwd": str(tmp_path), "argv": sleeper}})
     # a worker that ignores SIGTERM, on a node with a grace far beyond this test's waits:
     # only the hung node's SIGKILL at once ends it in time
     stubborn = [sys.executable, "-c", "import signal, time; "
                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"]
-    node.start({"run_root": run_root, "node": "node1", "spec": {
+    node_ops.start({"run_root": run_root, "node": "node1", "spec": {
         "run_id": "r1", "node": "node1", "cwd": str(tmp_path), "argv": stubborn,
         "grace": 600, "judge": judge_ref}})
     try:
@@ -242,7 +242,7 @@ def test_auto_cordon_through_a_real_supervisor_fences_it_and_nothing_of_it_is_le
         assert "--auto-cordon" in ended["cause"]["message"]
         assert not procs.run_pids(None, "r1/node1")
         with pytest.raises(Exception, match="cordoned"):
-            node.restart({"run_root": run_root, "node": "node1"})
+            node_ops.restart({"run_root": run_root, "node": "node1"})
         assert node.node_state(os.path.join(run_root, "node2"))["alive"]
     finally:
         judge.stop.set()

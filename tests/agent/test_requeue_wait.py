@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from agent import node, procs
+from agent import node, node_ops, procs
 from tests.unit.test_slurm_limit import slurm_commands
 from tests.waits import wait_for_sync
 
@@ -34,7 +34,7 @@ def test_a_torchrun_slow_to_exit_as_the_job_is_requeued_leaves_the_run_waiting(
     assert os.path.dirname(squeue) == str(tmp_path)
     run_root = str(tmp_path / "run")
     args = {"run_root": run_root, "node": "node1"}
-    node.start(dict(args, spec={
+    node_ops.start(dict(args, spec={
         "run_id": "r1", "node": "node1", "cwd": str(tmp_path), "grace": 30,
         "argv": [sys.executable, "-c", SLOW_TORCHRUN],
         "slurm_limit": {"signal_before": None, "requeue": True, "requeuer": False}}))
@@ -61,6 +61,6 @@ def test_a_torchrun_slow_to_exit_as_the_job_is_requeued_leaves_the_run_waiting(
         assert again["restarts"] == 1, again
     finally:
         if node.node_state(ndir) and node.node_state(ndir)["alive"]:
-            node.stop(dict(args, timeout=30))
+            node_ops.stop(dict(args, timeout=30))
         for pid in procs.run_pids(None, "r1/node1"):
             os.kill(pid, 9)

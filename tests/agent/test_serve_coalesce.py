@@ -1,6 +1,7 @@
 """What a serve turn has ready of a journal goes to a console as one ``jbytes`` message, up to
-the turn's bound (agent/serve.py ``TURN_BYTES``), and serve's output pipe is widened: under a
-torrent the console woke for every 64 KiB (docs/BENCHMARKS.md, "Ingest, eighth part")."""
+the turn's bound (agent/serve_streams.py ``TURN_BYTES``), and serve's output pipe is widened:
+under a torrent the console woke for every 64 KiB (docs/BENCHMARKS.md, "Ingest, eighth
+part")."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from agent import serve
+from agent import serve, serve_streams
 from agent.journal import JournalWriter
 from console import agent_messages
 from tests.agent.test_journal_bytes import Out
@@ -47,7 +48,7 @@ def served(tmp_path, monkeypatch, records, offset=0):
     monkeypatch.setattr(serve.node, "node_dir", lambda args: str(ndir))
     out = Out()
     server = serve.Server(out=out)
-    server.gpu_interval = 0
+    server.streams.gpu_interval = 0
     server.op_subscribe({"node": "n1", "frames": True, "offset": offset})
     return server, out, writer
 
@@ -60,11 +61,11 @@ def test_what_a_turn_has_ready_goes_as_one_message(tmp_path, monkeypatch):
     # a supervisor's turn at a torrent: records of 40 KB, more than one 64 KiB read's worth
     records = [FILE] + [data(i * 40_000, 40_000) for i in range(4)]
     server, out, writer = served(tmp_path, monkeypatch, records)
-    server.pump(server.subscriptions())
+    server.streams.pump(server.streams.subscriptions())
     (head, msg), = messages(out.buf)  # one message, not one a 64 KiB read
     assert (head["start"], head["end"]) == (0, writer.size)
     assert [r[0]["k"] for r in msg["recs"]] == ["file"] + ["data"] * 4
-    assert not server.behind
+    assert not server.streams.behind
     writer.close()
 
 
@@ -72,12 +73,12 @@ def test_a_message_holds_a_turn_s_bound_at_most_and_every_record_once(tmp_path, 
     """More than a turn's bound: messages of TURN_BYTES at most (or one longer record), the
     rest the next turn; each record once, in order; a console resuming from where a message
     ended (a reconnect) gets the rest once."""
-    bound = serve.TURN_BYTES
+    bound = serve_streams.TURN_BYTES
     records = [FILE] + [data(i, 60_000) for i in range(12)] + [data(99, bound + 5_000)]
     server, out, writer = served(tmp_path, monkeypatch, records)
     turns = 0
-    while server.subscriptions()[0].reader.offset < writer.size:
-        server.pump(server.subscriptions())
+    while server.streams.subscriptions()[0].reader.offset < writer.size:
+        server.streams.pump(server.streams.subscriptions())
         turns += 1
     got = messages(out.buf)
     assert turns >= 3 and len(got) >= 4
@@ -90,8 +91,8 @@ def test_a_message_holds_a_turn_s_bound_at_most_and_every_record_once(tmp_path, 
     assert sum(len(msg["recs"]) for _h, msg in got) == len(records)
 
     resumed, out2, _w = served(tmp_path, monkeypatch, [], offset=ends[2])
-    while resumed.subscriptions()[0].reader.offset < writer.size:
-        resumed.pump(resumed.subscriptions())
+    while resumed.streams.subscriptions()[0].reader.offset < writer.size:
+        resumed.streams.pump(resumed.streams.subscriptions())
     again = messages(out2.buf)
     assert again[0][0]["start"] == ends[2] and again[-1][0]["end"] == writer.size
     assert [r[0]["j"] for _h, m in again for r in m["recs"]] == \

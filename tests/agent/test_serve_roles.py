@@ -174,16 +174,16 @@ def test_crafted_requests_get_answers_not_a_dead_thread(run_root):
 def test_a_subscription_gets_the_log_at_once_then_each_new_line(run_root):
     out = Out()
     server = serve.Server(out=out)
-    server.gpu_interval = 0
+    server.streams.gpu_interval = 0
     ask(server, out, "subscribe", run_root=run_root, node="node1")
-    server.pump(server.subscriptions())
+    server.streams.pump(server.streams.subscriptions())
     first = [m for m in out.msgs if m["t"] == "actions"]
     assert first == [{"t": "actions", "sub": "node1", "recs": [], "end": 0}]  # empty: still sent
     ndir = os.path.join(run_root, "node1")
     actions.record(ndir, actions.entry("stop", "node1", {"who": "alice@laptop"}, 5.0, "ok"))
-    for sub in server.subscriptions():
+    for sub in server.streams.subscriptions():
         sub.last_state_check = float("-inf")  # due now (STATE_POLL)
-    server.pump(server.subscriptions())
+    server.streams.pump(server.streams.subscriptions())
     new = [m for m in out.msgs if m["t"] == "actions"][1:]
     assert [(r["who"], r["action"]) for m in new for r in m["recs"]] == [("alice@laptop", "stop")]
 

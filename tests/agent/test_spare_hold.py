@@ -1,5 +1,5 @@
 """Warm spares (agent/spare_gate.py in the launcher's process, agent/spare_hold.py in its
-supervisor, agent/node.py ``start``): a real supervisor, the real hook folder and torch's real
+supervisor, agent/node_ops.py ``start``): a real supervisor, the real hook folder and torch's real
 rendezvous api, with a stand-in launcher that asks torch for a rendezvous handler as torchrun
 does (no store needed: a test backend). The whole path with real torchrun and a cordon is
 tests/spine/test_cordon.py."""
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from agent import hooks, judge_wire, node, procs, spare_gate, spare_hold
+from agent import hooks, judge_wire, node, node_ops, procs, spare_gate, spare_hold
 from agent.judge_control import start_judge, stop_judge, running_judge
 from tests.waits import wait_for_sync
 
@@ -131,48 +131,48 @@ def judge(tmp_path):
 
 def test_a_held_spare_is_put_in_by_a_start_of_the_same_spec_and_runs_on(tmp_path, judge):
     ref, _node0 = judge
-    held = node.start(args(tmp_path, spec=spec_of(tmp_path, ref, hold=True)))
+    held = node_ops.start(args(tmp_path, spec=spec_of(tmp_path, ref, hold=True)))
     try:
         assert held["state"] == "held" and held["launches"] == 0 and held["alive"]
         pid = held["torchrun_pid"]
         wait_for_sync(lambda: "loaded" in log_of(tmp_path), 60, "torch imported, held")
         assert "joined" not in log_of(tmp_path)
         # the judge's token is not part of what runs: a later console's spec has none
-        put = node.start(args(tmp_path, spec=spec_of(tmp_path, {"addr": ref["addr"],
+        put = node_ops.start(args(tmp_path, spec=spec_of(tmp_path, {"addr": ref["addr"],
                                                                 "port": ref["port"]})))
         assert (put["state"], put["launches"], put["warm"]) == ("running", 1, True), put
         assert put["torchrun_pid"] == pid  # the held process, not a new one
         wait_for_sync(lambda: "joined, gate in env: None" in log_of(tmp_path), 60,
                       "through the gate")
         with pytest.raises(Exception, match="already running"):
-            node.start(args(tmp_path, spec=spec_of(tmp_path, ref)))
+            node_ops.start(args(tmp_path, spec=spec_of(tmp_path, ref)))
     finally:
-        done = node.stop(args(tmp_path))
+        done = node_ops.stop(args(tmp_path))
     assert done["left"] == [] and not procs.alive(pid)
 
 
 def test_a_held_spare_asked_for_another_spec_is_replaced_and_a_stop_leaves_nothing(tmp_path,
                                                                                     judge):
     ref, _node0 = judge
-    held = node.start(args(tmp_path, spec=spec_of(tmp_path, ref, hold=True)))
+    held = node_ops.start(args(tmp_path, spec=spec_of(tmp_path, ref, hold=True)))
     other = spec_of(tmp_path, ref, seconds=31)  # not what it holds: a cold start instead
     try:
-        put = node.start(args(tmp_path, spec=other))
+        put = node_ops.start(args(tmp_path, spec=other))
         assert put["state"] == "running" and not put.get("warm")
         assert put["pid"] != held["pid"] and not procs.alive(held["torchrun_pid"])
     finally:
-        done = node.stop(args(tmp_path))
+        done = node_ops.stop(args(tmp_path))
     assert done["left"] == []
     # a held spare stopped (`rankdeck stop`, a fence) ends stopped, its torchrun verified gone
-    held = node.start(args(tmp_path, spec=spec_of(tmp_path, ref, hold=True)))
-    done = node.stop(args(tmp_path))
+    held = node_ops.start(args(tmp_path, spec=spec_of(tmp_path, ref, hold=True)))
+    done = node_ops.stop(args(tmp_path))
     assert done["state"] == "stopped" and done["left"] == []
     assert not procs.alive(held["torchrun_pid"])
 
 
 def test_a_held_spare_ends_with_its_run_and_a_run_without_judge_gets_none(tmp_path, judge):
     ref, node0 = judge
-    held = node.start(args(tmp_path, spec=spec_of(tmp_path, ref, hold=True)))
+    held = node_ops.start(args(tmp_path, spec=spec_of(tmp_path, ref, hold=True)))
     node0.send({"t": "state", "state": {"state": "exited", "exit_code": 0}})  # the run is over
     ended = wait_for_sync(lambda: (lambda st: st if not st["alive"] else None)(
         node.node_state(node.node_dir(args(tmp_path)))), 60, "the held spare ended")
@@ -182,7 +182,7 @@ def test_a_held_spare_ends_with_its_run_and_a_run_without_judge_gets_none(tmp_pa
     assert procs.run_pids(None, procs.run_marker("r1", "node4")) == []
     nojudge = tmp_path / "nojudge"
     nojudge.mkdir()
-    node.start(args(nojudge, spec=spec_of(nojudge, None, hold=True)))
+    node_ops.start(args(nojudge, spec=spec_of(nojudge, None, hold=True)))
     ended = wait_for_sync(lambda: (lambda st: st if not st["alive"] else None)(
         node.node_state(node.node_dir(args(nojudge)))), 60, "ended at once")
     assert "no judge" in ended["cause"]["message"]

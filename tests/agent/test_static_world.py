@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from agent import node, static_world
+from agent import node_ops, static_world
 from agent.protocol import RequestError
 
 ARGV = ["python", "-m", "deepspeed.launcher.runner", "--no_ssh", "--node_rank", "1",
@@ -36,6 +36,6 @@ def test_the_launchers_master_port_is_replaced_and_the_scripts_own_flag_kept():
 @pytest.mark.parametrize("bad", [0, 70000, "29500; rm -rf /", True, [1]])
 def test_a_restart_with_a_port_that_is_not_one_is_refused(tmp_path, bad):
     with pytest.raises(RequestError, match="is not a TCP port") as err:
-        node.restart({"run_root": str(tmp_path), "node": "node0", "master_port": bad})
+        node_ops.restart({"run_root": str(tmp_path), "node": "node0", "master_port": bad})
     assert err.value.kind == "usage"
     assert not os.path.exists(tmp_path / "node0" / static_world.RESTART_WITH)

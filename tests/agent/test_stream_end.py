@@ -1,8 +1,8 @@
-"""A journal that cannot be read ends its stream visibly (agent/serve.py ``stream_end``,
-console/link.py): a real ``serve`` follows journals the test writes, one of them is damaged
-mid-run (garbage bytes appended, then records again). The console gets the node's event (in
-the view's events and in the no-TUI output) with where and why; that node's state, and the
-other subscriptions on the same agent, go on."""
+"""A journal that cannot be read ends its stream visibly (agent/serve_streams.py
+``stream_end``, console/link.py): a real ``serve`` follows journals the test writes, one of
+them is damaged mid-run (garbage bytes appended, then records again). The console gets the
+node's event (in the view's events and in the no-TUI output) with where and why; that node's
+state, and the other subscriptions on the same agent, go on."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def server_of(tmp_path, *nodes: str):
     writers = [journal(run_root, n) for n in nodes]
     out = Out()
     server = serve.Server(out=out)
-    server.gpu_interval = 0
+    server.streams.gpu_interval = 0
     for n in nodes:
         server.op_subscribe({"run_root": run_root, "node": n, "frames": True})
     return server, out, writers
@@ -201,30 +201,31 @@ def test_a_reader_gone_wrong_is_replaced_and_its_stream_goes_on(tmp_path):
     reads again, fresh, from the last record sent; no end, no line lost or twice."""
     server, out, (w,) = server_of(tmp_path, "node0")
     lines(w, "one")
-    server.pump(server.subscriptions())
-    sub = server.subscriptions()[0]
+    server.streams.pump(server.streams.subscriptions())
+    sub = server.streams.subscriptions()[0]
     sub.reader._pending = b'ta":1,"o":9}garbage'  # a half record kept by mistake
     lines(w, "two")
-    assert server.pump(server.subscriptions()) == 0 and server.behind  # replaced: at once
-    server.pump(server.subscriptions())
+    # replaced: at once
+    assert server.streams.pump(server.streams.subscriptions()) == 0 and server.streams.behind
+    server.streams.pump(server.streams.subscriptions())
     assert not out.of("stream_end", "node0") and sub.ended is None
     assert texts(out.msgs, "node0") == "one\ntwo\n"
 
 
 def test_a_turn_failing_outside_its_journal_ends_that_subscription_alone(tmp_path,
                                                                          monkeypatch):
-    from agent import serve
+    from agent import serve_streams
     server, out, (w0, w1) = server_of(tmp_path, "node0", "node1")
-    real = serve.node.node_state
+    real = serve_streams.node.node_state
 
     def node_state(ndir, seen=None):
         if ndir.endswith("node0"):
             raise PermissionError(13, "Permission denied", ndir + "/state.json")
         return real(ndir, seen)
-    monkeypatch.setattr(serve.node, "node_state", node_state)
+    monkeypatch.setattr(serve_streams.node, "node_state", node_state)
     lines(w1, "n1 line")
-    server.pump(server.subscriptions())
+    server.streams.pump(server.streams.subscriptions())
     [end] = out.of("stream_end", "node0")
     assert end["why"].startswith("agent error: PermissionError") and end["offset"] == 0
-    assert [s.sub_id for s in server.subscriptions()] == ["node1"]
+    assert [s.sub_id for s in server.streams.subscriptions()] == ["node1"]
     assert texts(out.msgs, "node1") == "n1 line\n"

@@ -169,7 +169,7 @@ def test_serve_passes_metas_on_as_they_are_the_same_bytes_as_parsed(tmp_path):
     line must be the one encoding the parsed records would give, for every kind of record."""
     from agent import protocol
     from agent.journal import split
-    from agent.serve import Server
+    from agent.serve_streams import wire
 
     w = JournalWriter(str(tmp_path / "journal"))
     w.append({"k": "file", "f": 1, "rank": 3, "path": "/x/\u00e9t\u00e9 \"q\"\\\n", "o": None})
@@ -187,7 +187,7 @@ def test_serve_passes_metas_on_as_they_are_the_same_bytes_as_parsed(tmp_path):
     for sub in ("node1", 7):
         line = protocol.journal_line(sub, raw[-1][3], raw)
         assert line == protocol.encode({"t": "journal", "sub": sub, "end": parsed[-1][2],
-                                        "recs": Server._wire(parsed)})
+                                        "recs": wire(parsed)})
         assert protocol.decode(line)["recs"][1][0]["j"] == raw[1][2]
     # a meta not as the supervisor writes them is refused (serve then parses, as before)
     with pytest.raises(ValueError):

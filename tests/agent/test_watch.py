@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from agent import serve, tail, watch
+from agent import serve, serve_streams, tail, watch
 from agent.journal import JournalWriter
 from agent.tail import LogFollower
 
@@ -183,8 +183,9 @@ def test_serve_streams_an_append_without_polling_or_by_polling(tmp_path, monkeyp
         monkeypatch.setenv(watch.ENV, "poll")
     else:
         monkeypatch.delenv(watch.ENV, raising=False)
-        monkeypatch.setattr(serve, "IDLE", 3600.0)  # without a wake the loop would sleep on
-        monkeypatch.setattr(serve, "STATE_POLL", 0.0)
+        # without a wake the loop would sleep on
+        monkeypatch.setattr(serve_streams, "IDLE", 3600.0)
+        monkeypatch.setattr(serve_streams, "STATE_POLL", 0.0)
     ndir = tmp_path / "node1"
     ndir.mkdir()
     journal = JournalWriter(str(ndir / "journal"))
@@ -192,21 +193,21 @@ def test_serve_streams_an_append_without_polling_or_by_polling(tmp_path, monkeyp
     monkeypatch.setattr(serve.node, "node_dir", lambda args: str(ndir))
     out = Collect(b"the line after")
     server = serve.Server(out=out)
-    if mode == "inotify" and server.watch is None:
+    if mode == "inotify" and server.streams.watch is None:
         pytest.skip("no inotify on this host")
-    assert (server.watch is None) == (mode == "poll")
-    server.gpu_interval = 0
+    assert (server.streams.watch is None) == (mode == "poll")
+    server.streams.gpu_interval = 0
     asleep = threading.Event()  # the loop sleeps again after sending the first record
-    if server.watch is not None:
-        real_wait = server.watch.wait
+    if server.streams.watch is not None:
+        real_wait = server.streams.watch.wait
 
         def wait(timeout):
             if b"launched" in out.buf:
                 asleep.set()
             return real_wait(timeout)
 
-        server.watch.wait = wait
-    loop = threading.Thread(target=server.stream_loop, daemon=True)
+        server.streams.watch.wait = wait
+    loop = threading.Thread(target=server.streams.stream_loop, daemon=True)
     loop.start()
     try:
         server.op_subscribe({"node": "node1"})
@@ -218,7 +219,7 @@ def test_serve_streams_an_append_without_polling_or_by_polling(tmp_path, monkeyp
         assert out.buf.count(b"the line after") == 1
     finally:
         server.closed.set()
-        server.turn_now()
+        server.streams.turn_now()
         loop.join(WAIT)
         journal.close()
 

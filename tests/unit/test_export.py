@@ -14,7 +14,7 @@ import pytest
 from agent import protocol
 from agent.hoststats import TelemetryRecorder
 from agent.journal import JournalReader, JournalWriter
-from agent.serve import Server
+from agent.serve_streams import wire
 from console.agent_messages import parse
 from console.cli import build_parser
 from console.export import NODE_FIELDS, RANK_FIELDS, RunExport
@@ -55,7 +55,7 @@ def replay_journal(state: RunState, node: str, path: str) -> None:
     records = reader.read(1 << 20)
     reader.close()
     msg = parse(protocol.encode({"t": "journal", "end": records[-1][2],
-                                 "recs": Server._wire(records)}))
+                                 "recs": wire(records)}))
     state.apply_records(node, msg["recs"], msg["end"])
 
 

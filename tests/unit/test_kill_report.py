@@ -1,6 +1,6 @@
 """What a user reads after a kill: processes left, D state, GPU memory freed or held."""
 
-from agent import supervisor
+from agent import supervisor_launcher
 from console.buffers import Series
 from console.text import kill_summary
 
@@ -21,17 +21,18 @@ def snap(pid_mem):
 
 def test_gpu_memory_freed_after_the_driver_catches_up():
     probe = FakeProbe([snap([[11, 2 << 30], [99, 1 << 30]]), snap([[99, 1 << 30]])])
-    assert supervisor.gpu_after_kill(probe, {11, 12}, wait=2) == {"held": 0, "pids": []}
+    assert supervisor_launcher.gpu_after_kill(probe, {11, 12}, wait=2) == {"held": 0, "pids": []}
 
 
 def test_gpu_memory_still_held_is_reported():
     probe = FakeProbe([snap([[11, 2 << 30]])])
-    assert supervisor.gpu_after_kill(probe, {11}, wait=0.3) == {"held": 2 << 30, "pids": [11]}
+    assert supervisor_launcher.gpu_after_kill(probe, {11}, wait=0.3) == {"held": 2 << 30,
+                                                                         "pids": [11]}
 
 
 def test_no_gpu_means_no_gpu_line():
     probe = FakeProbe([{"source": "none", "gpus": [], "reason": "no GPUs"}])
-    assert supervisor.gpu_after_kill(probe, {11}) is None
+    assert supervisor_launcher.gpu_after_kill(probe, {11}) is None
 
 
 def test_summaries():
