@@ -22,7 +22,8 @@ from agent import protocol
 from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.base import AgentStream, HostUnreachable, Transport
-from inventory.model import Host, Inventory
+from inventory.model import Inventory
+from tests.local_nodes import local_inventory
 
 T0 = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
 RUN_ID = "20231114-221320-beef"
@@ -405,9 +406,9 @@ def standard_script(hosts: list[str], nproc: int = 2, steps: int = 24,
 
 
 def inventory(workdir: str, hosts: int = 4, slots: int = 2) -> Inventory:
-    return Inventory(path="", transport="local", hosts=[
-        Host(name="node%d" % (i + 1), addr="127.0.0.%d" % (i + 2), python=sys.executable,
-             workdir=workdir, slots=slots) for i in range(hosts)])
+    """``hosts`` local nodes node1, node2, ... (as the scripted runs name them)."""
+    return local_inventory(workdir, hosts, first=1, python=sys.executable, path="",
+                           slots=slots)
 
 
 def controller(workdir: str, transport: Transport, hosts: int = 4, slots: int = 2,

@@ -18,6 +18,8 @@ from tests.waits import wait_until
 from tests.console.scripted import (controller, gpu_snapshot, host_names, no_gpu_snapshot,
                                    standard_script)
 
+pytestmark = pytest.mark.usefixtures("own_home")
+
 SIZE = (160, 48)
 
 
@@ -107,12 +109,6 @@ def test_ranks_keep_rank_order_under_a_node_for_a_telemetry_order():
 
 
 # -- the real app ----------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-
-
 def node_rows(app) -> list[str]:
     return [key for key in app.nodes._keys if key.startswith("n:")]
 

@@ -28,10 +28,8 @@ SIZE = (160, 48)
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    """Keep every test out of the real home directory and local time zone."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+def _utc(own_home, monkeypatch):
+    """Keep every test out of the real home directory (own_home) and local time zone."""
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     yield

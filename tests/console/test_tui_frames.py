@@ -17,13 +17,9 @@ from console.tui.messages import RunChanged
 from tests.waits import wait_until as until
 from tests.console.scripted import controller, gpu_snapshot, host_names, standard_script
 
+pytestmark = pytest.mark.usefixtures("own_home")
+
 HOSTS, NPROC = 4, 2
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 def scripted_app(tmp_path):

@@ -13,15 +13,11 @@ from tests.console.scripted import controller, host_names, standard_script
 from tests.console.settle import screen_text
 from tests.waits import wait_until
 
+pytestmark = pytest.mark.usefixtures("own_home")
+
 SIZE = (160, 48)
 MARKUP = "[/x]"
 HOST_MARKUP = "cannot source [/opt/site/env.sh] [bold]x[/]"
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 def build(tmp_path, **transport):

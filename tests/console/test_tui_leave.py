@@ -16,13 +16,10 @@ from tests.waits import wait_until
 from tests.console.scripted import (RUN_ID, controller, event, host_names, inventory,
                                     standard_script)
 
+pytestmark = pytest.mark.usefixtures("own_home")
+
 SIZE = (160, 48)
 SECRET = "tok-3f9a0c1d2e4b5a69"
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 def secret_controller(tmp_path, transport):

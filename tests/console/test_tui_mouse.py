@@ -17,14 +17,10 @@ from console.sources import RANK
 from tests.waits import wait_until
 from tests.console.scripted import controller, host_names, standard_script
 
+pytestmark = pytest.mark.usefixtures("own_home")
+
 SIZE = (160, 48)
 KEPT = 30  # lines a rank kept in memory; the rest is fetched from the node
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 def long_log_app(tmp_path, kept: int | None = KEPT):

@@ -23,6 +23,7 @@ from console.sources import RANK
 from agent.journal import JournalReader
 from console.sanitize import clean
 
+from tests.cli import rankdeck
 from tests.waits import wait_for_sync, wait_until
 from tests.spine.helpers import REPO, TINY, TRAINER, local_inventory, node_dir, processes_of
 
@@ -175,9 +176,7 @@ def test_demo_in_a_real_terminal(tmp_path):
         run_ids = [r[:-5] for r in os.listdir(runs_dir) if r.endswith(".json")] \
             if runs_dir.exists() else []
         for run_id in run_ids:
-            subprocess.run([sys.executable, "-m", "console", "stop", run_id], cwd=REPO,
-                           env=dict(os.environ, PYTHONPATH=REPO, XDG_STATE_HOME=str(state)),
-                           capture_output=True, timeout=180)
+            rankdeck("stop", run_id, env={"XDG_STATE_HOME": str(state)})
             left = processes_of(run_id)
             for pid, _cmd in left:
                 os.kill(pid, 9)

@@ -15,15 +15,11 @@ from tests.waits import wait_until
 from tests.console.scripted import RunScript, controller, host_names
 from tests.console.settle import settled
 
+pytestmark = pytest.mark.usefixtures("own_home")
+
 SIZE = (160, 48)
 HOSTS, NPROC = 64, 8
 BEHIND, SLOW, CRASHED = 100, 300, 394  # ranks: on node13, node38, node50
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 def one_step(script: RunScript, rank: int, step: int, step_time: float, ts: float) -> None:

@@ -28,12 +28,10 @@ from tests.console.test_tui import help_rows
 from tests.spine.helpers import TINY, TRAINER, local_inventory, processes_of
 from tests.unit.test_verdict import STUCK_STACK, WAITING_STACK
 
+pytestmark = pytest.mark.usefixtures("own_home")
+
 SIZE = (160, 48)
 SUSPECT, SUSPECT_NODE = 5, "node3"  # node3 holds ranks 4 and 5
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 def collective(seq: int, done: bool = True) -> dict:

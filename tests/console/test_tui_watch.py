@@ -20,13 +20,9 @@ from tests.waits import wait_until
 from tests.console.scripted import controller, host_names, standard_script
 from tests.console.test_tui import SIZE, running
 
+pytestmark = pytest.mark.usefixtures("own_home")
+
 CHANGING_KEYS = ("k", "K", "r", "R")
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 def build(tmp_path, read_only: bool):

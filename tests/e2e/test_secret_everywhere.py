@@ -43,6 +43,7 @@ from console.tui.app import RankdeckApp
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from spine.helpers import node_dir, processes_of  # noqa: E402
+from tests.cli import console_env, rankdeck, start_rankdeck  # noqa: E402
 from tests.waits import wait_for, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -74,15 +75,12 @@ class Laptop:
     def __init__(self, tmp_path, secret: str, auth: str, pem: str):
         self.home = tmp_path / "home"
         self.home.mkdir()
-        self.env = dict(os.environ, PYTHONPATH=REPO, HOME=str(self.home),
-                        RANKDECK_TEST_TOKEN=secret, RANKDECK_TEST_AUTH=auth,
-                        RANKDECK_TEST_PEM=pem)
+        self.env = console_env(HOME=str(self.home), RANKDECK_TEST_TOKEN=secret,
+                               RANKDECK_TEST_AUTH=auth, RANKDECK_TEST_PEM=pem)
         self.outputs: dict[str, str] = {}
 
     def run(self, *args: str, ok=(0,)) -> subprocess.CompletedProcess:
-        out = subprocess.run([sys.executable, "-m", "console"] + list(args),
-                             capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT,
-                             env=self.env)
+        out = rankdeck(*args, timeout=TIMEOUT, env=self.env)
         self.keep(" ".join(args), out.stdout, out.stderr)
         assert out.returncode in ok, (args, out.returncode, out.stdout, out.stderr)
         return out
@@ -191,9 +189,8 @@ async def test_a_secret_appears_nowhere_rankdeck_writes(tmp_path, monkeypatch):
         assert json.loads(stacks.stdout)["ranks"], stacks.stdout
         laptop.run("stacks", run_id)
 
-        attach = subprocess.Popen([sys.executable, "-m", "console", "attach", run_id,
-                                   "--no-tui"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, cwd=REPO, env=laptop.env)
+        attach = start_rankdeck("attach", run_id, "--no-tui", env=laptop.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             await view_the_run(laptop, run_id, workdir)  # the script fails meanwhile
             stdout, stderr = attach.communicate(timeout=TIMEOUT)

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -20,10 +19,11 @@ from console.run import LaunchSpec, RunController
 from console.transport.ssh import SshTransport
 from inventory.loader import load_inventory
 
-from test_ssh_run import REPO, SCRIPT, secret, write_inventory  # noqa: F401
+from test_ssh_run import SCRIPT, secret, write_inventory  # noqa: F401
 from sshhosts import create_hosts, missing_requirements
 from spine.helpers import TINY, processes_of, wind_down  # noqa: E402
 from spine.test_cordon import of_node  # noqa: E402
+from tests.cli import rankdeck  # noqa: E402
 from tests.waits import wait_for, wait_for_sync  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -42,11 +42,6 @@ def five_hosts():
         pytest.skip("cannot build network-namespace hosts here: %s" % exc)
     yield hosts
     hosts.close()
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "console", *args], cwd=REPO, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True)
 
 
 def steps(hosts, work: str, run_id: str, node: str) -> list[int]:
@@ -86,7 +81,7 @@ async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
         five_hosts.put_text("node4", "%s/.rankdeck/runs/%s/node4/ckpt/.fault-fired-hang-6-2"
                             % (work, run_id), "")
 
-        out = cli("cordon", run_id, "--node", hung, "--yes")
+        out = rankdeck("cordon", run_id, "--node", hung, "--yes")
         assert out.returncode == 0, out.stdout + out.stderr
         assert "node4 (spare" in out.stdout and "done" in out.stdout, out.stdout
         assert not of_node(run_id, hung), of_node(run_id, hung)
@@ -99,7 +94,7 @@ async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
         assert record["surgeries"][0]["expelled"] == "done", record["surgeries"]
         assert record["surgeries"][0]["gpu"] == "no GPU"
         # ... kept in that host's action log, as `rankdeck actions` prints every node's
-        acts = cli("actions", run_id)
+        acts = rankdeck("actions", run_id)
         assert acts.returncode == 0 and re.search(
             r"asked the store on node4 \(to take %s's dead torchrun, pid \d+, out of the "
             r"rendezvous\): ok" % hung, acts.stdout), acts.stdout + acts.stderr
@@ -118,7 +113,7 @@ async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
         wait_for_sync(lambda: max(steps(five_hosts, work, run_id, "node4") or [0]) > 8 and
                       all(max(steps(five_hosts, work, run_id, n)) > 8 for n in others),
                       TIMEOUT, "every rank past step 8, one on node4", every=1.0)
-        out = cli("stop", run_id)
+        out = rankdeck("stop", run_id)
         assert out.returncode == 0, out.stdout + out.stderr
         stopped = True
         wait_for_sync(lambda: not processes_of(run_id), 60, "every process of the run ended")

@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.root]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from spine.helpers import TINY  # noqa: E402
+from tests.cli import rankdeck  # noqa: E402
 from tests.waits import wait_for_sync  # noqa: E402
 
 NOBODY = 65534
@@ -156,11 +157,9 @@ def test_detached_run_private_files_and_a_store_that_ends_with_it(ssh_hosts, tmp
     # folder's own modes keep other users out
     work = "/tmp/proj-h1-%s" % secrets.token_hex(3)
     inv = inventory(tmp_path / "hosts.yaml", ssh_hosts, work, names)
-    launched = subprocess.run(
-        [sys.executable, "-m", "console", "launch", "--no-tui", "--detach", "--skip-preflight",
-         "--max-restarts", "0", "-i", inv, "--sync", str(project), "trainer/train.py", "--",
-         *TINY, "--steps", "30"], cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
-        capture_output=True, text=True, timeout=300)
+    launched = rankdeck("launch", "--no-tui", "--detach", "--skip-preflight", "--max-restarts",
+                        "0", "-i", inv, "--sync", str(project), "trainer/train.py", "--", *TINY,
+                        "--steps", "30")
     assert launched.returncode == 0, launched.stdout + launched.stderr
     run_id = launched.stdout.split()[-1]  # --detach prints the run id
     root = "%s/.rankdeck/runs/%s" % (work, run_id)

@@ -32,6 +32,7 @@ from inventory.loader import load_inventory
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from spine.helpers import TINY, processes_of, rank_log_files, wind_down  # noqa: E402
+from tests.cli import rankdeck, start_rankdeck  # noqa: E402
 from tests.waits import wait_for, wait_for_sync  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -70,11 +71,6 @@ def user_ssh(ssh_hosts, clean_home):
     ssh_dir.mkdir(exist_ok=True)
     (ssh_dir / "config").write_text(open(ssh_hosts.ssh_config).read())
     return ssh_hosts
-
-
-def rankdeck(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "console"] + list(args), cwd=REPO,
-                            env=dict(os.environ, PYTHONPATH=REPO), **kw)
 
 
 def files_under(folder):
@@ -200,10 +196,10 @@ def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp
     inv = write_inventory(tmp_path / "hosts.yaml", user_ssh, work)
     first = tmp_path / "first.out"
     with open(first, "wb") as out:
-        console = rankdeck("launch", "--no-tui", "--skip-preflight", "-i", inv,
-                           "--sync", str(project), SCRIPT, "--",
-                           *TINY, "--steps", "60", "--ckpt-every", "20",
-                           stdout=out, stderr=subprocess.STDOUT)
+        console = start_rankdeck("launch", "--no-tui", "--skip-preflight", "-i", inv,
+                                 "--sync", str(project), SCRIPT, "--",
+                                 *TINY, "--steps", "60", "--ckpt-every", "20",
+                                 stdout=out, stderr=subprocess.STDOUT)
     def stepping() -> bool:
         assert console.poll() is None, first.read_text()
         return len(re.findall(rb"\] step=5 ", first.read_bytes())) >= 4
@@ -220,15 +216,11 @@ def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp
     wait_for_sync(lambda: node0_steps(user_ssh, work, run_id) > steps_then, 60,
                   "training to go on after the console died", every=0.5)
 
-    attach = subprocess.run([sys.executable, "-m", "console", "attach", "--no-tui", run_id],
-                            cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
-                            capture_output=True, timeout=TIMEOUT)
-    (tmp_path / "attach.out").write_bytes(attach.stdout + b"\n--- stderr\n" + attach.stderr)
-    assert attach.returncode == 0, attach.stderr.decode()
-    seen = console_lines(first.read_text() + attach.stdout.decode())
-    status = json.loads(subprocess.run(
-        [sys.executable, "-m", "console", "status", "--json", run_id], cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, timeout=120).stdout)
+    attach = rankdeck("attach", "--no-tui", run_id, timeout=TIMEOUT)
+    (tmp_path / "attach.out").write_text(attach.stdout + "\n--- stderr\n" + attach.stderr)
+    assert attach.returncode == 0, attach.stderr
+    seen = console_lines(first.read_text() + attach.stdout)
+    status = json.loads(rankdeck("status", "--json", run_id).stdout)
     assert status["state"] == "succeeded"
     for node in status["nodes"]:
         (rank,) = [r["rank"] for r in node["ranks"]]
@@ -238,17 +230,14 @@ def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp
 
     # A teammate's laptop (a state folder of its own) watches the run: it has no record of
     # it, and finds it on the hosts through its inventory (console/hosted_record.py)
-    teammate = dict(os.environ, PYTHONPATH=REPO, XDG_STATE_HOME=str(tmp_path / "laptop2"))
-    unknown = subprocess.run([sys.executable, "-m", "console", "watch", "--no-tui", run_id],
-                             cwd=REPO, env=teammate, capture_output=True, timeout=120)
-    assert unknown.returncode == 2 and b"-i INVENTORY" in unknown.stderr, unknown.stderr
-    watch = subprocess.run([sys.executable, "-m", "console", "watch", "--no-tui", run_id,
-                            "-i", inv], cwd=REPO, env=teammate, capture_output=True,
-                           timeout=TIMEOUT)
-    (tmp_path / "watch.out").write_bytes(watch.stdout + b"\n--- stderr\n" + watch.stderr)
-    assert watch.returncode == 0, watch.stderr.decode()
-    assert secret.encode() not in watch.stdout + watch.stderr
-    watched = console_lines(watch.stdout.decode())
+    teammate = {"XDG_STATE_HOME": str(tmp_path / "laptop2")}
+    unknown = rankdeck("watch", "--no-tui", run_id, env=teammate)
+    assert unknown.returncode == 2 and "-i INVENTORY" in unknown.stderr, unknown.stderr
+    watch = rankdeck("watch", "--no-tui", run_id, "-i", inv, env=teammate, timeout=TIMEOUT)
+    (tmp_path / "watch.out").write_text(watch.stdout + "\n--- stderr\n" + watch.stderr)
+    assert watch.returncode == 0, watch.stderr
+    assert secret not in watch.stdout + watch.stderr
+    watched = console_lines(watch.stdout)
     for node in status["nodes"]:
         (rank,) = [r["rank"] for r in node["ranks"]]
         assert watched[(node["name"], rank)] == disk_lines(user_ssh, work, run_id,
@@ -271,9 +260,7 @@ def test_preflight_catches_torch_mismatch_and_unreachable_rendezvous(user_ssh, t
     # node0's addr is a loopback address: it listens there, but only inside its own host
     inv = write_inventory(tmp_path / "hosts.yaml", user_ssh, work,
                           addrs={"node0": "127.0.0.2"}, pythons={"node2": wrapper})
-    check = subprocess.run([sys.executable, "-m", "console", "check", "--json", "-i", inv],
-                           cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
-                           capture_output=True, text=True, timeout=TIMEOUT)
+    check = rankdeck("check", "--json", "-i", inv, timeout=TIMEOUT)
     assert check.returncode == 1, check.stderr
     rows = {r["name"]: r for r in json.loads(check.stdout)}
     assert rows["node0"]["ok"] and rows["node0"]["rdzv"].startswith("ok")
@@ -281,10 +268,8 @@ def test_preflight_catches_torch_mismatch_and_unreachable_rendezvous(user_ssh, t
     for name in ("node1", "node2", "node3"):
         assert any("cannot reach the rendezvous host node0 (127.0.0.2:" in p
                    for p in rows[name]["problems"]), rows[name]
-    launch = subprocess.run([sys.executable, "-m", "console", "launch", "--no-tui", "-i", inv,
-                             "--sync", str(project), SCRIPT], cwd=REPO,
-                            env=dict(os.environ, PYTHONPATH=REPO),
-                            capture_output=True, text=True, timeout=TIMEOUT)
+    launch = rankdeck("launch", "--no-tui", "-i", inv, "--sync", str(project), SCRIPT,
+                      timeout=TIMEOUT)
     assert launch.returncode == 1, launch.stderr
     assert "preflight found problems; nothing was started" in launch.stderr
     for node in user_ssh.names:  # the code was sent before the check; nothing ran

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -34,7 +33,8 @@ from console.transport.local import LocalTransport
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from spine.helpers import TINY, TRAINER, all_ended, local_inventory, node_dir, wind_down  # noqa
-from spine.test_judge import write_inventory  # noqa: E402
+from tests.cli import rankdeck  # noqa: E402
+from tests.local_nodes import write_inventory  # noqa: E402
 from tests.waits import wait_for, wait_for_sync  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -45,12 +45,6 @@ WAIT_S = 5  # the run's stall threshold: a rendezvous older than this is "waitin
 def stepping_since(ctl: RunController, since: float) -> bool:
     ranks = ctl.state.ranks
     return len(ranks) == 2 and all((r.last_progress or 0) > since for r in ranks.values())
-
-
-def rankdeck(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "console", *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=REPO))  # now: a test's state dir
 
 
 def status_json(run_id: str) -> dict:
@@ -144,7 +138,8 @@ async def test_a_rendezvous_waiting_for_a_stopped_torchrun_names_it(tmp_path):
 def test_a_detached_run_gets_the_wait_from_its_judge_with_no_console(tmp_path):
     """No console anywhere: launched with --detach, node0 restarted from a shell (which
     exits), node1's torchrun frozen; the judge alone writes what the rendezvous waits for."""
-    inv, work = write_inventory(tmp_path, 2)
+    work = str(tmp_path / "work")
+    inv = write_inventory(tmp_path, work, 2)
     out = rankdeck("launch", "--detach", "-i", inv, "--max-restarts", "3",
                    "--stall-after", str(WAIT_S), TRAINER, "--", *TINY, "--steps", "100000")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -12,9 +12,9 @@ import re
 import pytest
 
 from console.slurm import CGROUP_WARNING
+from tests.cli import rankdeck
 from tests.slurm.slurmcluster import SlurmCluster
-from tests.slurm.test_slurm_run import (TIMEOUT, login_inventory, rankdeck, run_left_on_nodes,
-                                        status)
+from tests.slurm.test_slurm_run import TIMEOUT, login_inventory, run_left_on_nodes, status
 from tests.spine.helpers import TINY, node_dir
 from tests.waits import wait_for_sync
 
@@ -58,7 +58,7 @@ def test_a_detached_run_lives_in_the_rankdeck_host_step_and_stop_leaves_nothing(
         # run lives; the console's serve steps end as it returns, and the run trains on
         res = rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync",
                        str(project), "--max-restarts", "0", "trainer/train.py", *TINY,
-                       "--steps", "5000")
+                       "--steps", "5000", check=True)
         assert CGROUP_WARNING in res.stderr
         run_id = res.stdout.split()[-1]
         wait_for_sync(lambda: not [s for s in slurm.steps(job) if "rankdeck-agent" in s], 60,
@@ -75,14 +75,14 @@ def test_a_detached_run_lives_in_the_rankdeck_host_step_and_stop_leaves_nothing(
         assert step and "%s.%s rankdeck-host" % (job, step.group(1)) in slurm.steps(job), \
             (cgroup, slurm.steps(job))
         # stop: nothing of the run left on any node, no step (the hosts end once idle)
-        assert "no step of rankdeck left" in rankdeck("stop", run_id).stdout
+        assert "no step of rankdeck left" in rankdeck("stop", run_id, check=True).stdout
         nothing_left(slurm, job)
 
         # --requeue: a requeue ends the steps that hold the run, and nothing starts them
         # again yet: refused before any job is submitted
         jobs = slurm.cmd(["squeue", "-h", "-o", "%i"])
         res = rankdeck("submit", "-i", login, "--nodes", "4", "--time", "2", "--signal-before",
-                       "60", "--requeue", "trainer/train.py", *TINY, check=False)
+                       "60", "--requeue", "trainer/train.py", *TINY)
         assert res.returncode == 2 and "--requeue: this Slurm" in res.stderr, res.stderr
         assert "Nothing was started" in res.stderr
         assert slurm.cmd(["squeue", "-h", "-o", "%i"]) == jobs

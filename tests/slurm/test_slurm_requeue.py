@@ -7,7 +7,8 @@ from the requested checkpoint, every line shown once across the requeue."""
 import collections
 import re
 
-from tests.slurm.test_slurm_run import (PREFIX, TIMEOUT, login, rankdeck,  # noqa: F401
+from tests.cli import rankdeck
+from tests.slurm.test_slurm_run import (PREFIX, TIMEOUT, login,  # noqa: F401
                                         run_left_on_nodes, status)
 from tests.spine.helpers import TINY, rank_log_files
 from tests.waits import wait_for_sync
@@ -22,7 +23,8 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
         slurm, login, project, host_workdir):  # noqa: F811
     res = rankdeck("submit", "-i", login, "--nodes", "4", "--time", "2", "--signal-before",
                    "100", "--requeue", "--detach", "--sync", str(project), "--max-restarts",
-                   "0", "trainer/train.py", *TINY, "--steps", "100000", "--ckpt-every", "0")
+                   "0", "trainer/train.py", *TINY, "--steps", "100000", "--ckpt-every", "0",
+                   check=True)
     run_id = res.stdout.split()[-1]
     job = re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
     try:  # (a status launches it, if it was still pending when submit returned)
@@ -56,7 +58,7 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
                            check=False)), every=1)
 
         def resumed():
-            lines = rankdeck("logs", run_id, check=False).stdout.splitlines()
+            lines = rankdeck("logs", run_id).stdout.splitlines()
             asked = [ln for ln in lines if "checkpoint requested: " in ln]
             saved = [int(m.group(1)) for m in map(SAVED.search, lines) if m]
             back = [ln for ln in lines if re.search(r"resumed step=\d+ ", ln)]
@@ -65,7 +67,7 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
             st = status(run_id)
             nodes = [(n["name"], n["state"], n.get("cause"), n["restarts_used"],
                       (n.get("phase") or {}).get("text")) for n in st.get("nodes") or ()]
-            tail = rankdeck("logs", run_id, check=False).stdout.splitlines()[-25:]
+            tail = rankdeck("logs", run_id).stdout.splitlines()[-25:]
             return "every rank resumed after the requeue: %s %s\n%s" % (
                 st.get("slurm"), nodes, "\n".join(tail))
         saved, back = wait_for_sync(resumed, TIMEOUT, seen)
@@ -84,12 +86,12 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
                     # whole lines only: the ranks still write
                     written.update((node, line) for line in f.read().split("\n")[:-1])
         shown = collections.Counter()
-        for line in rankdeck("logs", run_id).stdout.splitlines():
+        for line in rankdeck("logs", run_id, check=True).stdout.splitlines():
             m = PREFIX.match(line)
             if m:
                 shown[(m.group(1), m.group(3))] += 1
         assert written and {k: shown[k] for k in written} == dict(written)
-        stop = rankdeck("stop", run_id)
+        stop = rankdeck("stop", run_id, check=True)
         assert "Slurm job %s cancelled (rankdeck submitted it)" % job in stop.stdout
         wait_for_sync(lambda: not run_left_on_nodes(slurm), 60,
                       lambda: "nothing of the run left: %s" % run_left_on_nodes(slurm))

@@ -8,13 +8,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 
 import pytest
 
 from agent.journal import JournalReader
 from agent.slurm_words import JUDGE_COMMENT
+from tests.cli import rankdeck, start_rankdeck
 from tests.slurm.slurmcluster import SlurmCluster
 from tests.spine.helpers import TINY, node_dir, rank_log_files
 from tests.waits import wait_for_sync
@@ -44,16 +44,6 @@ def login_inventory(slurm: SlurmCluster, home, tmp_path, host_workdir) -> str:
     return str(inv)
 
 
-def rankdeck(*args, check=True, timeout=TIMEOUT) -> subprocess.CompletedProcess:
-    res = subprocess.run([sys.executable, "-m", "console"] + list(args), cwd=REPO,
-                         env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
-                         text=True, timeout=timeout)
-    if check and res.returncode != 0:
-        raise AssertionError("rankdeck %s: exit %d\n%s\n%s" % (
-            " ".join(args), res.returncode, res.stdout[-3000:], res.stderr[-3000:]))
-    return res
-
-
 def launch(login: str, job: str, project, steps: int, restarts: int = 0, *extra) -> str:
     """`launch --slurm JOB --detach` of the reference trainer; the run id."""
     return launch_result(login, job, project, steps, restarts, *extra).stdout.split()[-1]
@@ -64,11 +54,11 @@ def launch_result(login: str, job: str, project, steps: int, restarts: int = 0,
     """`launch --slurm JOB --detach` of the reference trainer, as it returned."""
     return rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync", str(project),
                     "--max-restarts", str(restarts), "trainer/train.py", *TINY, "--steps",
-                    str(steps), *extra)
+                    str(steps), *extra, check=True)
 
 
 def status(run_id: str) -> dict:
-    return json.loads(rankdeck("status", run_id, "--json", check=False).stdout or "{}")
+    return json.loads(rankdeck("status", run_id, "--json").stdout or "{}")
 
 
 def stepping(st: dict) -> int:
@@ -111,7 +101,7 @@ def test_launch_in_a_held_allocation_trains_every_line_once_and_stop_leaves_noth
         assert sorted(n["name"] for n in final["nodes"]) == slurm.nodes
         # every line each rank wrote on its node, shown once by `logs`
         shown = collections.Counter()
-        for line in rankdeck("logs", run_id).stdout.splitlines():
+        for line in rankdeck("logs", run_id, check=True).stdout.splitlines():
             m = PREFIX.match(line)
             if m:
                 shown[(m.group(1), m.group(3))] += 1
@@ -124,19 +114,19 @@ def test_launch_in_a_held_allocation_trains_every_line_once_and_stop_leaves_noth
         assert written and sum(written.values()) >= 4 * 20
         assert {k: shown[k] for k in written} == dict(written)
         # the other verbs of a recorded run work on a Slurm run (through the login host)
-        attach = rankdeck("attach", "--no-tui", run_id)
+        attach = rankdeck("attach", "--no-tui", run_id, check=True)
         assert "succeeded" in attach.stdout + attach.stderr, attach.stdout[-2000:]
         out = tmp_path / "out"
-        exported = rankdeck("export", run_id, "--format", "csv", "--out", str(out))
+        exported = rankdeck("export", run_id, "--format", "csv", "--out", str(out), check=True)
         (ranks_csv,) = [p for p in exported.stdout.split() if p.endswith("-ranks.csv")]
         with open(ranks_csv, newline="") as f:
             rows = list(csv.DictReader(f))
         assert {row["rank"] for row in rows} == {"0", "1", "2", "3"}, rows[:5]
         assert len(rows) >= 4 * 10, len(rows)  # a row per rank per logged step
-        report = rankdeck("report", run_id, "--out", str(out))
+        report = rankdeck("report", run_id, "--out", str(out), check=True)
         (page,) = [p for p in report.stdout.split() if p.endswith(".md")]
         assert run_id in open(page).read()
-        stop = rankdeck("stop", run_id)
+        stop = rankdeck("stop", run_id, check=True)
         assert "Slurm job %s: no step of rankdeck left" % job in stop.stdout
         wait_for_sync(lambda: not run_left_on_nodes(slurm) and not slurm.steps(job), 60,
                       lambda: "nothing of the run left: %s, steps %s"
@@ -154,11 +144,11 @@ def test_scancel_from_outside_ends_the_run_cancelled_with_the_reason_and_nothing
         wait_for_sync(lambda: stepping(status(run_id)) == 4, TIMEOUT,
                       lambda: "every rank stepping: %s" % status(run_id))
         # a live Slurm run's stacks and verdict, through the login host's srun
-        stacks = rankdeck("stacks", run_id)
+        stacks = rankdeck("stacks", run_id, check=True)
         heads = re.findall(r"^\[(node\d) r(\d+)\] pid \d+", stacks.stdout, re.M)
         assert sorted({n for n, _r in heads}) == slurm.nodes and \
             sorted(int(r) for _n, r in heads) == [0, 1, 2, 3], stacks.stdout[-2000:]
-        verdict = json.loads(rankdeck("why", run_id, "--json").stdout)
+        verdict = json.loads(rankdeck("why", run_id, "--json", check=True).stdout)
         assert verdict["kind"] not in ("unreachable", "stuck-in-python", "mismatch"), verdict
         slurm.cmd(["scancel", job])  # an administrator, or the user from another shell
         # each node's supervisor sees its job end and ends what left the job's steps
@@ -206,7 +196,7 @@ def test_submit_detach_returns_while_pending_and_its_follower_launches_once_it_r
     try:
         res = rankdeck("submit", "-i", login, "--nodes", "4", "--time", "00:04:00", "--detach",
                        "--sync", str(project), "--max-restarts", "0", "trainer/train.py", *TINY,
-                       "--steps", "10")
+                       "--steps", "10", check=True)
         job = re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
         run_id = res.stdout.split()[-1]
         assert "Slurm job %s PENDING: waiting for free nodes (Resources)" % job in res.stderr
@@ -229,14 +219,14 @@ def test_submit_detach_returns_while_pending_and_its_follower_launches_once_it_r
         # its end state says how the run ended
         wait_for_sync(lambda: slurm.job_state(job) in ("", "COMPLETED"), 60,
                       lambda: "job %s ended by the judge: %s" % (job, slurm.job_state(job)))
-        after = rankdeck("status", run_id, "--json", check=False)
+        after = rankdeck("status", run_id, "--json")
         assert after.returncode == 0, after.stderr
         ended = json.loads(after.stdout)
         assert ended["state"] == "succeeded" and "COMPLETED: the run's judge ended it" in \
             ended["slurm"]["ended"], ended  # (its comment says so: Slurm's own record too)
         assert JUDGE_COMMENT in slurm.cmd(["squeue", "-h", "--states=all", "-j", job, "-o",
                                            "%k"]), "the job's comment"
-        stop = rankdeck("stop", run_id)
+        stop = rankdeck("stop", run_id, check=True)
         assert "Slurm job %s is over (COMPLETED)" % job in stop.stdout, stop.stdout
     finally:
         slurm.cmd(["scancel", blocker] + ([job] if job else []), check=False)
@@ -249,11 +239,10 @@ def test_leaving_an_attached_submit_leaves_the_run_and_its_job_running(slurm, lo
     the user detached from trains on in its job; `stop` cancels the job."""
     import signal
 
-    proc = subprocess.Popen([sys.executable, "-m", "console", "submit", "-i", login, "--nodes",
-                             "4", "--time", "00:04:00", "--no-tui", "--sync", str(project),
-                             "--max-restarts", "0", "trainer/train.py", *TINY, "--steps",
-                             "100000"], cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_rankdeck("submit", "-i", login, "--nodes", "4", "--time", "00:04:00",
+                          "--no-tui", "--sync", str(project), "--max-restarts", "0",
+                          "trainer/train.py", *TINY, "--steps", "100000",
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job, err = None, ""
     guard = threading.Timer(TIMEOUT, proc.kill)  # a run that never prints: no hung test
     guard.start()
@@ -273,7 +262,7 @@ def test_leaving_an_attached_submit_leaves_the_run_and_its_job_running(slurm, lo
         before = max(steps_of(status(run_id)).values())
         wait_for_sync(lambda: min(steps_of(status(run_id)).values()) > before, TIMEOUT,
                       lambda: "the run goes on past step %d: %s" % (before, status(run_id)))
-        stop = rankdeck("stop", run_id)
+        stop = rankdeck("stop", run_id, check=True)
         assert "Slurm job %s cancelled (rankdeck submitted it)" % job in stop.stdout
     finally:
         guard.cancel()
@@ -298,7 +287,7 @@ def test_restart_of_one_node_inside_the_job_rejoins_and_training_goes_on(slurm, 
         wait_for_sync(lambda: len(steps_of(status(run_id))) == 4 and min(
             steps_of(status(run_id)).values()) >= 12, TIMEOUT,
             lambda: "every rank past its first checkpoint: %s" % status(run_id))
-        rankdeck("restart", run_id, "--node", "node2")
+        rankdeck("restart", run_id, "--node", "node2", check=True)
         before = max(steps_of(status(run_id)).values())
 
         def rejoined():
@@ -312,7 +301,7 @@ def test_restart_of_one_node_inside_the_job_rejoins_and_training_goes_on(slurm, 
         slurm.cmd(["scontrol", "update", "NodeName=node3", "State=DRAIN", "Reason=disk-test"])
         node3 = [n for n in status(run_id)["nodes"] if n["name"] == "node3"][0]
         assert node3["slurm"] == "draining (disk-test)", node3
-        rankdeck("stop", run_id)
+        rankdeck("stop", run_id, check=True)
         wait_for_sync(lambda: not run_left_on_nodes(slurm) and not slurm.steps(job), 60,
                       lambda: "nothing of the run left: %s, steps %s"
                       % (run_left_on_nodes(slurm), slurm.steps(job)))

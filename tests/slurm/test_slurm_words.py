@@ -1,17 +1,14 @@
 """What launch --slurm reads from Slurm's words and refuses before it reaches a node (no
 Slurm needed)."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from console.cli import slurm_alone
 from console.errors import UsageError
 from console.slurm import job_from_env, node_addrs, parse_job, rendezvous_refusal
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.cli import rankdeck
+
 JOB = ("JobId=12 JobName=hold UserId=u(1001) JobState=RUNNING Reason=None Dependency=(null) "
        "TimeLimit=00:05:00 NodeList=node[0-3] BatchHost=node0 NumNodes=4 Command=(null)")
 
@@ -57,13 +54,11 @@ def test_job_ids(monkeypatch):
         job_from_env("env")
 
 
-def test_launch_slurm_outside_an_allocation_is_a_usage_error(tmp_path):
+def test_launch_slurm_outside_an_allocation_is_a_usage_error(tmp_path, monkeypatch):
     inv = tmp_path / "login.yaml"
     inv.write_text("hosts:\n  - name: login\n    ssh: login.example\n")
-    env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
-    res = subprocess.run([sys.executable, "-m", "console", "launch", "-i", str(inv), "--slurm",
-                          "train.py"], cwd=REPO, env=dict(env, PYTHONPATH=REPO),
-                         capture_output=True, text=True, timeout=60)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    res = rankdeck("launch", "-i", str(inv), "--slurm", "train.py")
     assert res.returncode == 2 and "SLURM_JOB_ID" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -112,10 +107,7 @@ def test_the_batch_script_holds_the_nodes_and_says_so():
 def test_signal_before_outside_slurm_is_a_usage_error(tmp_path):
     inv = tmp_path / "hosts.yaml"
     inv.write_text("hosts:\n  - name: a\n    ssh: a.example\n    addr: 10.0.0.1\n")
-    res = subprocess.run([sys.executable, "-m", "console", "launch", "-i", str(inv),
-                          "--signal-before", "60", "train.py"], cwd=REPO,
-                         env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
-                         timeout=60)
+    res = rankdeck("launch", "-i", str(inv), "--signal-before", "60", "train.py")
     assert res.returncode == 2 and "launch --slurm or submit" in res.stderr, res.stderr
 
 

@@ -10,7 +10,8 @@ from collections import defaultdict
 
 from agent import procs
 from agent.protocol import text_to_bytes
-from inventory.model import Host, Inventory
+from inventory.model import Inventory
+from tests import local_nodes
 from tests.waits import wait_for_sync
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,10 +29,10 @@ TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32",
 
 
 def local_inventory(workdir, n=4) -> Inventory:
-    os.makedirs(str(workdir), exist_ok=True)  # preflight refuses a missing workdir
-    hosts = [Host(name="node%d" % i, addr="127.0.0.%d" % (i + 2), python=HOST_PYTHON_OVERRIDE,
-                  workdir=str(workdir)) for i in range(n)]
-    return Inventory(path="<test>", hosts=hosts, transport="local")
+    """``n`` local nodes sharing ``workdir`` (made: preflight refuses a missing one), their
+    interpreter the hosts' (HOST_PYTHON_OVERRIDE)."""
+    os.makedirs(str(workdir), exist_ok=True)
+    return local_nodes.local_inventory(workdir, n, python=HOST_PYTHON_OVERRIDE)
 
 
 def node_dir(workdir, run_id, node) -> str:

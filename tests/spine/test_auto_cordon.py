@@ -15,11 +15,12 @@ import pytest
 from agent.journal import JournalReader
 from agent.runfiles import read_json
 
+from tests.cli import UNBUFFERED, rankdeck
 from tests.waits import wait_for_sync
 
 from .helpers import node_dir
 from .test_cordon import of_node
-from .test_judge import TIMEOUT, judge_events, launch_detached, rankdeck, stop, wait_for_event
+from .test_judge import TIMEOUT, judge_events, launch_detached, stop, wait_for_event
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +43,7 @@ def test_auto_cordon_puts_the_spare_in_for_a_node_that_crashes_again_after_its_r
         assert oct(os.stat(kept).st_mode & 0o777) == "0o600"  # the run's env is in it
         wait_for_sync(lambda: max(steps(workdir, run_id, "node1") or [0]) >= 3, TIMEOUT,
                       "node1 past its first checkpoint", every=0.5)
-        out = rankdeck("restart", run_id, "--node", "node1")
+        out = rankdeck("restart", run_id, "--node", "node1", env=UNBUFFERED)
         assert out.returncode == 0, out.stdout + out.stderr
         state = os.path.join(node_dir(workdir, run_id, "node1"), "state.json")
         wait_for_sync(lambda: (read_json(state) or {}).get("launches") == 2 and

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -26,9 +23,10 @@ from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from inventory.model import EnvValue
+from tests.cli import rankdeck
 from tests.waits import wait_for
 
-from .helpers import REPO, local_inventory, rank_log_files, wind_down
+from .helpers import local_inventory, rank_log_files, wind_down
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT = 300
@@ -60,11 +58,6 @@ async def controller(tmp_path):
     assert not left, "processes left behind: %s" % left
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "console"] + list(args), capture_output=True,
-                          text=True, cwd=REPO, timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
-
-
 async def test_rank_raising_after_init_is_named_with_its_masked_exception(controller, tmp_path):
     ctl = controller
     script = tmp_path / "crash.py"
@@ -92,11 +85,11 @@ async def test_rank_raising_after_init_is_named_with_its_masked_exception(contro
 
     assert ctl.state.nodes[node].cause == EXPECTED, ctl.state.nodes[node].cause
 
-    out = cli("status", ctl.run_id, "--json")
+    out = rankdeck("status", ctl.run_id, "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert [n["cause"] for n in doc["nodes"] if n["name"] == node] == [EXPECTED], doc["nodes"]
-    out = cli("status", ctl.run_id)  # the table `--no-tui` prints when the run ends
+    out = rankdeck("status", ctl.run_id)  # the table `--no-tui` prints when the run ends
     assert "  %s: %s" % (node, EXPECTED) in out.stdout.splitlines(), out.stdout
     for text in (out.stdout, json.dumps(doc), json.dumps(ctl.state.status())):
         assert PREFIX not in text

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -23,9 +21,11 @@ from console.run import RunController
 from console.sync import build_manifest
 from console.transport.local import LocalTransport
 
+from tests.cli import rankdeck, runs_recorded
+from tests.local_nodes import write_inventory
 from tests.waits import wait_for
 
-from .helpers import REPO, processes_of, wind_down
+from .helpers import processes_of, wind_down
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT = 300
@@ -39,31 +39,14 @@ PROBE = textwrap.dedent("""\
 """)
 
 
-def rankdeck(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "console"] + list(args), capture_output=True,
-                          text=True, cwd=REPO, timeout=timeout,
-                          env=dict(os.environ, PYTHONPATH=REPO))
-
-
-def write_inventory(tmp_path) -> tuple[str, list[str]]:
+def write_hosts(tmp_path) -> tuple[str, list[str]]:
     """Two local hosts, each with its own (empty) workdir, and a plain inventory env value."""
     workdirs = [str(tmp_path / ("host%d" % i) / "proj") for i in range(2)]
-    for w in workdirs:
-        os.makedirs(w)
-    path = tmp_path / "hosts.yaml"
-    path.write_text("transport: local\ndefaults:\n  env:\n    MODE: plain\nhosts:\n" + "".join(
-        "  - {name: node%d, addr: 127.0.0.%d, workdir: %s}\n" % (i, i + 2, w)
-        for i, w in enumerate(workdirs)))
-    return str(path), workdirs
-
-
-def runs_recorded() -> list[str]:
-    folder = os.path.join(os.environ["XDG_STATE_HOME"], "rankdeck", "runs")
-    return os.listdir(folder) if os.path.isdir(folder) else []
+    return write_inventory(tmp_path, workdirs, 2, defaults="  env:\n    MODE: plain\n"), workdirs
 
 
 def test_a_script_missing_on_the_hosts_is_refused_before_anything_starts(tmp_path):
-    inv, workdirs = write_inventory(tmp_path)
+    inv, workdirs = write_hosts(tmp_path)
     out = rankdeck("launch", "--no-tui", "-i", inv, "field_probe.py")
     assert out.returncode == 2, out
     assert "preflight found problems; nothing was started" in out.stderr
@@ -75,7 +58,7 @@ def test_a_script_missing_on_the_hosts_is_refused_before_anything_starts(tmp_pat
 
 
 async def test_synced_code_runs_and_a_restart_from_a_new_shell_keeps_env(tmp_path, monkeypatch):
-    inv, workdirs = write_inventory(tmp_path)
+    inv, workdirs = write_hosts(tmp_path)
     tree = tmp_path / "code"  # not in the repository, not under any workdir
     tree.mkdir()
     (tree / "field_probe.py").write_text(PROBE)

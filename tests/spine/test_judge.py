@@ -8,47 +8,31 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from agent.journal import JournalReader
 from agent.runfiles import read_json
 
+from tests.cli import UNBUFFERED, rankdeck
+from tests.local_nodes import write_inventory
 from tests.waits import wait_for_sync
 
-from .helpers import REPO, TINY, TRAINER, all_ended
+from .helpers import TINY, TRAINER, all_ended
 from .test_stuck import line_of
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
-ENV = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
-
-
-def write_inventory(tmp_path, n: int = 4) -> tuple[str, str]:
-    """An inventory of ``n`` local nodes and their workdir."""
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    path = tmp_path / "hosts.yaml"
-    path.write_text("transport: local\nhosts:\n" + "".join(
-        "  - {name: node%d, addr: 127.0.0.%d, workdir: %s}\n" % (i, i + 2, workdir)
-        for i in range(n)))
-    return str(path), str(workdir)
-
-
-def rankdeck(*args, timeout=240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "console", *args], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def launch_detached(tmp_path, trainer_args: list[str], *options: str,
                     nodes: int = 4) -> tuple[str, str]:
-    inv, workdir = write_inventory(tmp_path, nodes)
+    workdir = str(tmp_path / "work")
+    inv = write_inventory(tmp_path, workdir, nodes)
     # no preflight: it imports torch once per node (half a minute on a loaded 2-core box) and
     # these runs test the judge; `check` has its own tests (tests/spine/test_field_console.py)
     out = rankdeck("launch", "--detach", "--skip-preflight", "-i", inv, *options, TRAINER, "--",
-                   *TINY, *trainer_args)
+                   *TINY, *trainer_args, env=UNBUFFERED)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout.strip().splitlines()[-1], workdir
 
@@ -67,7 +51,7 @@ def wait_for_event(workdir, run_id, pick, what, timeout=TIMEOUT) -> list[dict]:
 
 
 def stop(run_id: str) -> None:
-    out = rankdeck("stop", run_id, timeout=300)
+    out = rankdeck("stop", run_id, env=UNBUFFERED)
     assert out.returncode == 0, out.stdout + out.stderr
     all_ended(run_id)
 
@@ -92,7 +76,7 @@ def test_a_detached_run_gets_its_verdict_with_no_console_and_status_shows_it(tmp
         assert suspects[0]["frame"].endswith("trainer/faults.py:%d in injected_hang"
                                              % line_of("time.sleep(3600)")), suspects
         assert suspects[0]["source"] == "time.sleep(3600)"
-        out = rankdeck("status", run_id, "--json")
+        out = rankdeck("status", run_id, "--json", env=UNBUFFERED)
         status = json.loads(out.stdout)
         assert status["verdict"]["kind"] == "stuck-in-python", status["verdict"]
         assert [s["rank"] for s in status["verdict"]["suspects"]] == [2]
@@ -100,7 +84,7 @@ def test_a_detached_run_gets_its_verdict_with_no_console_and_status_shows_it(tmp
         ranks = {r["rank"]: r for n in status["nodes"] for r in n["ranks"]}
         assert ranks[2]["state"] == "stalled", ranks[2]
         # `why` from a new shell asks the judge for a fresh verdict (not notified: asked)
-        why = rankdeck("why", run_id, "--json")
+        why = rankdeck("why", run_id, "--json", env=UNBUFFERED)
         assert why.returncode == 0, why.stdout + why.stderr
         assert [s["rank"] for s in json.loads(why.stdout)["suspects"]] == [2], why.stdout
         assert any(e["what"] == "verdict" and e.get("reason") == "asked by a console"
@@ -130,14 +114,14 @@ def test_on_hang_restart_restarts_the_named_node_and_every_rank_steps_again(tmp_
         policy = [e for e in judge_events(workdir, run_id) if e["what"] == "policy"]
         assert any("restarting %s" % node in e["text"] for e in policy), policy
         # kept in the node's action log as the judge's, beside the consoles' (`rankdeck actions`)
-        logged = json.loads(rankdeck("actions", run_id, "--json").stdout)
+        logged = json.loads(rankdeck("actions", run_id, "--json", env=UNBUFFERED).stdout)
         assert any(a["action"] == "restart" and a["node"] == node and a["who"] == "judge"
                    and a["result"] == "ok" for a in logged), logged
         # every rank steps again past the hang
         steps: list = []
 
         def stepping_again() -> bool:
-            status = json.loads(rankdeck("status", run_id, "--json").stdout)
+            status = json.loads(rankdeck("status", run_id, "--json", env=UNBUFFERED).stdout)
             steps[:] = [r["step"] for n in status["nodes"] for r in n["ranks"]]
             return len(steps) == 4 and all(s is not None and s > 9 for s in steps)
         wait_for_sync(stepping_again, TIMEOUT, lambda: "every rank past step 9: %s" % steps,
@@ -156,7 +140,7 @@ def test_a_detached_run_whose_rank_aborts_after_the_last_step_ends_failed_and_no
         ended = wait_for_event(workdir, run_id, lambda e: e["what"] == "run_ended", "the end")
         assert ended[0]["state"] == "failed", ended
         assert "after its last step" in ended[0]["text"], ended
-        status = json.loads(rankdeck("status", run_id, "--json").stdout)
+        status = json.loads(rankdeck("status", run_id, "--json", env=UNBUFFERED).stdout)
         assert status["state"] == "failed", status["state"]
         wait_for_sync(lambda: notified.exists() and notified.read_text().strip(), 60,
                       "the end notified", every=0.5)
@@ -183,7 +167,7 @@ def test_max_wall_stops_a_detached_run_at_its_limit_with_the_cause_and_nothing_l
                                        "state.json"))
         assert policy[0]["ts"] >= judge["started"] + 20, (judge, policy)
         all_ended(run_id)  # nothing of the run is left, with no console to stop anything
-        status = json.loads(rankdeck("status", run_id, "--json").stdout)
+        status = json.loads(rankdeck("status", run_id, "--json", env=UNBUFFERED).stdout)
         assert status["state"] == "stopped", status["state"]
         causes = [n["cause"] for n in status["nodes"]]
         assert all("--max-wall 20 s reached" in str(c) for c in causes), causes

@@ -12,51 +12,43 @@ a console"). Neither appears, from the consoles nor from a `status` run meanwhil
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 
 import pytest
 
 from agent.serve import OPS_LOG
 
+from tests.cli import UNBUFFERED, rankdeck, start_rankdeck
+from tests.local_nodes import write_inventory
 from tests.waits import wait_for_sync
 
-from .helpers import REPO, TINY, TRAINER, all_ended
-from .test_judge import judge_events, wait_for_event, write_inventory
+from .helpers import TINY, TRAINER, all_ended
+from .test_judge import judge_events, wait_for_event
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
 VERDICT = "[rankdeck] stuck-in-python: "
 
 
-def rankdeck(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "console", *args], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out
-
-
 def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_path):
     ops = tmp_path / "serve-ops.log"
-    # after the autouse fixtures: the consoles and `launch` share one history
-    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", **{OPS_LOG: str(ops)})
-    inv, workdir = write_inventory(tmp_path)
+    env = dict(UNBUFFERED, **{OPS_LOG: str(ops)})
+    workdir = str(tmp_path / "work")
+    inv = write_inventory(tmp_path, workdir)
     # --idle-s 1: the ranks step once a second, so the consoles are attached before the hang
-    out = rankdeck(env, "launch", "--detach", "-i", inv, "--max-restarts", "0",
+    out = rankdeck("launch", "--detach", "-i", inv, "--max-restarts", "0",
                    "--stall-after", "6", TRAINER, "--", *TINY, "--steps", "100000",
                    "--ckpt-every", "0", "--pg-timeout", "600", "--idle-s", "1",
-                   "--hang-at-step", "6", "--hang-rank", "2")
+                   "--hang-at-step", "6", "--hang-rank", "2", check=True, env=env)
     run_id = out.stdout.strip().splitlines()[-1]
     outputs = [tmp_path / ("console%d.out" % i) for i in (1, 2)]
     consoles = []
     try:
         for path in outputs:
             with open(path, "w") as f:
-                consoles.append(subprocess.Popen(
-                    [sys.executable, "-m", "console", "attach", run_id, "--no-tui"],
-                    cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT))
+                consoles.append(start_rankdeck("attach", run_id, "--no-tui", env=env,
+                                               stdout=f, stderr=subprocess.STDOUT))
 
         def text(i: int) -> str:
             return outputs[i].read_text(errors="replace")
@@ -81,7 +73,7 @@ def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_pa
         # judging for itself would have asked: its stall rule (the run's 6 s) fires on the
         # console's own clock, within a second of the judge's stall (the judge hears of steps
         # through its link, not sooner), and the judge's verdict takes two samples 1 s apart
-        status = json.loads(rankdeck(env, "status", run_id, "--json").stdout)
+        status = json.loads(rankdeck("status", run_id, "--json", check=True, env=env).stdout)
 
         said = [[ln for ln in text(i).splitlines() if ln.startswith(VERDICT)] for i in (0, 1)]
         assert said[0] == said[1], said  # the same verdict line(s), in the same order
@@ -105,5 +97,5 @@ def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_pa
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        rankdeck(env, "stop", run_id)
+        rankdeck("stop", run_id, check=True, env=env)
         all_ended(run_id)

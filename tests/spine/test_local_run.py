@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -19,9 +16,10 @@ from agent import procs
 from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
+from tests.cli import rankdeck
 from tests.waits import wait_for
 
-from .helpers import (REPO, TINY, TRAINER, assert_arrived_once, collect_lines,
+from .helpers import (TINY, TRAINER, assert_arrived_once, collect_lines,
                       local_inventory, processes_of, rank_log_files, wind_down)
 
 pytestmark = pytest.mark.e2e
@@ -86,9 +84,7 @@ async def test_crash_on_one_rank_names_the_rank_and_the_cause(controller, tmp_pa
     assert ctl.state.ranks[2].state == "failed"
 
     # The same through the CLI, from the run history: exit code and status --json.
-    out = subprocess.run([sys.executable, "-m", "console", "status", ctl.run_id, "--json"],
-                         capture_output=True, text=True, cwd=REPO, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=REPO))
+    out = rankdeck("status", ctl.run_id, "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["state"] == "failed"

@@ -11,8 +11,11 @@ import pytest
 
 from agent.journal import JournalReader
 
+from tests.cli import UNBUFFERED, rankdeck
+from tests.local_nodes import write_inventory
+
 from .helpers import all_ended, processes_of
-from .test_judge import rankdeck, wait_for_event
+from .test_judge import wait_for_event
 
 pytestmark = pytest.mark.e2e
 
@@ -36,16 +39,12 @@ while True:
 
 def test_on_nan_stop_stops_the_run_at_the_first_nan_and_loses_no_line(tmp_path):
     workdir, noted = tmp_path / "work", tmp_path / "noted"
-    workdir.mkdir()
     noted.mkdir()
     script = tmp_path / "diverge.py"
     script.write_text(SCRIPT)
-    inv = tmp_path / "hosts.yaml"
-    inv.write_text("transport: local\nhosts:\n" + "".join(
-        "  - {name: node%d, addr: 127.0.0.%d, workdir: %s}\n" % (i, i + 2, workdir)
-        for i in range(2)))
-    out = rankdeck("launch", "--detach", "--on-nan", "stop", "-i", str(inv), str(script),
-                   "--", str(noted))
+    inv = write_inventory(tmp_path, workdir, 2)
+    out = rankdeck("launch", "--detach", "--on-nan", "stop", "-i", inv, str(script),
+                   "--", str(noted), env=UNBUFFERED)
     assert out.returncode == 0, out.stdout + out.stderr
     run_id = out.stdout.strip().splitlines()[-1]
     try:
@@ -57,7 +56,7 @@ def test_on_nan_stop_stops_the_run_at_the_first_nan_and_loses_no_line(tmp_path):
         node = policy[0]["node"]
         assert policy[0]["rank"] == 1 and policy[0]["step"] == 8, policy
         assert "rank 1 on %s diverged at step 8" % node in policy[0]["text"], policy
-        status = json.loads(rankdeck("status", run_id, "--json").stdout)
+        status = json.loads(rankdeck("status", run_id, "--json", env=UNBUFFERED).stdout)
         assert status["state"] == "stopped", status["state"]
         ranks = {r["rank"]: r for n in status["nodes"] for r in n["ranks"]}
         assert ranks[1]["diverged"] == 8, ranks[1]
@@ -75,4 +74,4 @@ def test_on_nan_stop_stops_the_run_at_the_first_nan_and_loses_no_line(tmp_path):
             assert lost == [], "rank %d's lines not in the journal: %s" % (rank, lost[:5])
     finally:
         if processes_of(run_id):
-            rankdeck("stop", run_id, timeout=300)
+            rankdeck("stop", run_id, env=UNBUFFERED)

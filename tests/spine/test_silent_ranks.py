@@ -15,10 +15,12 @@ from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
+from tests.cli import UNBUFFERED, rankdeck
+from tests.local_nodes import write_inventory
 from tests.waits import wait_for, wait_for_sync
 
 from .helpers import local_inventory, wind_down
-from .test_judge import judge_events, rankdeck, stop, write_inventory
+from .test_judge import judge_events, stop
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
@@ -48,10 +50,11 @@ async def test_a_run_that_prints_nothing_runs_then_stalls_when_its_cpu_stops(tmp
 
 
 def test_a_detached_run_that_prints_nothing_is_stalled_by_its_judge(tmp_path):
-    inv, work = write_inventory(tmp_path, 2)
+    work = str(tmp_path / "work")
+    inv = write_inventory(tmp_path, work, 2)
     out = rankdeck("launch", "--detach", "--skip-preflight", "-i", inv, "--max-restarts", "0",
                    "--stall-after", "8", "--env", "RANKDECK_SAMPLE_S=1", "--env", "BUSY_S=8",
-                   SILENT)
+                   SILENT, env=UNBUFFERED)
     assert out.returncode == 0, out.stdout + out.stderr
     run_id = out.stdout.strip().splitlines()[-1]
     try:
@@ -61,7 +64,8 @@ def test_a_detached_run_that_prints_nothing_is_stalled_by_its_judge(tmp_path):
                       lambda: "both ranks stalled by the judge: %s" % stalls(), every=0.5)
         assert sorted(e["rank"] for e in stalls()) == [0, 1], stalls()
         assert all("no rank's CPU has advanced" in e["text"] for e in stalls()), stalls()
-        status = json.loads(rankdeck("status", run_id, "--json").stdout)  # a new shell
+        # a new shell
+        status = json.loads(rankdeck("status", run_id, "--json", env=UNBUFFERED).stdout)
         assert [r["state"] for n in status["nodes"] for r in n["ranks"]] == ["stalled"] * 2
     finally:
         stop(run_id)

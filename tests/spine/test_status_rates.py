@@ -9,9 +9,6 @@ torchrun, the reference trainer); `status` and `stop` through the CLI in new pro
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -19,18 +16,13 @@ from agent.hoststats import HostSampler
 from console.history import History
 from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
+from tests.cli import rankdeck
 from tests.waits import wait_for
 
-from .helpers import REPO, TINY, TRAINER, local_inventory, wind_down
+from .helpers import TINY, TRAINER, local_inventory, wind_down
 
 pytestmark = pytest.mark.e2e
 RUN_TIMEOUT = 300
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    """``python -m console ARGS`` in a new process, as a new shell runs it."""
-    return subprocess.run([sys.executable, "-m", "console", *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
 
 
 def is_number(value) -> bool:
@@ -53,7 +45,7 @@ async def test_status_from_a_new_shell_has_cpu_network_and_disk_rates(tmp_path):
         if HostSampler().sample(str(work))["disk"] is not None:
             rate_keys += ["disk_read_mbs", "disk_write_mbs"]
 
-        out = cli("status", ctl.run_id, "--json")
+        out = rankdeck("status", ctl.run_id, "--json")
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
         assert doc["state"] == "running", doc["state"]
@@ -65,7 +57,7 @@ async def test_status_from_a_new_shell_has_cpu_network_and_disk_rates(tmp_path):
             assert all(is_number(v) for v in rates.values()), (node["name"], rates)
             assert 0.0 <= host["cpu_pct"] <= 100.0, (node["name"], host["cpu_pct"])
 
-        stopped = cli("stop", ctl.run_id)
+        stopped = rankdeck("stop", ctl.run_id)
         assert stopped.returncode == 0, stopped.stderr
     finally:
         left = await wind_down(ctl)

@@ -8,28 +8,19 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 
 import pytest
 
+from tests.cli import UNBUFFERED, rankdeck, start_rankdeck
+from tests.local_nodes import write_inventory
 from tests.waits import wait_for_sync
 
-from .helpers import REPO, TINY, TRAINER, processes_of
+from .helpers import TINY, TRAINER, processes_of
 from .test_stuck import line_of
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
-
-
-def write_inventory(tmp_path) -> str:
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    path = tmp_path / "hosts.yaml"
-    path.write_text("transport: local\nhosts:\n" + "".join(
-        "  - {name: node%d, addr: 127.0.0.%d, workdir: %s}\n" % (i, i + 2, workdir)
-        for i in range(4)))
-    return str(path)
 
 
 def read_lines(stream, into: queue.Queue) -> None:
@@ -54,13 +45,12 @@ def lines_until(lines: queue.Queue, seen: list[str], done, timeout: float) -> No
 
 
 def test_no_tui_prints_the_verdict_naming_the_hung_rank_and_its_line(tmp_path):
-    env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "console", "launch", "--no-tui", "-i", write_inventory(tmp_path),
-         "--max-restarts", "0", "--stall-after", "6", TRAINER, "--"] + TINY +
-        ["--steps", "100000", "--ckpt-every", "0", "--pg-timeout", "600",
-         "--hang-at-step", "6", "--hang-rank", "2"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    inv = write_inventory(tmp_path, tmp_path / "work")
+    proc = start_rankdeck(
+        "launch", "--no-tui", "-i", inv, "--max-restarts", "0", "--stall-after", "6", TRAINER,
+        "--", *TINY, "--steps", "100000", "--ckpt-every", "0", "--pg-timeout", "600",
+        "--hang-at-step", "6", "--hang-rank", "2",
+        env=UNBUFFERED, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=read_lines, args=(proc.stdout, lines), daemon=True).start()
     seen: list[str] = []
@@ -73,8 +63,7 @@ def test_no_tui_prints_the_verdict_naming_the_hung_rank_and_its_line(tmp_path):
         proc.send_signal(signal.SIGINT)  # detach; the run is stopped below
         proc.wait(60)
         if run_id:
-            subprocess.run([sys.executable, "-m", "console", "stop", run_id], cwd=REPO,
-                           env=env, capture_output=True, timeout=180)
+            rankdeck("stop", run_id, env=UNBUFFERED)
     verdict = [x for x in seen if x.startswith("[rankdeck] stuck-in-python:")]
     assert len(verdict) == 1, seen[-40:]
     i = seen.index(verdict[0])

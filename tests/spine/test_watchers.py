@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -28,9 +26,11 @@ from console.tui.app import RankdeckApp
 from console.tui.help import key_sections
 from console.tui.readonly import changes_run
 
+from tests.cli import rankdeck
+from tests.local_nodes import write_inventory
 from tests.waits import wait_until
 
-from .helpers import REPO, TINY, TRAINER, node_dir, wind_down
+from .helpers import TINY, TRAINER, node_dir, wind_down
 
 pytestmark = pytest.mark.e2e
 SIZE = (160, 48)
@@ -38,31 +38,18 @@ CHANGE_OPS = {"start", "stop", "restart", "sync_commit", "fence", "unfence", "st
               "judge_stop"}
 
 
-def rankdeck(*args: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "console", *args], cwd=REPO,
-                         env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out
-
-
 def launch(tmp_path) -> tuple[str, str]:
     """The run's id and the folder of the nodes' workdirs (``<it>/node0``: each its own, as
     two hosts have, for --sync)."""
     workdir = tmp_path / "work"
-    inv = tmp_path / "hosts.yaml"
-    for i in range(2):
-        (workdir / ("node%d" % i)).mkdir(parents=True)
-    inv.write_text("transport: local\nhosts:\n" + "".join(
-        "  - {name: node%d, addr: 127.0.0.%d, workdir: %s/node%d}\n" % (i, i + 2, workdir, i)
-        for i in range(2)))
+    inv = write_inventory(tmp_path, [workdir / ("node%d" % i) for i in range(2)], 2)
     code = tmp_path / "code"  # sent with --sync: an action of the launching console
     code.mkdir()
     (code / "notes.txt").write_text("synced\n")
-    out = rankdeck("launch", "--detach", "-i", str(inv), "--max-restarts", "3", "--sync",
+    out = rankdeck("launch", "--detach", "-i", inv, "--max-restarts", "3", "--sync",
                    str(code),
                    TRAINER, "--", *TINY, "--steps", "100000", "--ckpt-every", "0",
-                   "--idle-s", "0.5")
+                   "--idle-s", "0.5", check=True)
     return out.stdout.strip().splitlines()[-1], str(workdir)
 
 
@@ -155,9 +142,9 @@ async def test_a_watcher_changes_nothing_and_sees_who_drives(tmp_path, monkeypat
                              what="alice's restart in bob's events pane", timeout=120)
             assert not [line for line in app.events.shown if "bob@laptop" in line]  # his own
 
-        listed = rankdeck("actions", run_id).stdout
+        listed = rankdeck("actions", run_id, check=True).stdout
         assert seen in listed and "bob@laptop" in listed, listed
-        as_json = json.loads(rankdeck("actions", run_id, "--json").stdout)
+        as_json = json.loads(rankdeck("actions", run_id, "--json", check=True).stdout)
         alices = [a for a in as_json if a["who"] == "alice@laptop"]
         assert [(a["action"], a["node"], a["result"]) for a in alices][:1] == [
             ("restart", "node1", "ok")], alices

@@ -8,18 +8,7 @@ import pytest
 
 from console import cli, launch_options, launch_verbs
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def rankdeck(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "console"] + list(args), capture_output=True,
-                          text=True, cwd=cwd or REPO, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=REPO))
-
-
-def runs_recorded():
-    folder = os.path.join(os.environ["XDG_STATE_HOME"], "rankdeck", "runs")
-    return os.listdir(folder) if os.path.isdir(folder) else []
+from tests.cli import REPO, rankdeck, runs_folder, runs_recorded
 
 
 def test_bad_inventory_is_exit_2_with_file_and_line(tmp_path):
@@ -99,7 +88,7 @@ def test_unreachable_host_is_exit_3_and_nothing_starts(tmp_path):
 
 @pytest.mark.parametrize("verb", [["stop"], ["restart"], ["logs"], ["stacks"]])
 def test_unknown_node_of_a_recorded_run_is_exit_2_before_connecting(tmp_path, verb):
-    folder = os.path.join(os.environ["XDG_STATE_HOME"], "rankdeck", "runs")
+    folder = runs_folder()
     os.makedirs(folder)
     with open(os.path.join(folder, "20260101-000000-abcd.json"), "w") as f:
         f.write('{"run_id": "20260101-000000-abcd", "created": 0, "transport": "local", '
@@ -183,7 +172,7 @@ def test_cordon_of_a_node_that_cannot_be_reached_is_exit_3_and_changes_nothing(t
     """A fence must confirm on the node's host that its processes are gone: an unreachable
     node is refused with the reason (docs/SURGERY.md), the record untouched."""
     import json
-    folder = os.path.join(os.environ["XDG_STATE_HOME"], "rankdeck", "runs")
+    folder = runs_folder()
     os.makedirs(folder)
     record = {"run_id": "20260101-000000-abcd", "created": 0, "transport": "local",
               "hosts": [{"name": "node0", "addr": "127.0.0.2", "workdir": str(tmp_path)},

@@ -14,9 +14,10 @@ from console.history import History
 from console.run import LaunchSpec, RunController
 from console.summary import status_table
 from console.transport.local import LocalTransport
-from inventory.model import Host, Inventory
+from inventory.model import Inventory
 
 from tests.console.scripted import RUN_ID, host_names, inventory, standard_script
+from tests.local_nodes import local_inventory
 
 
 def scripted(tmp_path, facts: dict):
@@ -90,10 +91,9 @@ async def test_an_agent_without_the_new_facts_is_not_judged_on_them(tmp_path):
 
 
 # -- --sync through real agents (local transport; fails before torchrun would start) ----------
-def local_inventory(workdir) -> Inventory:
-    return Inventory(path="<test>", transport="local", hosts=[
-        Host(name="node%d" % i, addr="127.0.0.%d" % (i + 2), python="",
-             workdir=str(workdir / ("host%d" % i))) for i in range(2)])
+def two_hosts(workdir) -> Inventory:
+    """Two local nodes, each its own workdir (not made)."""
+    return local_inventory([workdir / ("host%d" % i) for i in range(2)], 2)
 
 
 async def test_a_host_that_cannot_take_the_code_fails_the_launch_naming_it(tmp_path):
@@ -101,7 +101,7 @@ async def test_a_host_that_cannot_take_the_code_fails_the_launch_naming_it(tmp_p
     tree.mkdir()
     (tree / "train.py").write_text("print('hi')\n")
     (tree / "data").write_text("a file in the tree\n")
-    inv = local_inventory(tmp_path)
+    inv = two_hosts(tmp_path)
     os.makedirs(inv.hosts[1].workdir + "/data")  # node1 has a folder where the tree has a file
     with open(inv.hosts[1].workdir + "/data/keep.txt", "w") as f:
         f.write("the user's own file\n")
@@ -125,7 +125,7 @@ async def test_a_host_that_cannot_take_the_code_fails_the_launch_naming_it(tmp_p
 
 
 def test_status_shows_the_tree_sent(tmp_path):
-    ctl = RunController(local_inventory(tmp_path), LocalTransport(),
+    ctl = RunController(two_hosts(tmp_path), LocalTransport(),
                         History(str(tmp_path / "history")))
     ctl.record = {"sync": {"tree": "3f9a0c1d2e4b" + "0" * 52, "dir": "/home/me/proj",
                            "files": 112, "bytes": 4200000, "source": "git"}}

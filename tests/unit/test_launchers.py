@@ -14,7 +14,7 @@ from console.spec import LaunchSpec, node_commands
 from inventory.loader import load_inventory
 from inventory.model import InventoryError
 
-from tests.conftest import REPO
+from tests.cli import REPO, own_folders
 
 SECRET = "hunter2-secret-value"
 INVENTORY = """\
@@ -116,7 +116,7 @@ def dry_run(tmp_path, *flags):
     return subprocess.run(
         [sys.executable, "-m", "console", "launch", "-i", str(inventory(tmp_path)), "--dry-run",
          "--env", "TOKEN=" + SECRET, *flags, "train.py"],
-        cwd=tmp_path, env={"PYTHONPATH": REPO, "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path, env={"PYTHONPATH": REPO, "PATH": "/usr/bin:/bin", **own_folders()},
         capture_output=True, text=True, timeout=120)
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -19,9 +17,8 @@ from console.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from inventory.loader import load_inventory
 
+from tests.cli import rankdeck, runs_folder
 from tests.console.scripted import RUN_ID, host_names, standard_script
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INV_SECRET = "inv-secret-5b0e7d1c9a"  # what ${RD_TOKEN} holds in the launching shell
 CLI_SECRET = "cli-secret-77aa12f0e3"  # an --env value for a name the inventory marks secret
 
@@ -109,9 +106,10 @@ async def test_an_unset_inventory_secret_refuses_the_restart(tmp_path, monkeypat
     assert t.ops("restart") == [] and t.ops("stop") == []
 
 
-def test_restart_command_is_exit_2_naming_the_variable_before_connecting(tmp_path):
+def test_restart_command_is_exit_2_naming_the_variable_before_connecting(tmp_path,
+                                                                          monkeypatch):
     path = write_inventory(tmp_path)
-    folder = os.path.join(os.environ["XDG_STATE_HOME"], "rankdeck", "runs")
+    folder = runs_folder()
     os.makedirs(folder)
     record = {"run_id": RUN_ID, "created": 0, "transport": "local", "inventory": path,
               # a python that does not exist: connecting would fail with exit 3
@@ -120,10 +118,8 @@ def test_restart_command_is_exit_2_naming_the_variable_before_connecting(tmp_pat
               "spec": {"script": "t.py", "env": {"LR": "0.1"}}, "secret_env": []}
     with open(os.path.join(folder, RUN_ID + ".json"), "w") as f:
         json.dump(record, f)
-    env = {k: v for k, v in os.environ.items() if k != "RD_TOKEN"}
-    out = subprocess.run([sys.executable, "-m", "console", "restart", RUN_ID, "--node",
-                          "node1"], capture_output=True, text=True, cwd=REPO, timeout=120,
-                         env=dict(env, PYTHONPATH=REPO))
+    monkeypatch.delenv("RD_TOKEN", raising=False)
+    out = rankdeck("restart", RUN_ID, "--node", "node1")
     assert out.returncode == 2, out
     assert "cannot restart node1" in out.stderr
     assert "RD_TOKEN is not set on this machine" in out.stderr

@@ -11,13 +11,13 @@ from console.cli import main
 from console.state import RankState, RunState
 from console.surgery import plan_cordon, ranks_text, store_host
 from inventory.loader import load_inventory
-from inventory.model import Host, Inventory, InventoryError
+from inventory.model import Inventory, InventoryError
+
+from tests.local_nodes import local_inventory
 
 
 def inventory(n=5, spares=(4,)) -> Inventory:
-    hosts = [Host(name="node%d" % i, addr="127.0.0.%d" % (i + 2), slots=2, spare=i in spares)
-             for i in range(n)]
-    return Inventory(path="<test>", hosts=hosts, transport="local")
+    return local_inventory(n=n, spares=spares, slots=2)
 
 
 def run_state(inv: Inventory) -> RunState:
