@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from rich.cells import cell_len
 
-from console.state import Event, RunState
+from console.state import RunState
+from console.state_nodes import Event
 from console.tui.eventlines import event_text, folded, item_text, pinned_text
 from console.tui.fitting import fitted, wrapped
 from console.tui.gpu import node_gpu_lines, same_reasons

@@ -16,6 +16,7 @@ import console.liveness
 import console.preflight
 import console.run
 import console.state
+import console.state_ranks
 from console.sources import RANK
 from console.tui.app import RankdeckApp
 from console.tui.help import HelpScreen
@@ -47,7 +48,8 @@ class FrozenTime:
 
 @pytest.fixture(autouse=True)
 def frozen(monkeypatch, tmp_path):
-    for module in (console.state, console.liveness, console.run, console.preflight):
+    for module in (console.state, console.state_ranks, console.liveness, console.run,
+                   console.preflight):
         monkeypatch.setattr(module, "time", FrozenTime(NOW))
     monkeypatch.setenv("TZ", "UTC")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
