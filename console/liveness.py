@@ -1,8 +1,9 @@
 """Liveness: the rules that time drives over RunState, apart from the records that feed it.
 
 RunState changes when a record comes in (console/state_apply.py); these rules change it when
-nothing comes in for too long. The RunController's housekeeping applies them every second
-(``rankdeck status`` once, after its replay), as it applies console/finish.py's:
+nothing comes in for too long. The RunController's housekeeping (console/run_housekeeping.py)
+applies them every second (``rankdeck status`` once, after its replay), as it applies
+console/finish.py's:
 
 * :func:`check_stalls`: a rank that printed steps stalls after no step for longer than its
   threshold (``--stall-after``, or 5x its median step time); a silent rank (it prints no
