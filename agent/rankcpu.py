@@ -1,7 +1,7 @@
 """Is a rank that prints nothing working? Its worker's CPU time, from the supervisors'
 periodic samples (agent/ranksample.py). Plain data; one rule, applied by the run's judge
 (agent/judge_rules.py, in its own clock) and by a console with no judge (console/liveness.py,
-console/state.py). Standard library only; Python >= 3.9.
+console/state_ranks.py). Standard library only; Python >= 3.9.
 
 The rule (docs/STATUS.md, ``ranks[].silent``):
 - a rank's CPU *advances* in a sample when its worker (the same pid as in the sample

@@ -178,7 +178,7 @@ async def measure(seconds: float, nproc: int, rate: float, work: str,
     from inventory.model import Host, Inventory
 
     class NoJudge(RunController):
-        async def _start_judge(self, rdzv, hosts, spec) -> None:
+        async def start_judge(self, rdzv, hosts, spec) -> None:
             return None
 
     host = Host(name="node1", addr="127.0.0.2", python="", workdir=work)

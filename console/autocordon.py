@@ -2,7 +2,8 @@
 the console's side: the spare's start spec handed to the judge's host at launch, and the
 judge's surgeries (console/judged.py) kept in the run record, the spare put in followed; the
 warm spares started at launch, and the spares that run (held or put in) for a stop.
-The controller is passed in (console/run.py calls these); this module imports no Textual.
+The controller is passed in (console/run_launch.py, run_control.py and run_housekeeping.py call
+these); this module imports no Textual.
 """
 
 from __future__ import annotations

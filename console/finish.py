@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from agent.judge_rules import how_it_ended
 
-from .state import NodeState, RunState
+from .state import RunState
+from .state_nodes import NodeState
 
 
 def workers_finished(ns: NodeState) -> bool:

@@ -15,7 +15,8 @@ from typing import Awaitable, Callable, TextIO
 
 from .run import RunController
 from .sanitize import clean
-from .state import Event, LineBatch, RunState
+from .state import RunState
+from .state_nodes import Event, LineBatch
 from .summary import detach_hint, status_table
 from .timeorder import TimeOrder
 from .verdict import verdict_lines

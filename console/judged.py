@@ -90,7 +90,7 @@ def _event(state: RunState, meta: dict) -> None:
         _judge_surgery(state, meta, text)
     elif what == "diverged":
         if rs is None or rs.diverged is not None:
-            return  # this console saw it first (console/state.py): said once
+            return  # this console saw it first (console/state_ranks.py): said once
         rs.diverged = meta.get("step")
     state.add_event(node, what if what != "judge" else "judge", text, rank, meta.get("ts"))
 

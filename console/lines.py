@@ -1,7 +1,7 @@
 """A log line as the console models it: cut from a file's data, placed by its position.
 
 A followed file's data reaches the console in journal records that need not end at a line
-end; :func:`split_lines` cuts them, the same way for live data (console/state.py) and for
+end; :func:`split_lines` cuts them, the same way for live data (console/state_apply.py) and for
 pages read back from a node (console/scrollback.py), so both give the same lines.
 
 A line's *position* on its node is ``(journal, index)``: where its record starts in the

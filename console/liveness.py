@@ -1,8 +1,9 @@
 """Liveness: the rules that time drives over RunState, apart from the records that feed it.
 
-RunState changes when a record comes in (console/state.py); these rules change it when
-nothing comes in for too long. The RunController's housekeeping applies them every second
-(``rankdeck status`` once, after its replay), as it applies console/finish.py's:
+RunState changes when a record comes in (console/state_apply.py); these rules change it when
+nothing comes in for too long. The RunController's housekeeping (console/run_housekeeping.py)
+applies them every second (``rankdeck status`` once, after its replay), as it applies
+console/finish.py's:
 
 * :func:`check_stalls`: a rank that printed steps stalls after no step for longer than its
   threshold (``--stall-after``, or 5x its median step time); a silent rank (it prints no
@@ -28,7 +29,8 @@ from agent import rankcpu
 
 from . import rendezvous
 from .judged import judge_applies
-from .state import RankState, RunState
+from .state import RunState
+from .state_nodes import RankState
 
 STALL_FACTOR = 5.0  # a rank stalls after this many of its median step times without a step
 VERDICT_AGAIN_S = 10.0  # an unknown verdict is taken again this long after, while stalled,

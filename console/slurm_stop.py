@@ -1,8 +1,8 @@
 """``rankdeck stop`` of a Slurm run: what is left of it in its job, and the job rankdeck made.
 
-After the nodes' supervisors stopped (console/run.py), :func:`after_stop` checks that no step
-of rankdeck is left in the job (``squeue -s``) and cancels a job ``submit`` made. A job back in
-the queue (requeued before its time limit, docs/SLURM.md) has no node to reach:
+After the nodes' supervisors stopped (console/run_control.py), :func:`after_stop` checks that no
+step of rankdeck is left in the job (``squeue -s``) and cancels a job ``submit`` made. A job
+back in the queue (requeued before its time limit, docs/SLURM.md) has no node to reach:
 :func:`stop_queued` cancels it instead (or says how, for a job that is the user's), and each
 node's supervisor, waiting for the job to run again, ends its part when it sees it cancelled.
 A job that is over (the run's judge ended it with the run) has nothing left to stop.

@@ -14,7 +14,8 @@ from typing import NamedTuple
 from . import rendezvous
 from .errors import AgentError
 from .sanitize import clean
-from .state import NodeState, RunState
+from .state import RunState
+from .state_nodes import NodeState
 from .text import columns, kill_summary
 
 STEP_FLAGS = ("--steps", "--max-steps", "--max_steps", "--total-steps", "--total_steps")

@@ -18,7 +18,8 @@ import re
 from rich.text import Text
 
 from ..sanitize import clean
-from ..state import Event, RunState
+from ..state import RunState
+from ..state_nodes import Event
 from ..text import clock_text, human_bytes
 
 KIND_STYLE = {

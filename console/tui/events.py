@@ -19,7 +19,8 @@ from textual.screen import ModalScreen
 from textual.widgets import RichLog, Static
 
 from ..sanitize import clean
-from ..state import EVENTS, Event, RunState
+from ..state import EVENTS, RunState
+from ..state_nodes import Event
 from ..text import clock_text
 from .eventlines import ALERTS, checkpoint_step, folded, item_text, pinned_text, who_of
 

@@ -15,7 +15,8 @@ from collections import defaultdict
 from ..lines import Entry
 from ..sanitize import clean
 from ..sources import ALL, NODE, RANK, rank_of
-from ..state import Event, LineBatch, RunState
+from ..state import RunState
+from ..state_nodes import Event, LineBatch
 from .messages import LogLines, RunChanged, RunEventAdded
 
 PENDING_CAP = 5000  # per source between two flushes; more than a pane would keep anyway

@@ -18,7 +18,8 @@ from ..sanitize import cleaned, shown_text
 from ..scrollback import (Fetch, Scrollback, entries_of, kept_chunks, newest_positions,
                           split_newest)
 from ..sources import ALL, NODE, RANK, source_label, streams_of
-from ..state import LINES_PER_RANK, RunState
+from ..state import RunState
+from ..state_nodes import LINES_PER_RANK
 from .logview import LogView
 from .messages import OlderWanted
 from .styles import state_style

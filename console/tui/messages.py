@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from ..state import Event
+from ..state_nodes import Event
 
 
 @dataclass

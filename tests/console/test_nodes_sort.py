@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from console.state import NodeState, RankState
+from console.state_nodes import NodeState, RankState
 from console.telemetry import node_telemetry
 from console.tui.app import RankdeckApp
 from console.tui.nodeorder import ORDERS, TELEMETRY, ordered, telemetry_key

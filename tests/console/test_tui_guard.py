@@ -8,7 +8,8 @@ import math
 from textual.app import App, ComposeResult
 
 from console.buffers import Series
-from console.state import RankState, RunState
+from console.state import RunState
+from console.state_nodes import RankState
 from console.tui import losschart
 from console.tui.header import RunHeader
 from console.tui.losschart import LossChart

@@ -1,8 +1,9 @@
 """SVG snapshots of the rankdeck TUI (pytest-textual-snapshot; Textual pinned in pyproject).
 
 Deterministic: the scripted run has fixed timestamps, the header's clock is frozen, RunState's
-and RunController's ``time.time`` are frozen (events and launch time), and the time zone is
-UTC. Review a changed SVG before accepting it with ``--snapshot-update``.
+and RunController's ``time.time`` are frozen (events and launch time, in the console/state*
+and console/run* modules that read it), and the time zone is UTC. Review a changed SVG
+before accepting it with ``--snapshot-update``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from rich.cells import cell_len
 
 import console.liveness
 import console.preflight
-import console.run
+import console.run_attach
+import console.run_control
+import console.run_housekeeping
+import console.run_launch
 import console.state
+import console.state_ranks
 from console.sources import RANK
 from console.tui.app import RankdeckApp
 from console.tui.help import HelpScreen
@@ -47,7 +52,9 @@ class FrozenTime:
 
 @pytest.fixture(autouse=True)
 def frozen(monkeypatch, tmp_path):
-    for module in (console.state, console.liveness, console.run, console.preflight):
+    for module in (console.state, console.state_ranks, console.liveness, console.run_launch,
+                   console.run_attach, console.run_control, console.run_housekeeping,
+                   console.preflight):
         monkeypatch.setattr(module, "time", FrozenTime(NOW))
     monkeypatch.setenv("TZ", "UTC")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))

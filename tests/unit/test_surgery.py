@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from console.cli import main
-from console.state import RankState, RunState
+from console.state import RunState
+from console.state_nodes import RankState
 from console.surgery import plan_cordon, ranks_text, store_host
 from inventory.loader import load_inventory
 from inventory.model import Inventory, InventoryError

@@ -4,7 +4,8 @@ collectives ("no hang"), and a verdict taken once at the stall's start would the
 nothing for the whole hang. Events only when the verdict changes."""
 
 from console.liveness import VERDICT_AGAIN_MAX_S, VERDICT_AGAIN_S, verdict_again_due
-from console.state import RankState, RunState
+from console.state import RunState
+from console.state_nodes import RankState
 
 UNKNOWN = {"kind": "unknown", "suspects": [], "evidence": {},
            "summary": "no suspect: no hang: rank(s) 0-1 entered new collectives"}
