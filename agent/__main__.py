@@ -14,23 +14,23 @@ def main(argv):
                          % sys.version_info[:2])
         return 4
     if cmd == "serve":
-        from .serve import main as serve_main
+        from .serve.server import main as serve_main
 
         return serve_main()
     if cmd == "supervisor" and len(argv) == 2:
-        from .supervisor import main as supervisor_main
+        from .supervisor.supervisor import main as supervisor_main
 
         return supervisor_main(argv[1])
     if cmd == "judge" and len(argv) == 2:
-        from .judge import main as judge_main
+        from .judge.judge import main as judge_main
 
         return judge_main(argv[1])
     if cmd == "host" and len(argv) == 2:  # a Slurm job's rankdeck-host step (docs/SLURM.md)
-        from .host_step import main as host_main
+        from .slurm.host_step import main as host_main
 
         return host_main(argv[1])
     if cmd == "version":
-        from .version import agent_version
+        from .wire.version import agent_version
 
         sys.stdout.write(agent_version() + "\n")
         return 0

@@ -162,8 +162,8 @@ async def until(condition, timeout: float, what: str) -> None:
 
 
 def judge_of(work: str, run_id: str) -> int | None:
-    """The run's judge (agent/judge.py): the pid its state.json gives, while it runs."""
-    from agent.judge_control import running_judge
+    """The run's judge (agent/judge/judge.py): the pid its state.json gives, while it runs."""
+    from agent.judge.control import running_judge
     info = running_judge(os.path.join(work, ".rankdeck", "runs", run_id))
     return info["pid"] if info else None
 
@@ -172,8 +172,8 @@ async def measure(seconds: float, nproc: int, rate: float, work: str,
                   sample_s: str | None = None, judge: bool = True) -> dict:
     """One window of the run; ``judge`` False: the run has no judge (its node spec carries
     none, as from a console older than the judge), so the supervisor runs no judge link."""
-    from console.history import History
-    from console.run import LaunchSpec, RunController
+    from console.records.history import History
+    from console.run.run import LaunchSpec, RunController
     from console.transport.local import LocalTransport
     from inventory.model import Host, Inventory
 
@@ -296,7 +296,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=10.0, help="lines a second, per rank")
     ap.add_argument("--no-idle", action="store_true", help="skip the silent-ranks run")
     ap.add_argument("--sample-s", help="RANKDECK_SAMPLE_S for the run (0: no rank samples, "
-                    "agent/ranksample.py); the supervisor's default (10 s) when not given")
+                    "agent/supervisor/ranksample.py); the supervisor's default (10 s) when not given")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="rdk-agentcpu-") as work:
         result = asyncio.run(measure(args.seconds, args.nproc, args.rate, work, args.sample_s))

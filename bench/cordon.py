@@ -5,7 +5,7 @@ Five local nodes (LocalTransport, 127.0.0.2-6; node4 a spare), real torchrun, gl
 reference trainer's tiny model, checkpoints every 4 steps in one shared folder. Rank 2 hangs
 before step 6; once every rank is stalled and the step-4 checkpoint is complete:
 
-- cordon: `rankdeck cordon` of the hung rank's node with the spare (console/cordon.py); the
+- cordon: `rankdeck cordon` of the hung rank's node with the spare (console/surgery/cordon.py); the
   time from the call (the `y`) until the world is 4 again, the spare has a rank and every
   rank has stepped past the checkpoint it resumed from;
 - by hand: stop the whole run, then launch it again with the hung node out and the spare in
@@ -30,9 +30,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
-from console.cordon import cordon  # noqa: E402
-from console.history import History  # noqa: E402
-from console.run import LaunchSpec, RunController  # noqa: E402
+from console.surgery.cordon import cordon  # noqa: E402
+from console.records.history import History  # noqa: E402
+from console.run.run import LaunchSpec, RunController  # noqa: E402
 from console.transport.local import LocalTransport  # noqa: E402
 from spine.helpers import TINY, TRAINER, local_inventory, wind_down  # noqa: E402
 from tests.waits import wait_for  # noqa: E402

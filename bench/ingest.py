@@ -32,9 +32,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from agent import procs  # noqa: E402
-from console.history import History  # noqa: E402
-from console.run import LaunchSpec, RunController  # noqa: E402
+from agent.host import procs  # noqa: E402
+from console.records.history import History  # noqa: E402
+from console.run.run import LaunchSpec, RunController  # noqa: E402
 from console.transport.local import LocalTransport  # noqa: E402
 from inventory.model import Host, Inventory  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""CPU of the run's judge (agent/judge.py) on its host, against the supervisor alone (issue 25).
+"""CPU of the run's judge (agent/judge/judge.py) on its host, against the supervisor alone (issue 25).
 
 The workload of bench/agent_cpu.py (one local node, real torchrun with NPROC ranks printing
 RATE lines a second each, the real supervisor, the real ``agent serve`` streaming to a

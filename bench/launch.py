@@ -32,7 +32,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests", "e2e")]
 
-from agent import protocol  # noqa: E402
+from agent.wire import protocol  # noqa: E402
 from console.transport.base import HostUnreachable  # noqa: E402
 from console.transport.ssh import SshTransport, open_all  # noqa: E402
 from sshhosts import create_hosts, missing_requirements  # noqa: E402

@@ -37,8 +37,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
-from console.history import History  # noqa: E402
-from console.run import LaunchSpec, RunController  # noqa: E402
+from console.records.history import History  # noqa: E402
+from console.run.run import LaunchSpec, RunController  # noqa: E402
 from console.transport.local import LocalTransport  # noqa: E402
 from spine.helpers import TINY, TRAINER, local_inventory, processes_of  # noqa: E402
 

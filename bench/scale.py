@@ -95,7 +95,7 @@ def hosts_cpu(namespaces: list[str]) -> float:
 # -- the journals the hosts replay ----------------------------------------------------------
 def write_journal(folder: str, node: int, steps: int) -> None:
     """A finished run's journal for one node: NPROC ranks, a line and a loss a step each."""
-    from agent.journal import JournalWriter
+    from agent.host.journal import JournalWriter
 
     os.makedirs(folder)
     journal = JournalWriter(os.path.join(folder, "journal"))
@@ -151,8 +151,8 @@ class Meter:
 
 
 async def console(cfg: dict) -> dict:
-    from console.history import History
-    from console.run import RunController
+    from console.records.history import History
+    from console.run.run import RunController
     from console.transport.ssh import SshTransport
     from inventory.model import Host, Inventory
 
@@ -240,7 +240,7 @@ def run_console(env, n: int, args) -> dict:
 def rank_cost(ranks: int, points: int, lines: int) -> dict:
     """RSS of a RunState holding ``ranks`` ranks with ``points`` loss points and ``lines``
     kept lines each (measured in a fresh process by the caller)."""
-    from console.state import RunState
+    from console.model.state import RunState
 
     nodes = [("node%d" % i, "10.0.%d.%d" % (i // 250, i % 250)) for i in range(ranks // NPROC)]
     state = RunState(RUN_ID, nodes)

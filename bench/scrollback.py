@@ -23,7 +23,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from agent.journal import JournalReader, JournalWriter, read_back  # noqa: E402
+from agent.host.journal import JournalReader, JournalWriter, read_back  # noqa: E402
 
 PAGE = 256 * 1024
 

@@ -45,8 +45,8 @@ from pathlib import Path
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
-from console.history import History  # noqa: E402
-from console.run import LaunchSpec, RunController  # noqa: E402
+from console.records.history import History  # noqa: E402
+from console.run.run import LaunchSpec, RunController  # noqa: E402
 from console.transport.local import LocalTransport  # noqa: E402
 from spine.helpers import TINY, TRAINER, local_inventory, wind_down  # noqa: E402
 from tests.waits import wait_for  # noqa: E402
@@ -97,7 +97,7 @@ async def to_verdict(kind: str, stall: float, pg_timeout: float) -> tuple[float,
                            "stall", every=0.05)
             stalled = time.monotonic()
             # the first look may name nobody (ranks still entering collectives on a loaded
-            # machine); the console looks again while the stall lasts (console/liveness.py)
+            # machine); the console looks again while the stall lasts (console/judgement/liveness.py)
             await wait_for(lambda: (ctl.state.verdict or {}).get("kind") == kind, 300, "verdict",
                            every=0.05)
             done = time.monotonic()
@@ -182,7 +182,7 @@ class NetHosts:
 
 async def net_cut(hosts, stall: float, pg_timeout: float) -> float:
     """One run on the SSH hosts: node2's link cut after the first steps; cut -> verdict."""
-    from console.run import LaunchSpec
+    from console.run.run import LaunchSpec
     from test_ssh_run import SCRIPT, ssh_controller
 
     with tempfile.TemporaryDirectory() as tmp:

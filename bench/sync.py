@@ -1,4 +1,4 @@
-"""Code to the hosts: `--sync` (console/sync.py + agent/sync.py) next to `rsync -az`.
+"""Code to the hosts: `--sync` (console/launch/sync.py + agent/sync/place.py) next to `rsync -az`.
 
 A tree of 2,000 files / about 50 MB (40 folders; 1,950 text files of about 8 KB, 50 binary
 files of about 0.7 MB), sent to 4 hosts at once, three cases, median of ``--repeat`` runs:
@@ -14,8 +14,8 @@ rankdeck's time is the manifest (list + sha256 of the tree, once for all hosts) 
 Modes:
 
 - ``--mode local`` (default, no root): each "host" is a folder on this machine and its agent
-  is agent/sync.py in this process, every request and answer encoded and decoded with
-  agent/protocol.py and run on a thread (as ``serve`` runs requests). rsync copies locally.
+  is agent/sync/place.py in this process, every request and answer encoded and decoded with
+  agent/wire/protocol.py and run on a thread (as ``serve`` runs requests). rsync copies locally.
 - ``--mode ssh`` (root; real sshd hosts from tests/e2e/sshhosts.py): rankdeck over NodeLink on
   an SshTransport (the connection is opened first and shown apart: a launch has it already);
   rsync with ``-e 'ssh -F <the hosts' ssh_config>'`` to the same hosts. Needs serve to answer
@@ -42,9 +42,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests", "e2e")]
 
-from agent import protocol  # noqa: E402
-from agent import sync as agent_sync  # noqa: E402
-from console.sync import build_manifest, sync_node  # noqa: E402
+from agent.wire import protocol  # noqa: E402
+from agent.sync import place as agent_sync  # noqa: E402
+from console.launch.sync import build_manifest, sync_node  # noqa: E402
 
 WORDS = ("step loss lr rank node tensor grad optimizer batch epoch model data "
          "import torch def return self class for in if else print").split()
@@ -77,7 +77,7 @@ def edit_one(root: str, n: int) -> None:
 
 
 class InProcessAgent:
-    """agent/sync.py behind ``call(op, args)``, through the wire encoding, on threads."""
+    """agent/sync/place.py behind ``call(op, args)``, through the wire encoding, on threads."""
 
     def __init__(self):
         self.transfers = agent_sync.Transfers()
@@ -136,7 +136,7 @@ class SshTargets(LocalTargets):
         self.generation = 0
 
     async def open(self) -> float:
-        from console.link import NodeLink
+        from console.run.link import NodeLink
         from console.transport.ssh import SshTransport
 
         inv = self.env.inventory()
@@ -153,7 +153,7 @@ class SshTargets(LocalTargets):
             await self.links[self.names[0]].request("sync_check", workdir="/", tree="")
         except Exception as exc:  # noqa: BLE001 - say why and stop
             raise SystemExit("ssh mode: the agent does not answer sync_check (%s); wire "
-                             "agent/sync.py into serve first" % exc)
+                             "agent/sync/place.py into serve first" % exc)
         return elapsed
 
     def call(self, name: str):

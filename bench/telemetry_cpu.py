@@ -10,8 +10,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.gpu import GpuProbe  # noqa: E402
-from agent.hoststats import HostSampler  # noqa: E402
+from agent.host.gpu import GpuProbe  # noqa: E402
+from agent.host.stats import HostSampler  # noqa: E402
 
 
 def main():

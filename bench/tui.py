@@ -31,8 +31,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from agent import protocol  # noqa: E402
-from console.buffers import BUDGET_MB  # noqa: E402
+from agent.wire import protocol  # noqa: E402
+from console.model.buffers import BUDGET_MB  # noqa: E402
 from tests.console.scripted import RunScript, controller, gpu_snapshot  # noqa: E402
 
 LINES_PER_TICK = 10  # per rank and push

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-# what may start each node's ranks (console/launchers.py has their templates)
+# what may start each node's ranks (console/launch/launchers.py has their templates)
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
 
 

@@ -1,5 +1,5 @@
 """The suite's state away from the user's: what rankdeck keeps on the laptop (the run records
-``rankdeck ls`` lists, console/history.py; the sync cache, console/sync.py) goes to temp
+``rankdeck ls`` lists, console/records/history.py; the sync cache, console/launch/sync.py) goes to temp
 folders, never to the real ``~/.local/state/rankdeck`` or ``~/.cache/rankdeck``.
 
 tests/conftest.py wires it: :func:`divert` at the session's start (before any test module is
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from console.history import state_dir
+from console.records.history import state_dir
 
 FOLDER_VARS = ("XDG_STATE_HOME", "XDG_CACHE_HOME")
 

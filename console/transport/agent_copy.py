@@ -21,7 +21,7 @@ runs a small bootstrap with the host's python (:func:`AgentBundle.remote_command
 - runs ``agent serve`` from the checked folder in its own interpreter, as ``python -m agent
   serve`` would (with the login's umask, which serve keeps for the job; serve itself writes
   with 077). No second interpreter is started: the bootstrap's runs without site (``-E -S``),
-  so the agent imports ``site`` only when it needs site-packages (pynvml, agent/gpu_nvml.py).
+  so the agent imports ``site`` only when it needs site-packages (pynvml, agent/host/gpu_nvml.py).
 
 So a warm host costs one round trip and no payload; a cold one costs one more, to send the
 files. Nothing is installed, nothing secret is on a command line.
@@ -34,13 +34,13 @@ import os
 import shlex
 import zlib
 
-from agent import version as agent_version_mod
+from agent.wire import version as agent_version_mod
 
 SEND_MARKER = b"rankdeck-send-agent "
 
 # Runs with the host's python before anything else; it must parse on Python 2.7 and 3.x so
 # that an old interpreter reports its version instead of a SyntaxError. argv: cache version
-# python. Its hash is agent/version.py's agent_version: were they to differ, every warm
+# python. Its hash is agent/wire/version.py's agent_version: were they to differ, every warm
 # start would copy again (tests/e2e/test_ssh_transport.py, copy_once, would fail).
 BOOTSTRAP = r"""
 import os, sys
@@ -118,7 +118,7 @@ def allowed(rel, st):
 
 def sources(src):
     # the agent's source files by their names in the payload ("PACKAGE/NAME.py"), sorted as
-    # agent/version.py sorts them: its hash is over the same names and bytes
+    # agent/wire/version.py sorts them: its hash is over the same names and bytes
     names = []
     for name in os.listdir(src):
         path = os.path.join(src, name)

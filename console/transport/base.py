@@ -2,7 +2,7 @@
 
 A transport knows how to reach a host and start ``python -m agent serve`` there with the
 host's interpreter; it knows nothing about the protocol spoken over the stream. The console's
-NodeLink speaks the protocol (agent/protocol.py) over whatever :meth:`Transport.open` returns.
+NodeLink speaks the protocol (agent/wire/protocol.py) over whatever :meth:`Transport.open` returns.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the step. The node's supervisors were started by that ``serve`` but leave its pr
 once (they are session leaders that outlive it), so a console that goes away leaves the run
 training. A ``proctrack/cgroup`` site kills everything in a step's cgroup when the step ends,
 so there :meth:`SlurmTransport.hold_nodes` first starts the job's ``rankdeck-host`` step on
-the nodes (agent/host_step.py), a step of its own kept running on the login host, and the
+the nodes (agent/slurm/host_step.py), a step of its own kept running on the login host, and the
 run's supervisors, store and judge are its children (docs/SLURM.md, "proctrack/cgroup
 sites").
 
@@ -28,7 +28,7 @@ import asyncio
 import shlex
 import time
 
-from agent.slurm_words import proctrack_cgroup
+from agent.wire.slurm import proctrack_cgroup
 
 from .agent_copy import shell_word
 from .ssh import SshTransport

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import asyncssh
 
-from agent import protocol
+from agent.wire import protocol
 
-from ..sanitize import clean
+from ..lines.sanitize import clean
 from .agent_copy import SEND_MARKER, AgentBundle
 from .base import AgentStream, HostUnreachable, Transport
 from .ssh_errors import connect_error, host_label, start_error

@@ -15,7 +15,7 @@ import socket
 
 import asyncssh
 
-from ..sanitize import clean
+from ..lines.sanitize import clean
 from .base import HostUnreachable
 
 _ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\]")

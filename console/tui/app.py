@@ -23,11 +23,11 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 
 from ..errors import LaunchError
-from ..run import RunController
-from ..sanitize import clean
-from ..sources import ALL, NODE, RANK
-from ..state import RUN_ENDED
-from ..summary import control_lines, detach_hint, status_table
+from ..run.run import RunController
+from ..lines.sanitize import clean
+from ..model.sources import ALL, NODE, RANK
+from ..model.state import RUN_ENDED
+from ..model.summary import control_lines, detach_hint, status_table
 from .confirm import control_confirm
 from .cordon import open_cordon
 from .events import EventsLog
@@ -41,8 +41,10 @@ from .lateness import open_lateness
 from .logs import LogPanes
 from .lru import tune_gc, untune_gc
 from .losschart import LossChart
-from .messages import (FilterChanged, FollowChanged, GotoSubmitted, LogLines, RunChanged,
-                       RunEventAdded, SourceChosen)
+from .messages import (
+    FilterChanged, FollowChanged, GotoSubmitted, LogLines, RunChanged, RunEventAdded,
+    SourceChosen
+)
 from .nodes import NodesTable
 from .palette import rankdeck_commands
 from .prompt import PromptBar
@@ -221,8 +223,7 @@ class RankdeckApp(App[int]):
     def _refresh_in_turn(self, steps: list) -> None:
         """The large widgets redrawn a few frames apart: at 512 ranks the nodes table, GPU
         panel and loss chart painted in the same frame took 70-90 ms, and a key pressed
-        meanwhile waited for all of it (bench/tui.py; docs/BENCHMARKS.md, "Keys and frames
-        at 512 ranks"). A timer, not call_after_refresh: that one can run before the first
+        meanwhile waited for all of it (bench/tui.py; docs/BENCHMARKS.md, "The view"). A timer, not call_after_refresh: that one can run before the first
         widget's frame."""
         if not self.nodes.is_attached:
             return

@@ -1,9 +1,9 @@
-"""`c` on a node row: the cordon preview (console/surgery.py) in a ConfirmScreen, and on
-`y` the surgery itself (console/cordon.py), its outcome as a notification."""
+"""`c` on a node row: the cordon preview (console/surgery/surgery.py) in a ConfirmScreen, and on
+`y` the surgery itself (console/surgery/cordon.py), its outcome as a notification."""
 
 from __future__ import annotations
 
-from ..cordon import cordon, unreachable
+from ..surgery.cordon import cordon, unreachable
 from .confirm import ConfirmScreen
 
 

@@ -17,10 +17,10 @@ import re
 
 from rich.text import Text
 
-from ..sanitize import clean
-from ..state import RunState
-from ..state_nodes import Event
-from ..text import clock_text, human_bytes
+from ..lines.sanitize import clean
+from ..model.state import RunState
+from ..model.nodes import Event
+from ..lines.text import clock_text, human_bytes
 
 KIND_STYLE = {
     "checkpoint": "green", "launched": "cyan", "rendezvous": "cyan", "restarting": "magenta",

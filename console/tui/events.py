@@ -18,10 +18,10 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import RichLog, Static
 
-from ..sanitize import clean
-from ..state import EVENTS, RunState
-from ..state_nodes import Event
-from ..text import clock_text
+from ..lines.sanitize import clean
+from ..model.state import EVENTS, RunState
+from ..model.nodes import Event
+from ..lines.text import clock_text
 from .eventlines import ALERTS, checkpoint_step, folded, item_text, pinned_text, who_of
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from ..lines import Entry
-from ..sanitize import clean
-from ..sources import ALL, NODE, RANK, rank_of
-from ..state import RunState
-from ..state_nodes import Event, LineBatch
+from ..lines.lines import Entry
+from ..lines.sanitize import clean
+from ..model.sources import ALL, NODE, RANK, rank_of
+from ..model.state import RunState
+from ..model.nodes import Event, LineBatch
 from .messages import LogLines, RunChanged, RunEventAdded
 
 PENDING_CAP = 5000  # per source between two flushes; more than a pane would keep anyway

@@ -4,7 +4,7 @@ Textual's Footer recomposes (unmounts and mounts a widget per key, then styles t
 time the screen says its bindings were updated: every focus change, even between two log
 panes whose keys are the same. At 200x60 that was 20-45 ms of the event loop, twice (the
 new keys' mount says so again), and a key pressed meanwhile waited for it (bench/tui.py;
-docs/BENCHMARKS.md, the tenth session's first key). Footer says whether it shows keys yet
+docs/BENCHMARKS.md, "The view"). Footer says whether it shows keys yet
 only in its private ``_bindings_ready`` (internals.py).
 """
 

@@ -13,15 +13,15 @@ pids of another PID namespace), the rank with that local rank, as ``cuda:LOCAL_R
 
 from __future__ import annotations
 
-from agent.verdict import rank_ranges
+from agent.rules.verdict import rank_ranges
 
-from ..sanitize import clean
-from ..state import RunState
-from ..telemetry import SLOWING, hardware_of
+from ..lines.sanitize import clean
+from ..model.state import RunState
+from ..model.telemetry import SLOWING, hardware_of
 from .fitting import fitted, wrapped
 from .rowsview import RowsView
-from ..summary import ranks_by_node
-from ..text import gib
+from ..model.summary import ranks_by_node
+from ..lines.text import gib
 
 BAR = 8
 MIN_WIDTH = 24  # the panel's lines are laid out for at least this many columns

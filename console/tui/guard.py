@@ -1,6 +1,6 @@
 """One bad value shows as ``n/a`` in its cell, never ends the view.
 
-Everything a widget draws comes from a host (untrusted: console/agent_messages.py bounds what
+Everything a widget draws comes from a host (untrusted: console/run/messages.py bounds what
 it can); a value that still breaks a formatter (a bug, a newer agent's field) must cost one
 cell, not the app: Textual ends the app on an exception in ``render``. Each guarded place logs
 the first failure of its kind with its traceback to the rankdeck log, not the screen.

@@ -14,10 +14,10 @@ from typing import Callable
 from rich.text import Text
 from textual.widgets import Static
 
-from ..state import RunState
-from ..rendezvous import wait_short
-from ..summary import eta_s, launch_progress, run_step, steps_per_s, total_steps
-from ..text import hms
+from ..model.state import RunState
+from ..model.rendezvous import wait_short
+from ..model.summary import eta_s, launch_progress, run_step, steps_per_s, total_steps
+from ..lines.text import hms
 from .fitting import fitted
 from .guard import NA, shown_or
 from .styles import state_style

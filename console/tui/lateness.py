@@ -1,14 +1,14 @@
 """LatenessScreen (``L``): how long the other ranks wait for each rank, worst first.
 
 One row a rank: rank, node, slowdown (``1.43x``), the share of the time the others wait for
-it (the median of its newest shares, agent/straggler.py ``sustained``) and a strip of its
+it (the median of its newest shares, agent/rules/straggler.py ``sustained``) and a strip of its
 recent shares, one cell a sample tick, newest at the right, as a coloured sparkline. A rank
 flagged as a straggler is drawn like a verdict's suspect. Ranks are ordered by sustained
 share, then newest share; only the rows that fit are built (a 512-rank run shows the top
 ones and says how many more). Enter shows the rank's log in the active pane.
 
 The numbers are RunState's (``state.stragglers``, fed by the supervisors' ``sample``
-records, agent/ranksample.py); the screen re-reads them at most once a ``REDRAW_S``, and only
+records, agent/supervisor/ranksample.py); the screen re-reads them at most once a ``REDRAW_S``, and only
 when a tick was reduced or the ranks changed.
 """
 
@@ -21,16 +21,16 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..sanitize import clean
-from ..sources import RANK
-from ..state import RunState
-from agent.straggler import HISTORY, SHARE_MIN
+from ..lines.sanitize import clean
+from ..model.sources import RANK
+from ..model.state import RunState
+from agent.rules.straggler import HISTORY, SHARE_MIN
 from .messages import SourceChosen
 from .rowsview import RowsView
 from .styles import SUSPECT_STYLE
 
 REDRAW_S = 1.0
-SHARE_TOP = 0.95  # agent/straggler.py caps a share there
+SHARE_TOP = 0.95  # agent/rules/straggler.py caps a share there
 SPARKS = "▁▂▃▄▅▆▇█"
 NODE_W = 16
 MORE = "more"

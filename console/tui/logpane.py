@@ -3,7 +3,7 @@
 The source is a rank, a whole node (its ranks and torchrun merged, prefixed) or every rank.
 Switching source refills the view from RunState's kept lines; afterwards the parent hands it
 each flushed batch of that source only. Scrolling up past the top fetches older lines from
-the nodes' journals (console/scrollback.py), a page at a time.
+the nodes' journals (console/model/scrollback.py), a page at a time.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from ..sanitize import cleaned, shown_text
-from ..scrollback import (Fetch, Scrollback, entries_of, kept_chunks, newest_positions,
-                          split_newest)
-from ..sources import ALL, NODE, RANK, source_label, streams_of
-from ..state import RunState
-from ..state_nodes import LINES_PER_RANK
+from ..lines.sanitize import cleaned, shown_text
+from ..model.scrollback import (
+    Fetch, Scrollback, entries_of, kept_chunks, newest_positions, split_newest
+)
+from ..model.sources import ALL, NODE, RANK, source_label, streams_of
+from ..model.state import RunState
+from ..model.nodes import LINES_PER_RANK
 from .logview import LogView
 from .messages import OlderWanted
 from .styles import state_style

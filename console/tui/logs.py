@@ -14,8 +14,8 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 
-from ..sources import ALL, NODE, RANK
-from ..state import RunState
+from ..model.sources import ALL, NODE, RANK
+from ..model.state import RunState
 from .logpane import LogPane
 
 MAX_PANES = 4

@@ -1,10 +1,10 @@
 """LogView: a ScrollView of log lines with filter, highlight, collapse, wrap and timestamps.
 
-Lines are plain text (cleaned by console/sanitize.py) and are never parsed as markup: each
+Lines are plain text (cleaned by console/lines/sanitize.py) and are never parsed as markup: each
 becomes segments of its literal text with only our own styles (timestamp, who, matches).
 Rendering is per visible row through ``render_line`` with an LRU cache of strips, so appending
 thousands of lines costs list appends, not layout. Entries arrive in batches (``add_entries``)
-into the view's :class:`~console.window.EntryWindow`, which holds at most ``max_lines`` of
+into the view's :class:`~console.lines.window.EntryWindow`, which holds at most ``max_lines`` of
 them while the view follows, ``SCROLLBACK`` more while paused; changing an option rebuilds
 the shown lines from it.
 
@@ -27,10 +27,10 @@ from textual.reactive import var
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from agent.verdict import rank_ranges
+from agent.rules.verdict import rank_ranges
 
-from ..text import clock_text
-from ..window import EntryWindow
+from ..lines.text import clock_text
+from ..lines.window import EntryWindow
 from .cells import fit, width_of
 from .messages import FollowChanged, OlderWanted
 from .lru import LRU
@@ -168,7 +168,7 @@ class LogView(ScrollView, can_focus=True):
         return len(taken)
 
     def add_entries(self, entries: list) -> None:
-        """Append a batch of entries (console/lines.py ``Entry``), oldest first."""
+        """Append a batch of entries (console/lines/lines.py ``Entry``), oldest first."""
         if not entries:
             return
         self.window.add(entries, self.limit)

@@ -14,12 +14,12 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from ..state import RunState
+from ..model.state import RunState
 from .braille import bounds, plot, sample
 from .fitting import fitted
 from .guard import NA, shown_or
-from ..summary import run_step, steps_per_s
-from ..text import fmt_float
+from ..model.summary import run_step, steps_per_s
+from ..lines.text import fmt_float
 
 REDRAW_S = 1.0
 MAX_SERIES = 32  # ranks drawn in "all" mode (evenly chosen); more would be one blur

@@ -5,7 +5,7 @@ so every entry and the rows it held become cyclic garbage that only a collection
 log view clears its cache on every refill (each rank switch), 1,024 rows at a time, and with
 ``Strip.divide`` below that garbage was what made the console's full collections run 70 ms
 at 512 ranks (bench/tui.py), in the middle of a key press. ``tune_gc`` sets the collector
-for what is left (docs/BENCHMARKS.md, the TUI section).
+for what is left (docs/BENCHMARKS.md, "The view").
 """
 
 from __future__ import annotations

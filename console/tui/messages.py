@@ -1,8 +1,8 @@
 """Messages of the rankdeck app: one class per kind of event, flowing up to the app.
 
 A log source is a tuple: ``("rank", 5)``, ``("node", "node1")`` (a whole node merged) or
-``("all", None)`` (every rank merged). Log lines travel as console/lines.py ``Entry`` with
-``text`` already cleaned by console/sanitize.py (plain text, never markup).
+``("all", None)`` (every rank merged). Log lines travel as console/lines/lines.py ``Entry`` with
+``text`` already cleaned by console/lines/sanitize.py (plain text, never markup).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from ..state_nodes import Event
+from ..model.nodes import Event
 
 
 @dataclass

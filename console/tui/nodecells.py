@@ -1,6 +1,6 @@
 """The nodes table's detail column fitted to the room it has: whole cells, never a cut figure.
 
-A node row's telemetry (console/telemetry.py ``row_cells``: ``gpu 84/86%  net 1.2/0.9G ...``)
+A node row's telemetry (console/model/telemetry.py ``row_cells``: ``gpu 84/86%  net 1.2/0.9G ...``)
 and a rank row's detail (``loss 1.400  0.50s/step``) are longer than the column left to them
 in a narrow side column (7 cells at 120x35). Cells are kept by importance, each in its full
 form or, when that does not fit, a deliberate short one with its unit (``gpu 86%`` is the

@@ -6,7 +6,7 @@ rank holding the others back); step time, the slowest first. A node sorts by its
 so a collapsed node with one stalled rank comes up with the stalled ranks. Ties keep
 inventory (rank) order.
 
-Then the node's telemetry (console/telemetry.py ``node_telemetry``), each in the direction
+Then the node's telemetry (console/model/telemetry.py ``node_telemetry``), each in the direction
 that puts the node holding the others back on top; ranks keep rank order under a node:
 
 - gpu util, the lowest mean first (then the lowest single GPU): in a synchronous job the busy
@@ -25,7 +25,7 @@ something that is not a finite number) sorts last under these orders.
 from __future__ import annotations
 
 
-from ..telemetry import host_number, node_row
+from ..model.telemetry import host_number, node_row
 
 ORDERS = ("node", "state", "step", "step time", "gpu util", "tok/s", "network", "cpu")
 # the telemetry orders: (the row's columns it sorts by, 1 lowest first / -1 highest first,

@@ -20,17 +20,17 @@ import math
 
 from textual.binding import Binding
 
-from ..sanitize import clean
-from ..sources import NODE, RANK
-from ..state import RunState
+from ..lines.sanitize import clean
+from ..model.sources import NODE, RANK
+from ..model.state import RunState
 from .cells import width_of
 from .messages import SourceChosen
 from .nodecells import GAP, fit_cells, short_form
 from .nodeorder import ORDERS, TELEMETRY, header_label, ordered, worst
 from .rowsview import RowsView, line_width
-from ..summary import node_detail, node_phase, node_step, ranks_by_node
-from ..telemetry import far_nodes, node_row, row_cells
-from ..text import fmt_float
+from ..model.summary import node_detail, node_phase, node_step, ranks_by_node
+from ..model.telemetry import far_nodes, node_row, row_cells
+from ..lines.text import fmt_float
 from .styles import state_style
 from .suspects import marked_line
 

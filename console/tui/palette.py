@@ -9,7 +9,7 @@ from typing import Iterable
 
 from textual.app import SystemCommand
 
-from ..sources import ALL, NODE, RANK
+from ..model.sources import ALL, NODE, RANK
 
 
 def rankdeck_commands(app) -> Iterable[SystemCommand]:

@@ -5,7 +5,7 @@ does: the keys of :data:`CHANGES_RUN` are taken out of the bindings of the app, 
 widget on its screen and of every dialog it opens (so neither the
 footer nor the help lists them, and pressing one does nothing), ``check_action`` refuses
 their actions however they are reached (the command palette, a binding added later), and
-the agent refuses the requests on this console's connections (agent/serve.py). A new key
+the agent refuses the requests on this console's connections (agent/serve/server.py). A new key
 that changes the run is named here.
 """
 

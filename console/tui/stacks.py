@@ -1,7 +1,7 @@
 """StacksScreen (``s``): the selected node's ranks' Python stacks, the odd one marked.
 
 Every node is asked (RunController.stacks), because "odd" means unlike the majority of the
-whole run (console/stacks.py ``group``); the selected node's ranks are shown frame by frame
+whole run (console/judgement/stacks.py ``group``); the selected node's ranks are shown frame by frame
 with line numbers, and the run's odd ranks elsewhere are named at the end. ``r`` restarts
 the node (asks first), ``s`` asks again.
 """
@@ -16,8 +16,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..sanitize import clean
-from ..stacks import answered, group, main_thread_locations
+from ..lines.sanitize import clean
+from ..judgement.stacks import answered, group, main_thread_locations
 from .styles import SUSPECT_STYLE
 
 FRAMES_SHOWN = 16

@@ -1,6 +1,6 @@
 """The Rich style of each node, rank and launch state, for every widget that shows one.
 
-The words themselves (phases, progress, tables) are plain text in console/summary.py.
+The words themselves (phases, progress, tables) are plain text in console/model/summary.py.
 """
 
 from __future__ import annotations

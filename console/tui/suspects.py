@@ -3,8 +3,8 @@ SUSPECT_STYLE saying where the rank is, the ranks merely waiting saying on what.
 
 from __future__ import annotations
 
-from ..sanitize import clean
-from ..state import RunState
+from ..lines.sanitize import clean
+from ..model.state import RunState
 from .styles import SUSPECT_STYLE, WAITING_STYLE
 
 

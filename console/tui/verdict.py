@@ -3,7 +3,7 @@ verdict arrives, and VerdictScreen (``w``): kind, suspects with node, frame and 
 the evidence; ``w`` there takes a fresh verdict, ``r`` restarts the suspect's node, ``s``
 shows its stacks.
 
-The verdict itself is RunState's (``state.verdict``, agent/verdict.py); the controller
+The verdict itself is RunState's (``state.verdict``, agent/rules/verdict.py); the controller
 takes one when ranks stall, and ``RunController.why()`` on demand. From the stall to a
 restarted node: the cursor is already on the suspect's node, so ``r``, ``y`` (or ``w``,
 ``r``, ``y`` after reading why).
@@ -19,8 +19,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..sanitize import clean
-from ..verdict import evidence_lines
+from ..lines.sanitize import clean
+from ..judgement.verdict import evidence_lines
 from .styles import SUSPECT_STYLE
 from .suspects import first_suspect_node
 

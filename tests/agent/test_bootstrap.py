@@ -77,7 +77,7 @@ def test_pynvml_is_found_without_site(tmp_path):
     # first wants pynvml (nvidia-ml-py is installed in this venv)
     code = ("import sys; sys.path.insert(0, %r)\n"
             "assert 'pynvml' not in sys.modules and sys.flags.no_site\n"
-            "from agent.gpu_nvml import import_pynvml\n"
+            "from agent.host.gpu_nvml import import_pynvml\n"
             "print(import_pynvml().__name__)\n" % REPO)
     out = subprocess.run([sys.executable, "-E", "-S", "-c", code], capture_output=True,
                          text=True, timeout=60, cwd=str(tmp_path))

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from agent.checkpoint_watch import CheckpointWatch  # noqa: E402
+from agent.formats.ckpt_watch import CheckpointWatch  # noqa: E402
 
 CHUNK = 4096
 
@@ -145,7 +145,7 @@ def test_the_checkpoint_dir_watch_announces_new_saves_only(tmp_path):
 
 
 def test_resume_lines_of_the_reference_trainer_hugging_face_and_lightning():
-    from agent.resumed import resumed_records
+    from agent.formats.resumed import resumed_records
 
     assert resumed_records("resumed step=50 from=/abs/ckpt/step_00000050.pt\n") == [
         {"k": "resumed", "step": 50, "path": "/abs/ckpt/step_00000050.pt"}]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from agent.checkpoint_watch import CheckpointWatch
-from agent.worker_exit import failures
+from agent.formats.ckpt_watch import CheckpointWatch
+from agent.torchrun.worker_exit import failures
 
 
 def test_a_deleted_checkpoint_is_reported_once_and_a_not_yet_written_one_never(tmp_path):

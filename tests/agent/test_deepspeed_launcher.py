@@ -3,16 +3,16 @@
 reference trainer's ds_train.py with ``--crash-at-step 3 --crash-rank 1``; rank 0 then failed
 on the lost peer, and the launcher killed both): its console (``torchrun.log``) and each
 rank's file (``--enable_each_rank_log``). DeepSpeed has no torchrun records: its phase and
-cause come from these (agent/torchrun_phase.py, agent/cause.py)."""
+cause come from these (agent/torchrun/phase.py, agent/torchrun/cause.py)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 
-from agent import cause
-from agent.tail import rank_files
-from agent.torchrun_log import TorchrunLog
+from agent.torchrun import cause
+from agent.host.tail import rank_files
+from agent.torchrun.log import TorchrunLog
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deepspeed_crash")
 RANK0, RANK1 = "20261126065638_rank0.log", "20261126065638_rank1.log"

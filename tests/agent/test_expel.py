@@ -1,5 +1,5 @@
 """A fenced node's dead torchrun taken out of the c10d rendezvous on its behalf
-(agent/expel.py): real torch rendezvous handlers on rankdeck's real store process, with a
+(agent/surgery/expel.py): real torch rendezvous handlers on rankdeck's real store process, with a
 keep-alive of 60 s x 3, so without the expel the killed node's entry would hold the
 survivors' next round for three minutes."""
 
@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from agent import expel, procs
-from agent.runfiles import write_json_atomic
-from agent.store import start_store, stop_store
+from agent.surgery import expel
+from agent.host import procs
+from agent.host.runfiles import write_json_atomic
+from agent.store.tcpstore import start_store, stop_store
 from tests.spine.helpers import HOST_PYTHON
 from tests.waits import wait_for_sync
 
@@ -24,7 +25,7 @@ FLAGS = ["--rdzv-backend", "c10d", "--rdzv-id", "run-x"]
 
 def keep_store_up(run_root):
     """A live node of the run on this host (this test process as its supervisor): the store
-    stops itself only once the run has ended here (agent/store.py wait_for_run_end)."""
+    stops itself only once the run has ended here (agent/store/tcpstore.py wait_for_run_end)."""
     me = procs.stat(os.getpid())
     write_json_atomic(os.path.join(run_root, "node0", "state.json"),
                       {"pid": me.pid, "starttime": me.starttime, "state": "running"})

@@ -1,4 +1,4 @@
-"""A cordoned node's fence (agent/node_fence.py): once fenced, nothing of the run starts on it
+"""A cordoned node's fence (agent/node/fence.py): once fenced, nothing of the run starts on it
 again (start, restart, the judge's restart through its link) until it is unfenced."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from agent import node, node_fence, node_ops
-from agent.protocol import RequestError
+from agent.node import folder as node, fence as node_fence, ops as node_ops
+from agent.wire.protocol import RequestError
 
 
 def args(tmp_path, **more) -> dict:
@@ -34,7 +34,7 @@ def test_a_fenced_node_refuses_start_and_restart_until_unfenced(tmp_path):
 
 def test_the_gpu_check_of_a_stop_in_words():
     """What a fence says of the GPU memory its processes held
-    (agent/supervisor_launcher.py gpu_after_kill's report): freed, still held (the surgery
+    (agent/supervisor/launcher.py gpu_after_kill's report): freed, still held (the surgery
     fails), or no GPU to check."""
     assert node_fence.gpu_words(None) == "no GPU"
     assert node_fence.gpu_words({"held": 0, "pids": []}) == "freed"
@@ -46,8 +46,8 @@ def test_a_fence_ends_the_node_stopped_with_why_and_a_hung_node_without_grace(tm
                                                                                 monkeypatch):
     """What the fence hands the supervisor's stop (STOP_END, read by Supervisor.stop_end):
     the end (stopped, why), and grace 0 for a node judged hung: SIGKILL at once."""
-    from agent.runfiles import write_json_atomic
-    from agent.supervisor import Supervisor
+    from agent.host.runfiles import write_json_atomic
+    from agent.supervisor.supervisor import Supervisor
     ndir = tmp_path / "run" / "node2"
     ndir.mkdir(parents=True)
     written = []
@@ -74,8 +74,8 @@ def test_drop_workers_kills_the_marked_workers_of_a_live_torchrun_and_leaves_it(
     import subprocess
     import sys
 
-    from agent import procs
-    from agent.runfiles import write_json_atomic
+    from agent.host import procs
+    from agent.host.runfiles import write_json_atomic
     assert node_fence.drop_workers(args(tmp_path)) == {"killed": []}  # never ran here
     env = dict(os.environ, **{procs.MARKER: "r1/node2"})
     sleeper = "import time; time.sleep(120)"

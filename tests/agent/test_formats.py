@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from agent.metrics import MetricParser
+from agent.formats.metrics import MetricParser
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "formats")
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from agent.metrics import MetricParser
+from agent.formats.metrics import MetricParser
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "formats")
 

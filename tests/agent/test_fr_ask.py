@@ -9,7 +9,7 @@ import os
 import threading
 import time
 
-from agent import fr_dump
+from agent.torchrun import fr_dump
 
 
 def test_an_ask_waits_for_a_hook_that_reopens_its_fifo(tmp_path):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpu import GpuProbe
-from agent.gpu_fields import gpu_pids_memory
+from agent.host.gpu import GpuProbe
+from agent.host.gpu_fields import gpu_pids_memory
 from tests.waits import wait_for_sync
 
 GIB = 1024 ** 3

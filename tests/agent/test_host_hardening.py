@@ -14,9 +14,11 @@ import sys
 
 import pytest
 
-from agent import node_ops, procs, protocol
-from agent.store import start_store, stop_store
-from console.spec import new_run_id
+from agent.node import ops as node_ops
+from agent.host import procs
+from agent.wire import protocol
+from agent.store.tcpstore import start_store, stop_store
+from console.launch.spec import new_run_id
 from tests.spine.helpers import HOST_PYTHON
 from tests.waits import wait_for_sync
 

@@ -1,7 +1,7 @@
-"""The host's masking of secrets in log data before it enters the journal (agent/mask.py)."""
+"""The host's masking of secrets in log data before it enters the journal (agent/rules/mask.py)."""
 
-from agent.cause import masked
-from agent.mask import Masker
+from agent.torchrun.cause import masked
+from agent.rules.mask import Masker
 
 
 def test_longest_first_in_one_pass():

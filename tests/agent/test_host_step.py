@@ -1,4 +1,4 @@
-"""A Slurm job's rankdeck-host step (agent/host_step.py), as real processes: what ``serve``
+"""A Slurm job's rankdeck-host step (agent/slurm/host_step.py), as real processes: what ``serve``
 asks it to start is its child (on a proctrack/cgroup site: in its step's cgroup), its spec
 through stdin; it answers only its own user; it ends once it has had no child for a while;
 without a host, spawn starts the process itself. The cgroup site end to end:
@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 
-from agent import host_step, procs
+from agent.slurm import host_step
+from agent.host import procs
 from tests.waits import wait_for_sync
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

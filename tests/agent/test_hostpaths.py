@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from agent import hostpaths
-from agent.preflight import host_facts, python_facts, script_facts, workdir_facts
+from agent.host import paths as hostpaths
+from agent.serve.preflight import host_facts, python_facts, script_facts, workdir_facts
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import subprocess
 import sys
 import threading
 
-from agent import serve
-from agent.hoststats import FIRST_WINDOW_S, HostSampler
-from agent.journal import JournalWriter
-from console.telemetry import node_telemetry
+from agent.serve import server as serve
+from agent.host.stats import FIRST_WINDOW_S, HostSampler
+from agent.host.journal import JournalWriter
+from console.model.telemetry import node_telemetry
 from tests.waits import wait_for_sync
 
 NET_DEV = """\

@@ -1,9 +1,9 @@
 """The job's import path is the user's, not the agent's (issue 29).
 
-A real supervisor (agent/node_ops.py ``start``) runs a script in place of torchrun. The login's
+A real supervisor (agent/node/ops.py ``start``) runs a script in place of torchrun. The login's
 PYTHONPATH holds a training package named ``agent``; the agent runs with its own folder first
 on PYTHONPATH, and the job used to inherit that, so ``import agent`` gave rankdeck's. The
-flight-recorder hook (agent/frhook.py, loaded as ``sitecustomize``) must still load.
+flight-recorder hook (agent/torchrun/frhook.py, loaded as ``sitecustomize``) must still load.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from agent import node, node_ops
+from agent.node import folder as node, ops as node_ops
 
 from tests.waits import wait_for
 

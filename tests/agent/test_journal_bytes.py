@@ -1,14 +1,15 @@
-"""Journal records sent as the journal holds them (``jbytes``: agent/protocol.py
-journal_bytes, console/agent_messages.py journal_of_bytes) reach the console as the same
+"""Journal records sent as the journal holds them (``jbytes``: agent/wire/protocol.py
+journal_bytes, console/run/messages.py journal_of_bytes) reach the console as the same
 records a ``journal`` message brings; bytes that are no whole records are refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent import protocol, serve
-from agent.journal import JournalReader, JournalWriter
-from console import agent_messages
+from agent.wire import protocol
+from agent.serve import server as serve
+from agent.host.journal import JournalReader, JournalWriter
+from console.run import messages as agent_messages
 
 RECORDS = [
     ({"k": "file", "f": 1, "rank": 0, "local_rank": 0, "stream": "stdout", "path": "/x/0"}, b""),

@@ -1,5 +1,5 @@
-"""The run's judge (agent/judge.py) on its own: real sockets and its real journal, with two
-peers speaking for nodes the way agent/judge_link.py does. The whole path with real torchrun
+"""The run's judge (agent/judge/judge.py) on its own: real sockets and its real journal, with two
+peers speaking for nodes the way agent/supervisor/judge_link.py does. The whole path with real torchrun
 is tests/spine/test_judge.py."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
-from agent import judge_wire
-from agent.journal import JournalReader
-from agent.judge_control import ask_judge, running_judge, start_judge, stop_judge
-from agent.judge_rules import check_stalls, ends_due, run_over
-from agent.judge_view import RunView
+from agent.wire import judge as judge_wire
+from agent.host.journal import JournalReader
+from agent.judge.control import ask_judge, running_judge, start_judge, stop_judge
+from agent.rules.judge import check_stalls, ends_due, run_over
+from agent.rules.judge_view import RunView
 from tests.waits import wait_for_sync
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -136,10 +136,10 @@ def test_a_console_gets_a_fresh_verdict_and_a_stranger_nothing(judged):
 
 def test_a_failing_or_hanging_notify_command_is_an_event_and_the_judge_goes_on(tmp_path,
                                                                                monkeypatch):
-    from agent import judge_notify
+    from agent.judge import notify as judge_notify
     monkeypatch.setattr(judge_notify, "TIMEOUT_S", 1.0)
     reported = []
-    from agent.mask import Masker
+    from agent.rules.mask import Masker
     for command, text in [("exit 1", "exited with code 1"), ("sleep 30", "timed out")]:
         n = judge_notify.Notifier(command, None, Masker([]), reported.append)
         n.consider({"k": "event", "what": "verdict", "verdict": {}})
@@ -200,7 +200,7 @@ def test_closing_a_line_while_another_thread_reads_it_ends_both():
 
 
 def test_the_judge_names_a_straggler_from_the_nodes_samples():
-    """The continuous straggler rule (agent/straggler.py) on the judge: the samples the links
+    """The continuous straggler rule (agent/rules/straggler.py) on the judge: the samples the links
     forward name the slow rank, once, with no console."""
     import random
 
@@ -219,12 +219,12 @@ def test_the_judge_names_a_straggler_from_the_nodes_samples():
 
 
 def test_the_judge_says_what_a_rendezvous_waits_for_from_the_nodes_states(judged):
-    """The rendezvous-wait rule on the judge (agent/rendezvous.py): the phases the links
+    """The rendezvous-wait rule on the judge (agent/rules/rendezvous.py): the phases the links
     forward from state.json, in the judge's clock; a console reads the wait from its journal."""
     import time
 
-    from console.judged import apply_judge_records, judge_applies
-    from console.state import RunState
+    from console.judgement.judged import apply_judge_records, judge_applies
+    from console.model.state import RunState
     run_root, info, _tmp = judged
     n0 = FakeNode(info["port"], "node0", {"ranks": []})
     n1 = FakeNode(info["port"], "node1", {"ranks": []})
@@ -264,10 +264,10 @@ def test_a_node_named_by_a_verdict_soon_after_its_restart_is_proposed_for_cordon
 
 
 def test_on_hang_restart_of_a_static_world_restarts_every_node_on_a_fresh_store(tmp_path):
-    # DeepSpeed's world (agent/static_world.py): the verdict names rank 1 on node1, and every
+    # DeepSpeed's world (agent/surgery/static_world.py): the verdict names rank 1 on node1, and every
     # node restarts, told the port of the store started again beside the judge
-    from agent.runfiles import read_json
-    from agent.store import start_store, stop_store
+    from agent.host.runfiles import read_json
+    from agent.store.tcpstore import start_store, stop_store
     run_root = str(tmp_path / "run")
     os.makedirs(run_root)
     old = start_store(run_root, "127.0.0.1", sys.executable)
@@ -295,11 +295,11 @@ def test_on_hang_restart_of_a_static_world_restarts_every_node_on_a_fresh_store(
 
 
 def test_on_hang_restart_has_the_old_torchrun_taken_out_of_the_rendezvous(tmp_path):
-    """The node's link names its old torchrun, gone after the restart (agent/judge_link.py
+    """The node's link names its old torchrun, gone after the restart (agent/supervisor/judge_link.py
     ``_restart``'s ``member``): the judge asks the store beside it to take it out of the
-    rendezvous (agent/expel.py; the expel itself is tests/agent/test_expel.py's), and says
+    rendezvous (agent/surgery/expel.py; the expel itself is tests/agent/test_expel.py's), and says
     what came of it: here the store has no such rendezvous, so nothing is touched."""
-    from agent.store import start_store, stop_store
+    from agent.store.tcpstore import start_store, stop_store
     run_root = str(tmp_path / "run")
     os.makedirs(run_root)
     start_store(run_root, "127.0.0.1", sys.executable)
@@ -338,7 +338,7 @@ class _Line:
 def test_a_node_that_did_not_answer_the_first_sample_is_not_asked_again(tmp_path):
     """A verdict takes two samples; a cut host would make each wait out WHY_TIMEOUT: its
     silence in the first stands for the second, and it is named unreachable once."""
-    from agent.judge import Judge
+    from agent.judge.judge import Judge
     judge = Judge({"token": TOKEN, "nodes": ["node0", "node1"]}, str(tmp_path))
     for rank in (0, 1):
         judge.view.apply("node%d" % rank, {"k": "file", "f": 1, "rank": rank, "world_size": 2}, 0)

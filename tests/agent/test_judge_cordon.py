@@ -1,4 +1,4 @@
-"""The judge's cordon policy (agent/judge_cordon.py, ``launch --auto-cordon``) on its own: a
+"""The judge's cordon policy (agent/judge/cordon.py, ``launch --auto-cordon``) on its own: a
 real judge and its journal, nodes spoken for by FakeNode (tests/agent/test_judge.py), and a
 real supervisor started for the spare from the spec kept on the judge's host. The whole path
 with real torchrun is tests/spine/test_auto_cordon.py."""
@@ -15,8 +15,8 @@ import types
 
 import pytest
 
-from agent import node, node_fence, node_ops
-from agent.judge_control import running_judge, start_judge, stop_judge
+from agent.node import folder as node, fence as node_fence, ops as node_ops
+from agent.judge.control import running_judge, start_judge, stop_judge
 from tests.agent.test_judge import TOKEN, FakeNode, events, fr, rank_1_hangs, stack
 from tests.waits import wait_for_sync
 
@@ -104,10 +104,10 @@ def test_auto_cordon_of_a_hung_node_kills_the_workers_stalled_with_it(tmp_path, 
 
 
 def test_a_nodes_link_kills_its_workers_when_the_judge_asks(tmp_path):
-    """``drop_workers`` through a node's link (agent/judge_link.py), answered as the agent's
-    op is (agent/node_fence.py; its kills are tests/agent/test_fence.py's): a node that runs no
+    """``drop_workers`` through a node's link (agent/supervisor/judge_link.py), answered as the agent's
+    op is (agent/node/fence.py; its kills are tests/agent/test_fence.py's): a node that runs no
     torchrun here has nothing to kill."""
-    from agent import judge_link
+    from agent.supervisor import judge_link
     ndir = tmp_path / "run" / "node1"
     ndir.mkdir(parents=True)
     link = judge_link.JudgeLink({}, "node1", str(ndir), dict, dict, lambda _t: None)
@@ -128,11 +128,11 @@ def test_auto_cordon_without_a_spare_or_room_to_shrink_does_nothing_and_says_why
 
 
 def test_a_nodes_link_fences_it_before_it_stops(tmp_path, monkeypatch):
-    """The judge's ``fence`` through a node's own link (agent/judge_link.py): fenced.json
+    """The judge's ``fence`` through a node's own link (agent/supervisor/judge_link.py): fenced.json
     first (no start or restart from then on), then the supervisor's stop (its own SIGTERM,
     caught here), ending ``stopped`` with the judge's reason."""
-    from agent import judge_link
-    from agent.runfiles import read_json
+    from agent.supervisor import judge_link
+    from agent.host.runfiles import read_json
     ndir = tmp_path / "run" / "node1"
     ndir.mkdir(parents=True)
     link = judge_link.JudgeLink({}, "node1", str(ndir), dict, dict, lambda _t: None)
@@ -151,12 +151,12 @@ def test_a_nodes_link_fences_it_before_it_stops(tmp_path, monkeypatch):
 
 def test_a_gpu_xid_is_journaled_by_the_node_and_its_judge_cordons_the_node(
         tmp_path, stopped_after, monkeypatch):
-    """The Xid and ECC rule: the supervisor's telemetry (agent/hoststats.py, over the tests'
+    """The Xid and ECC rule: the supervisor's telemetry (agent/host/stats.py, over the tests'
     fake NVML) journals ``gpu_error`` events; forwarded to the judge they propose the node for
     cordon, with no restart before, and --auto-cordon cordons it. Xids a job causes itself
     (45: a killed GPU process, as every fence makes) propose nothing."""
-    from agent.hoststats import TelemetryRecorder
-    from agent.judge_view import RunView
+    from agent.host.stats import TelemetryRecorder
+    from agent.rules.judge_view import RunView
     from tests.agent.test_gpu import FakeClock, full_pynvml
     nv = full_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", nv)
@@ -200,13 +200,13 @@ def test_a_gpu_xid_is_journaled_by_the_node_and_its_judge_cordons_the_node(
 def test_auto_cordon_through_a_real_supervisor_fences_it_and_nothing_of_it_is_left(
         tmp_path, stopped_after):
     """The live path: a judge (in this process) and a real supervisor connected to it
-    (agent/judge_link.py); a proposal naming the node (a hang: SIGKILL at once) has the
+    (agent/supervisor/judge_link.py); a proposal naming the node (a hang: SIGKILL at once) has the
     supervisor fence itself, stop, and say in its last state that nothing was left; the spare
     starts from its kept spec."""
-    from agent import procs
-    from agent.judge import Judge
-    from agent.judge_rules import event
-    from agent.store import listen_socket
+    from agent.host import procs
+    from agent.judge.judge import Judge
+    from agent.rules.judge import event
+    from agent.store.tcpstore import listen_socket
     run_root = str(tmp_path / "run")
     jdir = os.path.join(run_root, "judge")
     os.makedirs(jdir)

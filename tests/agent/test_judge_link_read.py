@@ -1,4 +1,4 @@
-"""How a node's judge link reads its journal (agent/judge_link.py, agent/journal.py
+"""How a node's judge link reads its journal (agent/supervisor/judge_link.py, agent/host/journal.py
 ``read_metas``): the metas it forwards are the ones a full read finds, data records are passed
 over undecoded, and one turn forwards everything the journal gained, however much."""
 
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from agent import journal as journal_mod
-from agent import judge_link
-from agent.journal import META_WINDOW, JournalReader, JournalWriter
-from agent.protocol import JournalCorrupt
+from agent.host import journal as journal_mod
+from agent.supervisor import judge_link
+from agent.host.journal import META_WINDOW, JournalReader, JournalWriter
+from agent.wire.protocol import JournalCorrupt
 
 LINE = b"rank=3 seq=123456 t=1764212345.123456 xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n"
 

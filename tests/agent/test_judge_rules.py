@@ -1,13 +1,13 @@
-"""The judge's rules added for a run nobody watches (agent/judge_rules.py, over the RunView of
-agent/judge_view.py): a rendezvous that waits and for whom, a run whose ranks print no steps
+"""The judge's rules added for a run nobody watches (agent/rules/judge.py, over the RunView of
+agent/rules/judge_view.py): a rendezvous that waits and for whom, a run whose ranks print no steps
 stalling on their CPU, a node in trouble again soon after its restart proposed for cordon. Plain
 data in, events out; the judge process with real sockets is tests/agent/test_judge.py, real
 torchrun tests/spine/test_judge*.py."""
 
 from __future__ import annotations
 
-from agent.judge_rules import check_stalls, check_waiting, cordon_proposal
-from agent.judge_view import RunView
+from agent.rules.judge import check_stalls, check_waiting, cordon_proposal
+from agent.rules.judge_view import RunView
 
 HOST = 1_764_000_000.0  # a host's clock, far from the judge's (seconds since it started)
 
@@ -49,13 +49,13 @@ def test_a_phase_without_the_hosts_clock_is_timed_from_when_the_judge_heard_of_i
     assert view.nodes["node0"].phase["since"] == 100
     assert check_waiting(view, 104) == []
     assert [e["what"] for e in check_waiting(view, 106)] == ["waiting"]
-    # a phase a host made up is not believed (agent/rendezvous.py phase_of)
+    # a phase a host made up is not believed (agent/rules/rendezvous.py phase_of)
     view.apply_state("node1", {"state": "running", "phase": {"name": "rm -rf /"}}, 106)
     assert view.nodes["node1"].phase is None
 
 
 def sample(node_ranks, cpu, period=1.0):
-    """One node's sample (agent/ranksample.py): its ranks have entered collective 7."""
+    """One node's sample (agent/supervisor/ranksample.py): its ranks have entered collective 7."""
     return {"k": "sample", "ts": HOST, "tick": 1, "period": period,
             "ranks": [{"rank": r, "pid": 100 + r, "cpu_s": cpu, "state": "S",
                        "fr": [["0", 7, 1000]]} for r in node_ranks]}

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from agent.metrics import MAX_LINE, MetricParser, keywords_in
+from agent.formats.metrics import MAX_LINE, MetricParser, keywords_in
 
 REFERENCE = "step=12 loss=4.1234 lr=3.000e-04 step_time=0.0163 tok/s=12345"
 

@@ -1,4 +1,4 @@
-"""A node's state as serve reads it four times a second (agent/node.py ``node_state`` with the
+"""A node's state as serve reads it four times a second (agent/node/folder.py ``node_state`` with the
 subscription's ``seen``): state.json parsed again only once the supervisor replaced it, its
 supervisor's life looked at every time."""
 
@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 
-from agent import node, runfiles
-from agent.procs import stat
+from agent.node import folder as node
+from agent.host import runfiles
+from agent.host.procs import stat
 
 
 def test_state_json_is_parsed_again_only_when_replaced_and_life_is_checked_each_time(

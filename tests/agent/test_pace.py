@@ -1,8 +1,8 @@
-"""agent/pace.py: the agent's polling loops turn fast in a flood and slow down in a trickle."""
+"""agent/host/pace.py: the agent's polling loops turn fast in a flood and slow down in a trickle."""
 
 from math import ceil
 
-from agent.pace import FAST, RATE, SLOW, Pace
+from agent.host.pace import FAST, RATE, SLOW, Pace
 
 
 def test_a_trickle_backs_off_to_slow_and_a_flood_turns_fast_again():
@@ -31,7 +31,7 @@ def test_silence_never_waits_longer_than_slow():
 
 
 def test_a_torrent_that_lasts_is_read_less_often_and_a_flood_below_it_never():
-    from agent.pace import LONG, SETTLE, TORRENT
+    from agent.host.pace import LONG, SETTLE, TORRENT
     clock = type("Clock", (), {"now": 100.0, "__call__": lambda self: self.now})()
     pace = Pace(clock=clock)
     torrent = lambda: ceil(TORRENT * pace.wait)  # noqa: E731 - the torrent's rate, whatever the wait

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from agent import procs
+from agent.host import procs
 from tests.waits import wait_for_sync
 
 # A parent that starts a child in a new session (as torchrun starts workers), which starts a

@@ -1,4 +1,4 @@
-"""The supervisor's periodic sample (agent/ranksample.py) without torch: this process and a
+"""The supervisor's periodic sample (agent/supervisor/ranksample.py) without torch: this process and a
 real worker child (RANK in its env, the real flight-recorder hook on its path) are sampled
 from /proc; the hook answers that torch is not imported, which the sample records."""
 
@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from agent import hooks, ranksample
-from agent.journal import JournalWriter, parse
+from agent.torchrun import hooks
+from agent.supervisor import ranksample
+from agent.host.journal import JournalWriter, parse
 from tests.waits import wait_for_sync
 
 WORKER = "import time\nwhile True:\n    sum(range(10000))\n    time.sleep(0.001)\n"
@@ -155,7 +156,7 @@ def test_no_sample_when_switched_off_or_without_workers(tmp_path):
 def test_a_dump_answered_too_late_marks_the_next_samples(node, monkeypatch):
     """A rank that cannot answer within ANSWER_WAIT (a loaded host) answers later, and that
     CPU lands in a later sample: those samples say ``rebase`` so the console does not take the
-    dump for the rank working (agent/rankcpu.py). The late answer is made by holding the
+    dump for the rank working (agent/rules/rankcpu.py). The late answer is made by holding the
     real answer back from the sampler for one sample (a load that delays it is not made on
     demand)."""
     folder, journal, proc = node

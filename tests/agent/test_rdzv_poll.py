@@ -1,6 +1,6 @@
-"""torchrun's rendezvous polled every 0.25 s (agent/rdzv_poll.py, armed by the node's hook).
+"""torchrun's rendezvous polled every 0.25 s (agent/torchrun/rdzv_poll.py, armed by the node's hook).
 
-Each test starts a real Python with the hook folder the supervisor makes (agent/hooks.py) on
+Each test starts a real Python with the hook folder the supervisor makes (agent/torchrun/hooks.py) on
 its path and imports torch's real ``dynamic_rendezvous`` there: what it prints is what
 torchrun would get. ``time.sleep`` is replaced in that process to record the waits asked of it.
 """
@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from agent import hooks, rdzv_poll
+from agent.torchrun import hooks, rdzv_poll
 
 PROBE = """\
 import json, time

@@ -1,12 +1,12 @@
-"""What the supervisor's recorder journals (agent/recorder.py), without torchrun: real rank
+"""What the supervisor's recorder journals (agent/supervisor/recorder.py), without torchrun: real rank
 files in a torchrun-shaped log folder, a real follower and a real journal, read back."""
 
 import os
 
-from agent.journal import JournalReader, JournalWriter
-from agent.mask import Masker
-from agent.recorder import Recorder
-from agent.tail import LogFollower
+from agent.host.journal import JournalReader, JournalWriter
+from agent.rules.mask import Masker
+from agent.supervisor.recorder import Recorder
+from agent.host.tail import LogFollower
 
 SECRET = "s3cr3t-token-1234"
 INSTANCE = "run_abc"  # torchrun's <rdzv-id>_<random8> folder of the current start

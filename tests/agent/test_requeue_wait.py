@@ -1,4 +1,4 @@
-"""A requeued Slurm job's wait on a real supervisor (agent/supervisor.py on_requeue): the ranks
+"""A requeued Slurm job's wait on a real supervisor (agent/supervisor/supervisor.py on_requeue): the ranks
 end while the job is back in the queue, and a torchrun that takes its time to exit after its
 workers (1.2-2 s of teardown, docs/BENCHMARKS.md) is not taken for the run failing. squeue is
 a small script that answers what the test writes; tests/slurm has the real one."""
@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import sys
 
-from agent import node, node_ops, procs
+from agent.node import folder as node, ops as node_ops
+from agent.host import procs
 from tests.unit.test_slurm_limit import slurm_commands
 from tests.waits import wait_for_sync
 

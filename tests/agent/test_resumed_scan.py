@@ -1,11 +1,11 @@
-"""agent/resumed.py after the metrics parser's scan (agent/recorder.py): a chunk's resume lines
+"""agent/formats/resumed.py after the metrics parser's scan (agent/supervisor/recorder.py): a chunk's resume lines
 are found whether or not the parser's keywords are handed on, and a chunk that mentions
 none of them costs one scan for Hugging Face's ``Loading model from``."""
 
 import pytest
 
-from agent.metrics import MetricParser
-from agent.resumed import resumed_records
+from agent.formats.metrics import MetricParser
+from agent.formats.resumed import resumed_records
 
 NOISE = "rank=3 seq=12 t=1.5 " + "x" * 40 + "\n"
 

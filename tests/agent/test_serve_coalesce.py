@@ -1,7 +1,6 @@
 """What a serve turn has ready of a journal goes to a console as one ``jbytes`` message, up to
-the turn's bound (agent/serve_streams.py ``TURN_BYTES``), and serve's output pipe is widened:
-under a torrent the console woke for every 64 KiB (docs/BENCHMARKS.md, "Ingest, eighth
-part")."""
+the turn's bound (agent/serve/streams.py ``TURN_BYTES``), and serve's output pipe is widened:
+under a torrent the console woke for every 64 KiB (docs/BENCHMARKS.md, "Ingest")."""
 
 from __future__ import annotations
 
@@ -13,9 +12,9 @@ import sys
 
 import pytest
 
-from agent import serve, serve_streams
-from agent.journal import JournalWriter
-from console import agent_messages
+from agent.serve import server as serve, streams as serve_streams
+from agent.host.journal import JournalWriter
+from console.run import messages as agent_messages
 from tests.agent.test_journal_bytes import Out
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

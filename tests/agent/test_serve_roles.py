@@ -1,4 +1,4 @@
-"""serve's read-only connections and action log (agent/serve.py, agent/actions.py).
+"""serve's read-only connections and action log (agent/serve/server.py, agent/host/actions.py).
 
 A connection whose console said ``watch`` is refused every request that changes a run, however
 it is crafted; the refusal is logged with who tried. A driving connection's requests are
@@ -10,7 +10,9 @@ import os
 
 import pytest
 
-from agent import actions, protocol, serve
+from agent.host import actions
+from agent.wire import protocol
+from agent.serve import server as serve
 
 # every request that would change a run, with arguments a real console sends
 MUTATING = [("start", {"spec": {"run_id": "r1"}}), ("stop", {}), ("restart", {}),
@@ -86,7 +88,7 @@ def test_read_only_is_for_good_on_its_connection(run_root):
 
 def test_a_read_only_connection_asks_for_stacks_without_signals(run_root, monkeypatch):
     seen = []
-    monkeypatch.setattr("agent.stacks.dump_stacks", lambda ndir, args: seen.append(args) or {})
+    monkeypatch.setattr("agent.torchrun.stacks.dump_stacks", lambda ndir, args: seen.append(args) or {})
     out = Out()
     server = serve.Server(out=out)
     ask(server, out, "stacks", run_root=run_root, node="node1")
@@ -112,9 +114,9 @@ def test_a_driving_connections_changes_are_logged_with_their_result(run_root):
 
 
 def test_an_expel_is_logged_on_the_store_host_with_what_came_of_it(run_root):
-    """A cordon's ask of the store's host (console/expel.py sends its node and the fenced
+    """A cordon's ask of the store's host (console/surgery/expel.py sends its node and the fenced
     node's torchrun as the detail): logged with the answer's outcome, not only "ok"."""
-    from console.consoles import action_line
+    from console.model.consoles import action_line
 
     out = Out()
     server = serve.Server(out=out)
@@ -189,7 +191,7 @@ def test_a_subscription_gets_the_log_at_once_then_each_new_line(run_root):
 
 
 def test_a_watcher_reads_the_record_a_launch_left_and_nothing_else(tmp_path):
-    """`watch RUN -i` from another laptop (console/hosted_record.py): the agent answers the
+    """`watch RUN -i` from another laptop (console/run/hosted_record.py): the agent answers the
     record kept at start, to a read-only console too, and never a path outside its runs."""
     runs = tmp_path / "runs"
     ndir = runs / "20261126-000000-abc" / "node1"

@@ -1,5 +1,5 @@
-"""Warm spares (agent/spare_gate.py in the launcher's process, agent/spare_hold.py in its
-supervisor, agent/node_ops.py ``start``): a real supervisor, the real hook folder and torch's real
+"""Warm spares (agent/torchrun/spare_gate.py in the launcher's process, agent/surgery/spare_hold.py in its
+supervisor, agent/node/ops.py ``start``): a real supervisor, the real hook folder and torch's real
 rendezvous api, with a stand-in launcher that asks torch for a rendezvous handler as torchrun
 does (no store needed: a test backend). The whole path with real torchrun and a cordon is
 tests/spine/test_cordon.py."""
@@ -12,8 +12,12 @@ import sys
 
 import pytest
 
-from agent import hooks, judge_wire, node, node_ops, procs, spare_gate, spare_hold
-from agent.judge_control import start_judge, stop_judge, running_judge
+from agent.torchrun import hooks, spare_gate
+from agent.wire import judge as judge_wire
+from agent.node import folder as node, ops as node_ops
+from agent.host import procs
+from agent.surgery import spare_hold
+from agent.judge.control import start_judge, stop_judge, running_judge
 from tests.waits import wait_for_sync
 
 TOKEN = "t0ken-" + "h" * 20
@@ -189,7 +193,7 @@ def test_a_held_spare_ends_with_its_run_and_a_run_without_judge_gets_none(tmp_pa
 
 
 def test_a_put_in_matches_the_held_spec_but_for_the_judge_and_the_secrets_a_shell_reads_again():
-    """What decides warm or cold (agent/spare_hold.py ``digest``): a later console's spec has
+    """What decides warm or cold (agent/surgery/spare_hold.py ``digest``): a later console's spec has
     no judge token, and reads the secrets again from its own shell (another value, or none);
     any other change (a plain env value, the argv) is another process: named, by part."""
     held = {"run_id": "r1", "argv": ["torchrun", "--nnodes", "4"], "judge": {"token": "x"},

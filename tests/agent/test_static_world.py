@@ -1,4 +1,4 @@
-"""A static world's restart (DeepSpeed's launcher, agent/static_world.py): the new master port
+"""A static world's restart (DeepSpeed's launcher, agent/surgery/static_world.py): the new master port
 reaches a node's live supervisor through its run folder, once, and replaces the launcher's
 ``--master_port``; a request with a port that is not one is refused before anything is done."""
 
@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-from agent import node_ops, static_world
-from agent.protocol import RequestError
+from agent.node import ops as node_ops
+from agent.surgery import static_world
+from agent.wire.protocol import RequestError
 
 ARGV = ["python", "-m", "deepspeed.launcher.runner", "--no_ssh", "--node_rank", "1",
         "--master_addr", "10.0.0.1", "--master_port", "29500", "train.py", "--master_port", "1"]

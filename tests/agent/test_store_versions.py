@@ -10,7 +10,7 @@ thing, per version, is bench/compat.py's "store on rdzv addr" row.
 import os
 import socket
 
-from agent.store import master_store
+from agent.store.tcpstore import master_store
 
 ADDR = "127.0.0.2"
 

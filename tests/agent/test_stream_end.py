@@ -1,5 +1,5 @@
-"""A journal that cannot be read ends its stream visibly (agent/serve_streams.py
-``stream_end``, console/link.py): a real ``serve`` follows journals the test writes, one of
+"""A journal that cannot be read ends its stream visibly (agent/serve/streams.py
+``stream_end``, console/run/link.py): a real ``serve`` follows journals the test writes, one of
 them is damaged mid-run (garbage bytes appended, then records again). The console gets the
 node's event (in the view's events and in the no-TUI output) with where and why; that node's
 state, and the other subscriptions on the same agent, go on."""
@@ -12,12 +12,12 @@ import json
 import os
 import time
 
-from agent import protocol
-from agent.journal import JournalWriter
-from console import agent_messages
-from console.headless import HeadlessPrinter
-from console.link import NodeLink
-from console.state import RunState
+from agent.wire import protocol
+from agent.host.journal import JournalWriter
+from console.run import messages as agent_messages
+from console.verbs.headless import HeadlessPrinter
+from console.run.link import NodeLink
+from console.model.state import RunState
 from console.transport.local import LocalTransport
 from inventory.model import Host
 from tests.waits import wait_for
@@ -185,7 +185,7 @@ class Out:
 
 
 def server_of(tmp_path, *nodes: str):
-    from agent import serve
+    from agent.serve import server as serve
     run_root = str(tmp_path / "run")
     writers = [journal(run_root, n) for n in nodes]
     out = Out()
@@ -214,7 +214,7 @@ def test_a_reader_gone_wrong_is_replaced_and_its_stream_goes_on(tmp_path):
 
 def test_a_turn_failing_outside_its_journal_ends_that_subscription_alone(tmp_path,
                                                                          monkeypatch):
-    from agent import serve_streams
+    from agent.serve import streams as serve_streams
     server, out, (w0, w1) = server_of(tmp_path, "node0", "node1")
     real = serve_streams.node.node_state
 

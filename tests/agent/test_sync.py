@@ -1,6 +1,6 @@
-"""Code to the hosts: console/sync.py's sync_node against agent/sync.py, over the wire format.
+"""Code to the hosts: console/launch/sync.py's sync_node against agent/sync/place.py, over the wire format.
 
-Every request and answer is encoded and decoded with agent/protocol.py (and must fit in one
+Every request and answer is encoded and decoded with agent/wire/protocol.py (and must fit in one
 message of at most MAX_MESSAGE bytes); the agent side runs on threads, as serve runs requests.
 Real files in temporary folders.
 """
@@ -11,11 +11,11 @@ import os
 
 import pytest
 
-from agent import protocol
-from agent import sync as agent_sync
-from agent.sync_wire import MAX_MESSAGE, tree_hash
-from console.link import AgentError
-from console.sync import Entry, Manifest, _plan_messages, build_manifest, sync_node
+from agent.wire import protocol
+from agent.sync import place as agent_sync
+from agent.wire.sync import MAX_MESSAGE, tree_hash
+from console.run.link import AgentError
+from console.launch.sync import Entry, Manifest, _plan_messages, build_manifest, sync_node
 
 
 class WireAgent:

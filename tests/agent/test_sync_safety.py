@@ -1,6 +1,6 @@
 """Code to the hosts, what ``--sync`` must never do to the host (issue 29, "Code sync").
 
-Real files, the real agent side (agent/sync.py) behind the wire format, as in test_sync.py:
+Real files, the real agent side (agent/sync/place.py) behind the wire format, as in test_sync.py:
 owner-only modes stay owner-only; a host file rankdeck never placed is never overwritten; the
 login home is never a sync target; two syncs into one workdir cannot mix their trees; the
 commit never follows a symlink swapped in after its checks; a long upload's staging folder is
@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from agent import sync as agent_sync
-from console.link import AgentError
-from console.sync import build_manifest, sync_node
+from agent.sync import place as agent_sync
+from console.run.link import AgentError
+from console.launch.sync import build_manifest, sync_node
 from tests.agent.test_sync import WireAgent, read, sync, write
 
 

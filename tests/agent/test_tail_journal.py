@@ -5,10 +5,10 @@ import shutil
 
 import pytest
 
-from agent import tail
-from agent.journal import JournalReader, JournalWriter, parse
-from agent.mask import Masker
-from agent.tail import LogFollower
+from agent.host import tail
+from agent.host.journal import JournalReader, JournalWriter, parse
+from agent.rules.mask import Masker
+from agent.host.tail import LogFollower
 
 
 def test_journal_reader_returns_whole_records_only(tmp_path):
@@ -127,8 +127,8 @@ def test_read_back_pages_through_a_journal_exactly_once(tmp_path, monkeypatch):
     across index windows, a writer reopened mid-way and a record straddling ``before``."""
     import random
 
-    from agent import journal
-    from agent.journal import read_back, read_index
+    from agent.host import journal
+    from agent.host.journal import read_back, read_index
 
     monkeypatch.setattr(journal, "INDEX_EVERY", 4096)
     path = str(tmp_path / "journal")
@@ -167,9 +167,9 @@ def test_read_back_pages_through_a_journal_exactly_once(tmp_path, monkeypatch):
 def test_serve_passes_metas_on_as_they_are_the_same_bytes_as_parsed(tmp_path):
     """serve builds its journal messages from the metas' bytes (protocol.journal_line); the
     line must be the one encoding the parsed records would give, for every kind of record."""
-    from agent import protocol
-    from agent.journal import split
-    from agent.serve_streams import wire
+    from agent.wire import protocol
+    from agent.host.journal import split
+    from agent.serve.streams import wire
 
     w = JournalWriter(str(tmp_path / "journal"))
     w.append({"k": "file", "f": 1, "rank": 3, "path": "/x/\u00e9t\u00e9 \"q\"\\\n", "o": None})
@@ -240,7 +240,7 @@ def test_a_known_rank_waits_for_its_worker_to_exec_and_is_announced_with_its_pid
     import sys
     import time
 
-    from agent import procs
+    from agent.host import procs
 
     path = make_rank_file(str(tmp_path), local_rank=3)
     with open(path, "ab") as out:

@@ -1,4 +1,4 @@
-"""agent/torch_quirks.py: which torch closes the job's rendezvous when its torchrun stops.
+"""agent/torchrun/quirks.py: which torch closes the job's rendezvous when its torchrun stops.
 
 The installed torch (2.13) is read for real; torch 2.4's line is in a folder shaped like its
 package (the suite has no torch 2.4; bench/compat.py runs the restart under it for real)."""
@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from agent import torch_quirks
+from agent.torchrun import quirks as torch_quirks
 
 TORCH_24_SHUTDOWN = '''
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, is_restart: bool = False) -> None:

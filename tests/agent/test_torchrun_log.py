@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from agent import cause
-from agent.torchrun_log import TorchrunLog, with_rank_record
+from agent.torchrun import cause
+from agent.torchrun.log import TorchrunLog, with_rank_record
 
 SCRIPT = """\
 import os

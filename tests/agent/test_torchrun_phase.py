@@ -1,6 +1,6 @@
 """A torchrun's phase from its own record lines, captured from real torchruns (torch 2.13,
 c10d rendezvous on a standalone store, 2 nodes x 1 worker, the bootstrap of
-agent/torchrun_log.py): ``first-node.log`` waited for its peer, ``survivor.log`` lost its peer
+agent/torchrun/log.py): ``first-node.log`` waited for its peer, ``survivor.log`` lost its peer
 (killed with SIGKILL) and restarted its workers twice, ``relaunched.log`` is the killed node's
 new torchrun, which finished while the survivor waited for it in round 2."""
 
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from agent.torchrun_log import TorchrunLog, with_rank_record
-from agent.torchrun_phase import PhaseTracker
+from agent.torchrun.log import TorchrunLog, with_rank_record
+from agent.torchrun.phase import PhaseTracker
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_phase")
 

@@ -1,4 +1,4 @@
-"""inotify wake-ups (agent/watch.py) for the log follower and serve, and the polling fallback.
+"""inotify wake-ups (agent/host/watch.py) for the log follower and serve, and the polling fallback.
 
 Every test that needs a wake sets the fallback intervals (rescans, idle sleeps) far beyond the
 test's own bounds, so only inotify can deliver in time: a broken watch fails the test instead
@@ -13,9 +13,10 @@ import threading
 
 import pytest
 
-from agent import serve, serve_streams, tail, watch
-from agent.journal import JournalWriter
-from agent.tail import LogFollower
+from agent.serve import server as serve, streams as serve_streams
+from agent.host import tail, watch
+from agent.host.journal import JournalWriter
+from agent.host.tail import LogFollower
 
 
 

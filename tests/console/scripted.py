@@ -1,6 +1,6 @@
 """A scripted agent transport: a fake of every node's agent that replays a scripted run.
 
-``ScriptedTransport.open(host)`` returns an AgentStream that speaks agent/protocol.py: it
+``ScriptedTransport.open(host)`` returns an AgentStream that speaks agent/wire/protocol.py: it
 sends a hello, answers requests (store_start, start, subscribe, stop, restart, state,
 scrollback...) and, once subscribed, pushes the node's scripted journal, supervisor state
 and GPU snapshot. Every request is recorded in ``transport.requests`` so tests can assert
@@ -18,9 +18,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from agent import protocol
-from console.history import History
-from console.run import LaunchSpec, RunController
+from agent.wire import protocol
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.base import AgentStream, HostUnreachable, Transport
 from inventory.model import Inventory
 from tests.local_nodes import local_inventory
@@ -91,7 +91,7 @@ class ScriptedNode:
         """Add records to the journal; pushed at once when a console is subscribed.
 
         A record takes 100 bytes plus its data in this journal; each record's meta gets its start
-        offset ``j``, as the real agent's reader adds it (agent/journal.py).
+        offset ``j``, as the real agent's reader adds it (agent/host/journal.py).
         """
         placed = []
         for rec in recs:
@@ -208,7 +208,7 @@ class ScriptedTransport(Transport):
         data: dict = {}
         if req.op == "ping":
             data = {"time": time.time()}
-        elif req.op == "hello":  # who the console is (agent/serve.py op_hello)
+        elif req.op == "hello":  # who the console is (agent/serve/server.py op_hello)
             data = {"login": "tester", "role": req.args.get("role", "drive")}
         elif req.op == "preflight":
             data = dict(preflight_facts(node.name, req.args.get("workdir", "/tmp")),
@@ -246,7 +246,7 @@ class ScriptedTransport(Transport):
             data = node.scrollback(set(req.args["files"]), int(req.args["before"]),
                                    int(req.args.get("bytes", 256 * 1024)))  # since: a hint
         elif req.op not in ("unsubscribe", "store_stop", "sync_check", "stacks", "why"):
-            # as agent/serve.py answers an op it does not have (this agent has no judge)
+            # as agent/serve/server.py answers an op it does not have (this agent has no judge)
             stream.send({"t": "res", "id": req_id, "ok": False, "kind": "usage",
                          "error": "unknown request %r (agent scripted)" % req.op})
             return
@@ -280,7 +280,7 @@ def gpu_snapshot(count: int, util: int = 87, name: str = "NVIDIA H100 80GB HBM3"
 
 
 def host_sample(cpu: float = 63.0) -> dict:
-    """A host sample as the agent sends one (agent/host_stats.py): CPU, memory, load,
+    """A host sample as the agent sends one (agent/host/stats.py): CPU, memory, load,
     network, InfiniBand and the workdir's disk."""
     return {"cpu_pct": cpu, "mem_used": 412.3 * 2 ** 30, "mem_total": 2015.6 * 2 ** 30,
             "load": [38.2, 37.9, 37.5], "net_rx_gbps": 1.2, "net_tx_gbps": 0.9,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from console.state import RunState
+from console.model.state import RunState
 from console.tui.app import RankdeckApp
 from console.tui.nodes import DIVERGED_STYLE, NodesTable
 from tests.waits import wait_until

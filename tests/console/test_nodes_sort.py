@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from console.state_nodes import NodeState, RankState
-from console.telemetry import node_telemetry
+from console.model.nodes import NodeState, RankState
+from console.model.telemetry import node_telemetry
 from console.tui.app import RankdeckApp
 from console.tui.nodeorder import ORDERS, TELEMETRY, ordered, telemetry_key
 from tests.waits import wait_until

@@ -10,12 +10,12 @@ from rich.cells import cell_len
 from rich.console import Console
 from textual.widgets import Static
 
-from console.sanitize import clean
-from console.state import RunState
+from console.lines.sanitize import clean
+from console.model.state import RunState
 from console.tui.app import RankdeckApp, run_app
 from console.tui.confirm import ConfirmScreen
 from console.tui.events import EventsLog, EventsScreen
-from console.sources import ALL, NODE, RANK
+from console.model.sources import ALL, NODE, RANK
 from console.tui.help import HelpScreen
 from console.tui.logs import default_sources, second_source
 from console.tui.messages import RunChanged
@@ -534,7 +534,7 @@ async def test_gpu_panel_shows_gpus_ranks_and_no_gpu_reason(tmp_path):
 def test_gpu_ranks_come_from_the_pids_nvml_sees():
     """Ranks are put on the GPU whose process list holds their worker's pid, whatever their
     local rank; without a match the local-rank guess is shown with a '?'."""
-    from console.state import RunState
+    from console.model.state import RunState
     from console.tui.gpu import node_gpu_lines
 
     state = RunState("r", [("n1", "10.0.0.1")])
@@ -702,7 +702,7 @@ async def test_run_app_reports_a_failed_launch_after_the_screen_is_gone(tmp_path
 async def test_log_view_keeps_at_most_max_lines_wrapped_or_not():
     from textual.app import App
 
-    from console.lines import Entry
+    from console.lines.lines import Entry
     from console.tui.logview import LogView
 
     class One(App):

@@ -1,5 +1,4 @@
-"""What a state change redraws at once (keys waited behind heavy frames: docs/BENCHMARKS.md,
-"Keys and frames at 512 ranks").
+"""What a state change redraws at once (keys waited behind heavy frames: docs/BENCHMARKS.md, "The view").
 
 At 512 ranks the nodes table, the GPU panel and the loss chart redrawn in one frame took
 70-90 ms, and a key pressed meanwhile waited for all of it. A state change now redraws them

@@ -1,5 +1,5 @@
 """The view leaves no garbage for the cycle collector (keys waited behind collections:
-docs/BENCHMARKS.md, "Keys and frames at 512 ranks").
+docs/BENCHMARKS.md, "The view").
 
 At 512 ranks (bench/tui.py) the console's full collections took ~70 ms, often in the middle of
 a key press, and what they freed was the view's own leftovers: strips Textual caches inside

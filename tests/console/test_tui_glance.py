@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rich.cells import cell_len
 
-from console.state import RunState
-from console.state_nodes import Event
+from console.model.state import RunState
+from console.model.nodes import Event
 from console.tui.eventlines import event_text, folded, item_text, pinned_text
 from console.tui.fitting import fitted, wrapped
 from console.tui.gpu import node_gpu_lines, same_reasons
@@ -194,7 +194,7 @@ async def test_a_steps_line_is_written_again_from_where_it_changed_not_the_whole
 
 
 async def test_a_node_slurm_drains_says_so_first_in_its_row_at_120x35(tmp_path):
-    """A Slurm run's node that Slurm has drained (console/run_attach.py follows sinfo): its row in
+    """A Slurm run's node that Slurm has drained (console/run/attach.py follows sinfo): its row in
     the nodes table says so in Slurm's short word before its telemetry (the full words,
     with the reason, are in `status`)."""
     import time

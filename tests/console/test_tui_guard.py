@@ -7,9 +7,9 @@ import math
 
 from textual.app import App, ComposeResult
 
-from console.buffers import Series
-from console.state import RunState
-from console.state_nodes import RankState
+from console.model.buffers import Series
+from console.model.state import RunState
+from console.model.nodes import RankState
 from console.tui import losschart
 from console.tui.header import RunHeader
 from console.tui.losschart import LossChart

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from agent.straggler import MIN_TICKS, WINDOW
+from agent.rules.straggler import MIN_TICKS, WINDOW
 from console.tui.app import RankdeckApp
-from console.sources import RANK
+from console.model.sources import RANK
 from console.tui.help import HelpScreen
 from console.tui.lateness import EMPTY, LatenessScreen, strip_pieces
 from console.tui.styles import SUSPECT_STYLE

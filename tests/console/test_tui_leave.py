@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.tui.app import run_app
 from inventory.model import EnvValue
 

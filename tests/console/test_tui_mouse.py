@@ -13,7 +13,7 @@ import pytest
 from textual import events
 
 from console.tui.app import RankdeckApp
-from console.sources import RANK
+from console.model.sources import RANK
 from tests.waits import wait_until
 from tests.console.scripted import controller, host_names, standard_script
 

@@ -13,15 +13,15 @@ import time
 
 import pytest
 
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from console.tui.app import RankdeckApp
 from console.tui.confirm import ConfirmScreen
-from console.sources import RANK
+from console.model.sources import RANK
 
-from agent.journal import JournalReader
-from console.sanitize import clean
+from agent.host.journal import JournalReader
+from console.lines.sanitize import clean
 
 from tests.cli import rankdeck
 from tests.waits import wait_for_sync, wait_until

@@ -13,15 +13,15 @@ import time
 import pytest
 from rich.cells import cell_len
 
-import console.liveness
-import console.preflight
-import console.run_attach
-import console.run_control
-import console.run_housekeeping
-import console.run_launch
-import console.state
-import console.state_ranks
-from console.sources import RANK
+import console.judgement.liveness
+import console.run.preflight
+import console.run.attach
+import console.run.control
+import console.run.housekeeping
+import console.run.launch
+import console.model.state
+import console.model.ranks
+from console.model.sources import RANK
 from console.tui.app import RankdeckApp
 from console.tui.help import HelpScreen
 from console.tui.rowsview import line_width
@@ -52,9 +52,9 @@ class FrozenTime:
 
 @pytest.fixture(autouse=True)
 def frozen(monkeypatch, tmp_path):
-    for module in (console.state, console.state_ranks, console.liveness, console.run_launch,
-                   console.run_attach, console.run_control, console.run_housekeeping,
-                   console.preflight):
+    for module in (console.model.state, console.model.ranks, console.judgement.liveness, console.run.launch,
+                   console.run.attach, console.run.control, console.run.housekeeping,
+                   console.run.preflight):
         monkeypatch.setattr(module, "time", FrozenTime(NOW))
     monkeypatch.setenv("TZ", "UTC")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))

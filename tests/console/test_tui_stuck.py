@@ -12,8 +12,8 @@ import time
 import pytest
 from rich.console import Console
 
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from console.tui.app import RankdeckApp
 from console.tui.confirm import ConfirmScreen
@@ -40,7 +40,7 @@ def collective(seq: int, done: bool = True) -> dict:
 
 
 def rank_report(rank: int) -> dict:
-    """What the agent's ``why`` sends for a rank (agent/fr_dump.py): rank 5 finished #4 and
+    """What the agent's ``why`` sends for a rank (agent/torchrun/fr_dump.py): rank 5 finished #4 and
     sleeps in Python; the others wait in #5."""
     stuck = rank == SUSPECT
     return {"rank": rank, "pid": 1000 + rank, "method": "py-spy",

@@ -22,9 +22,9 @@ import time
 
 import pytest
 
-from agent import procs
-from console.history import History
-from console.run import LaunchSpec, RunController
+from agent.host import procs
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.ssh import SshTransport
 from inventory.model import Host, Inventory
 

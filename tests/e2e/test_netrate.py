@@ -48,7 +48,7 @@ conn.close()
 SAMPLER = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from agent.hoststats import HostSampler
+from agent.host.stats import HostSampler
 sampler = HostSampler()
 time.sleep(float(sys.argv[2]))
 sampler.sample()

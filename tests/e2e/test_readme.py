@@ -24,7 +24,7 @@ import sys
 
 import pytest
 
-from agent import procs
+from agent.host import procs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))

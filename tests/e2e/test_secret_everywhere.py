@@ -14,7 +14,7 @@ test's HOME and XDG state/cache folders (run history, status snapshots, the agen
 are searched for each of them.
 
 Every verb after the launch runs in a shell WITHOUT the secrets' variables, so the console
-cannot mask them: the host does (agent/mask.py masks data before the journal).
+cannot mask them: the host does (agent/rules/mask.py masks data before the journal).
 
 In scope: everything on the laptop side, and on the host what rankdeck itself writes:
 ``state.json`` (its ``cause``), ``store.json``, the ``journal`` (what every verb reads).
@@ -35,8 +35,8 @@ import textwrap
 
 import pytest
 
-from console.history import History
-from console.run import RunController
+from console.records.history import History
+from console.run.run import RunController
 from console.transport.local import LocalTransport
 from console.tui.app import RankdeckApp
 
@@ -175,7 +175,7 @@ async def test_a_secret_appears_nowhere_rankdeck_writes(tmp_path, monkeypatch):
         run_id = out.stdout.strip().splitlines()[-1]
         # every verb from here on runs in a shell without the secret's variable (another
         # terminal, another laptop): the console cannot mask what it does not know, so this
-        # checks the hosts mask before anything leaves them (agent/mask.py)
+        # checks the hosts mask before anything leaves them (agent/rules/mask.py)
         for name in ("RANKDECK_TEST_TOKEN", "RANKDECK_TEST_AUTH", "RANKDECK_TEST_PEM"):
             del laptop.env[name]
             monkeypatch.delenv(name, raising=False)

@@ -13,9 +13,9 @@ import subprocess
 
 import pytest
 
-from agent.journal import JournalReader
-from console.history import History
-from console.run import LaunchSpec, RunController
+from agent.host.journal import JournalReader
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.ssh import SshTransport
 from inventory.loader import load_inventory
 

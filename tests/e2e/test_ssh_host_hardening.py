@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from agent import procs
-from agent.version import agent_version
+from agent.host import procs
+from agent.wire.version import agent_version
 from console.transport.base import HostUnreachable
 from console.transport.ssh import SshTransport
 

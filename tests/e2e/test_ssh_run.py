@@ -21,11 +21,11 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from agent import procs
-from agent.protocol import text_to_bytes
-from console.history import History
-from console.run import LaunchSpec, RunController
-from console.sources import RANK, fids_of
+from agent.host import procs
+from agent.wire.protocol import text_to_bytes
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
+from console.model.sources import RANK, fids_of
 from console.transport.ssh import SshTransport
 from inventory.loader import load_inventory
 
@@ -75,7 +75,7 @@ def user_ssh(ssh_hosts, clean_home):
 
 def files_under(folder):
     """Regular files only: a run folder also holds FIFOs (the flight-recorder hook's request
-    pipes, agent/frhook.py), which a read would wait on forever."""
+    pipes, agent/torchrun/frhook.py), which a read would wait on forever."""
     for root, _dirs, files in os.walk(folder):
         for name in files:
             path = os.path.join(root, name)
@@ -229,7 +229,7 @@ def test_console_killed_mid_run_then_attach_delivers_the_rest_once(user_ssh, tmp
     assert processes_of(run_id) == []
 
     # A teammate's laptop (a state folder of its own) watches the run: it has no record of
-    # it, and finds it on the hosts through its inventory (console/hosted_record.py)
+    # it, and finds it on the hosts through its inventory (console/run/hosted_record.py)
     teammate = {"XDG_STATE_HOME": str(tmp_path / "laptop2")}
     unknown = rankdeck("watch", "--no-tui", run_id, env=teammate)
     assert unknown.returncode == 2 and "-i INVENTORY" in unknown.stderr, unknown.stderr
@@ -274,7 +274,7 @@ def test_preflight_catches_torch_mismatch_and_unreachable_rendezvous(user_ssh, t
     assert "preflight found problems; nothing was started" in launch.stderr
     for node in user_ssh.names:  # the code was sent before the check; nothing ran
         assert os.path.isfile(user_ssh.local_path(node, work + "/" + SCRIPT)), node
-        # the run folder holds only the node's action log, with the sync (agent/actions.py):
+        # the run folder holds only the node's action log, with the sync (agent/host/actions.py):
         # no state, journal or torchrun log
         runs = user_ssh.local_path(node, work + "/.rankdeck/runs")
         kept = [os.path.relpath(os.path.join(d, f), runs)

@@ -15,8 +15,8 @@ import sys
 import asyncssh
 import pytest
 
-from agent import protocol
-from agent.version import agent_version
+from agent.wire import protocol
+from agent.wire.version import agent_version
 from console.transport.base import HostUnreachable
 from console.transport.ssh import SshTransport, open_all
 from inventory.model import Host
@@ -177,7 +177,7 @@ async def test_half_copied_folder_is_redone(ssh_hosts, transports):
     h = ssh_hosts.hosts[2]
     clear_caches(ssh_hosts)
     folder = "%s/agent-%s" % (ssh_hosts.remote_cache, agent_version())
-    ssh_hosts.put_text(h.name, folder + "/agent/serve.py",
+    ssh_hosts.put_text(h.name, folder + "/agent/serve/server.py",
                        "raise SystemExit('half a file')")  # no .complete marker
     s = await transports().open(ssh_hosts.inventory()[2])
     assert s.copied and json.loads(await s.readline())["t"] == "hello"
@@ -190,7 +190,7 @@ async def test_tampered_copy_is_copied_afresh(ssh_hosts, transports):
     version = agent_version()
     on_host = "%s/agent-%s" % (ssh_hosts.remote_cache, version)
     ssh_hosts.put_tree(h.name, os.path.dirname(protocol.__file__), on_host + "/agent")
-    ssh_hosts.sh(h.name, "cd %s && echo '# edited on the host' >> agent/version.py && "
+    ssh_hosts.sh(h.name, "cd %s && echo '# edited on the host' >> agent/wire/version.py && "
                  "touch .complete" % ssh_hosts.expand(on_host))
     folder = os.path.join(h.cache_dir, "agent-" + version)
     s = await transports().open(ssh_hosts.inventory()[3])

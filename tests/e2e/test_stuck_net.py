@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.run import LaunchSpec
+from console.run.run import LaunchSpec
 
 # test_ssh_run puts tests/ on the path (spine.helpers); user_ssh and secret are its fixtures
 from test_ssh_run import SCRIPT, TIMEOUT, secret, ssh_controller, user_ssh  # noqa: F401

@@ -9,7 +9,7 @@ torchrun's phase, and a restart requested while that rendezvous is young is refu
 mid-rendezvous can end the whole run); once the wait is past the threshold, restarting the
 missing node is allowed and brings the run back.
 
-The wait is the judge's rule (agent/judge_rules.py, agent/rendezvous.py): the console shows
+The wait is the judge's rule (agent/rules/judge.py, agent/rules/rendezvous.py): the console shows
 the judge's ``waiting`` event, and a detached run with no console anywhere gets it in the
 judge's journal too.
 """
@@ -23,11 +23,11 @@ import sys
 
 import pytest
 
-from agent.journal import JournalReader
-from agent.runfiles import read_json
+from agent.host.journal import JournalReader
+from agent.host.runfiles import read_json
 from console.errors import AgentError
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,6 +1,6 @@
 """rankdeck on a ``ProctrackType=proctrack/cgroup`` Slurm (most GPU sites), real parts only
 (the ``slurm_cgroup`` cluster: Slurm 22.05's cgroup/v1 plugin). There a step's processes die
-with it, so the run's supervisors live in the job's ``rankdeck-host`` step (agent/host_step.py),
+with it, so the run's supervisors live in the job's ``rankdeck-host`` step (agent/slurm/host_step.py),
 not in the console's ``serve`` steps: a ``--detach``ed run goes on once the console's steps
 ended (a console killed, a closed laptop, end its steps the same way), and ``stop`` leaves
 nothing, no step either; ``--requeue`` is refused (docs/SLURM.md,
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from console.slurm import CGROUP_WARNING
+from console.slurm.slurm import CGROUP_WARNING
 from tests.cli import rankdeck
 from tests.slurm.slurmcluster import SlurmCluster
 from tests.slurm.test_slurm_run import TIMEOUT, login_inventory, run_left_on_nodes, status

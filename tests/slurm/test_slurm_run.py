@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from agent.journal import JournalReader
-from agent.slurm_words import JUDGE_COMMENT
+from agent.host.journal import JournalReader
+from agent.wire.slurm import JUDGE_COMMENT
 from tests.cli import rankdeck, start_rankdeck
 from tests.slurm.slurmcluster import SlurmCluster
 from tests.spine.helpers import TINY, node_dir, rank_log_files
@@ -175,7 +175,7 @@ def test_scancel_from_outside_ends_the_run_cancelled_with_the_reason_and_nothing
 
 
 def followers_of(run_id: str) -> list[int]:
-    """Pids of the queued run's follower (console/slurm_follower.py) still running."""
+    """Pids of the queued run's follower (console/verbs/slurm_follower.py) still running."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -183,14 +183,14 @@ def followers_of(run_id: str) -> list[int]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"console.slurm_follower" in argv and run_id.encode() in argv:
+        if b"console.verbs.slurm_follower" in argv and run_id.encode() in argv:
             found.append(int(pid))
     return found
 
 
 def test_submit_detach_returns_while_pending_and_its_follower_launches_once_it_runs(
         slurm, login, project):
-    from console.slurm_queued import queued_path
+    from console.slurm.queued import queued_path
     blocker = slurm.hold(exclusive=True)  # another job holds every node
     job = None
     try:

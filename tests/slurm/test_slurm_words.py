@@ -3,9 +3,9 @@ Slurm needed)."""
 
 import pytest
 
-from console.cli import slurm_alone
+from console.verbs.cli import slurm_alone
 from console.errors import UsageError
-from console.slurm import job_from_env, node_addrs, parse_job, rendezvous_refusal
+from console.slurm.slurm import job_from_env, node_addrs, parse_job, rendezvous_refusal
 
 from tests.cli import rankdeck
 
@@ -63,7 +63,7 @@ def test_launch_slurm_outside_an_allocation_is_a_usage_error(tmp_path, monkeypat
 
 
 def test_what_a_supervisor_reads_from_squeue():
-    from agent.slurm_job import job_end
+    from agent.slurm.job import job_end
 
     assert job_end("7", 0, "RUNNING|None\n", "") is None
     assert job_end("7", 1, "", "slurm_load_jobs error: Unable to contact slurm controller") is None
@@ -74,14 +74,14 @@ def test_what_a_supervisor_reads_from_squeue():
 
 
 def test_time_left_in_seconds():
-    from console.slurm import time_left_s
+    from console.slurm.slurm import time_left_s
 
     assert [time_left_s(t) for t in ("4:32", "1:02:03", "2-01:00:00", "UNLIMITED", "")] == \
         [272, 3723, 176400, None, None]
 
 
 def test_a_pending_job_in_words():
-    from console.slurm_submit import pending_line
+    from console.slurm.submit import pending_line
 
     job = {"job": "9", "state": "PENDING", "reason": "Resources"}
     assert pending_line(job, "2026-11-26T05:00:00") == \
@@ -92,7 +92,7 @@ def test_a_pending_job_in_words():
 
 
 def test_the_batch_script_holds_the_nodes_and_says_so():
-    from console.slurm_submit import batch_script
+    from console.slurm.submit import batch_script
 
     script = batch_script(4, "00:30:00", "gpu", 8)
     for line in ("#SBATCH --nodes=4", "#SBATCH --time=00:30:00", "#SBATCH --partition=gpu",
@@ -112,7 +112,7 @@ def test_signal_before_outside_slurm_is_a_usage_error(tmp_path):
 
 
 def test_a_run_its_job_outlived_ends_with_it_once_slurm_says_how():
-    from console.slurm import with_job
+    from console.slurm.slurm import with_job
 
     job = {"job": "9", "state": "COMPLETING", "reason": "", "time_left_s": None}
     ending = with_job({"state": "running"}, job)
@@ -127,7 +127,7 @@ def test_a_submitted_job_slurm_failed_is_not_said_to_be_the_judges_end():
     """The judge's end of a job ``submit`` made leaves its comment; a job FAILED without it
     Slurm ended (seen: a requeued job started in the second of its requeue, its credential
     revoked), and status says so, not "the run's judge ended it"."""
-    from console.slurm import with_job
+    from console.slurm.slurm import with_job
 
     job = {"job": "9", "state": "FAILED", "reason": "NonZeroExitCode", "time_left_s": None}
     slurm_s = with_job({"state": "running"}, job, submitted=True)
@@ -138,7 +138,7 @@ def test_a_submitted_job_slurm_failed_is_not_said_to_be_the_judges_end():
 
 
 def test_the_header_counts_the_time_left_down_beside_the_last_complete_checkpoint():
-    from console.state import RunState
+    from console.model.state import RunState
     from console.tui.header import job_left
 
     state = RunState("r1", [("node0", "10.0.0.1")])
@@ -153,7 +153,7 @@ def test_the_header_counts_the_time_left_down_beside_the_last_complete_checkpoin
 def test_status_says_how_old_the_last_complete_checkpoint_is_and_waits_out_a_requeue():
     import time
 
-    from console.slurm import with_job
+    from console.slurm.slurm import with_job
 
     job = {"job": "9", "state": "PENDING", "reason": "BeginTime", "time_left_s": None}
     st = with_job({"state": "running", "checkpoints": [
@@ -164,7 +164,7 @@ def test_status_says_how_old_the_last_complete_checkpoint_is_and_waits_out_a_req
 
 
 def test_a_node_slurm_drains_or_lost_is_said_in_slurm_s_words():
-    from console.slurm import node_words, with_nodes
+    from console.slurm.slurm import node_words, with_nodes
 
     text = ("node0|allocated|none\nnode1|draining|disk full\nnode2|down*|Not responding\n"
             "node3|mixed|none\nnode9|drained|other job\n")
@@ -181,7 +181,7 @@ def test_a_cgroup_site_is_told_where_the_run_lives():
     for the login host's), says proctrack/cgroup: the launch's warning."""
     import asyncio
 
-    from console.slurm import site_warning
+    from console.slurm.slurm import site_warning
     from console.transport.slurm import SlurmTransport
 
     def warning(proctrack):
@@ -204,16 +204,16 @@ def test_a_cgroup_site_is_told_where_the_run_lives():
 @pytest.mark.parametrize("signal_name, code", [("USR1", 0), ("USR2", 1)])
 def test_the_batch_script_holds_until_the_judge_signals_then_ends_as_the_run_did(
         tmp_path, signal_name, code):
-    """The judge ends a job `submit` made with a signal to its batch script (agent/judge.py
+    """The judge ends a job `submit` made with a signal to its batch script (agent/judge/judge.py
     release_job): USR1 (the run succeeded) ends it 0, COMPLETED; USR2 ends it 1, FAILED; the
     sleep it waited in does not outlive it."""
     import signal
     import subprocess
     import time
 
-    from agent import procs
-    from agent.slurm_job import RELEASE_SIGNALS
-    from console.slurm_submit import batch_script
+    from agent.host import procs
+    from agent.slurm.job import RELEASE_SIGNALS
+    from console.slurm.submit import batch_script
 
     assert RELEASE_SIGNALS[code == 0] == signal_name
     path = tmp_path / "job.sh"

@@ -8,8 +8,8 @@ import signal
 import sys
 from collections import defaultdict
 
-from agent import procs
-from agent.protocol import text_to_bytes
+from agent.host import procs
+from agent.wire.protocol import text_to_bytes
 from inventory.model import Inventory
 from tests import local_nodes
 from tests.waits import wait_for_sync

@@ -12,8 +12,8 @@ import signal
 
 import pytest
 
-from agent.journal import JournalReader
-from agent.runfiles import read_json
+from agent.host.journal import JournalReader
+from agent.host.runfiles import read_json
 
 from tests.cli import UNBUFFERED, rankdeck
 from tests.waits import wait_for_sync
@@ -61,7 +61,7 @@ def test_auto_cordon_puts_the_spare_in_for_a_node_that_crashes_again_after_its_r
         assert [e["node"] for e in proposed] == ["node1"], proposed
         assert "ended failed" in proposed[0]["reason"]
         assert not os.path.exists(kept)  # the spare started: the spec is in memory only
-        # the spare's torchrun held since launch went in (agent/spare_hold.py), not a new one
+        # the spare's torchrun held since launch went in (agent/surgery/spare_hold.py), not a new one
         spare = read_json(os.path.join(node_dir(workdir, run_id, "node2"), "state.json"))
         assert (spare["state"], spare["launches"], spare.get("warm")) == ("running", 1, True)
 

@@ -15,10 +15,10 @@ import textwrap
 
 import pytest
 
-from console.cli import build_parser
-from console.recorded_verbs import cmd_report
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.verbs.cli import build_parser
+from console.verbs.recorded import cmd_report
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from tests.waits import wait_for
 

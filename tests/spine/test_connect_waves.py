@@ -1,4 +1,4 @@
-"""Connecting to many hosts goes in waves (console/run.py ``CONNECT_AT_ONCE``): a thousand SSH
+"""Connecting to many hosts goes in waves (console/run/run.py ``CONNECT_AT_ONCE``): a thousand SSH
 handshakes started at once on one laptop core would time the last ones out (docs/SCALE.md).
 Real agents on four local nodes, at most two connecting at a time."""
 
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from console.history import History
-from console.run import RunController
+from console.records.history import History
+from console.run.run import RunController
 from console.transport.local import LocalTransport
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -12,11 +12,11 @@ import re
 
 import pytest
 
-from agent import actions, procs
-from console.cordon import cordon, uncordon
-from console.history import History
-from console.run import LaunchSpec, RunController
-from console.summary import node_detail
+from agent.host import actions, procs
+from console.surgery.cordon import cordon, uncordon
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
+from console.model.summary import node_detail
 from console.transport.local import LocalTransport
 from console.tui.app import RankdeckApp
 from console.tui.confirm import ConfirmScreen
@@ -101,9 +101,9 @@ async def test_cordon_puts_the_spare_in_then_shrinks_then_refuses(tmp_path):
             entry = ctl.record["surgeries"][0]
             assert entry["outcome"] == "done" and entry["left"] == [], entry
             assert entry["gpu"] == "no GPU", entry  # a CPU host: said, not left out
-            # its dead torchrun taken out of the rendezvous by the store (agent/expel.py)
+            # its dead torchrun taken out of the rendezvous by the store (agent/surgery/expel.py)
             assert entry["expelled"] == "done", entry
-            # ... and kept in the store host's action log, with who asked it (agent/actions.py)
+            # ... and kept in the store host's action log, with who asked it (agent/host/actions.py)
             logged, _end = actions.read(node_dir(work, ctl.run_id, "node4"))
             assert [(e["node"], e["result"]) for e in logged if e["action"] == "expel"] == [
                 ("node4", "ok")] and "%s's dead torchrun" % hung in str(logged), logged

@@ -19,8 +19,8 @@ import textwrap
 
 import pytest
 
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from inventory.model import EnvValue
 from tests.cli import rankdeck

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
 from tests.waits import wait_for

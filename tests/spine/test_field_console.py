@@ -16,9 +16,9 @@ import textwrap
 
 import pytest
 
-from console.history import History
-from console.run import RunController
-from console.sync import build_manifest
+from console.records.history import History
+from console.run.run import RunController
+from console.launch.sync import build_manifest
 from console.transport.local import LocalTransport
 
 from tests.cli import rankdeck, runs_recorded

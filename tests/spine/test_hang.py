@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from console.history import History
-from console.run import LaunchSpec, RunController
-from console.stacks import group
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
+from console.judgement.stacks import group
 from console.transport.local import LocalTransport
 
 from tests.waits import wait_for

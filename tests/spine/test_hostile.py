@@ -18,11 +18,11 @@ from collections import defaultdict
 
 import pytest
 
-from agent.protocol import text_to_bytes
-from console import sanitize
-from console.history import History
-from console.run import LaunchSpec, RunController
-from console.lines import MAX_PARTIAL
+from agent.wire.protocol import text_to_bytes
+from console.lines import sanitize
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
+from console.lines.lines import MAX_PARTIAL
 from console.transport.local import LocalTransport
 from tests.waits import wait_for
 

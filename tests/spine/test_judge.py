@@ -1,6 +1,6 @@
 """The run watches itself: real torchrun and the reference trainer on 4 local nodes, launched
 with `--detach` and then left with no console anywhere. The judge on the rendezvous host
-(agent/judge.py) takes the verdict when rank 2 hangs, restarts the node it names with
+(agent/judge/judge.py) takes the verdict when rank 2 hangs, restarts the node it names with
 `--on-hang restart`, ends a run whose rank aborted after its last step, and runs `--notify`;
 `status --json` from a new shell shows what it decided."""
 
@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from agent.journal import JournalReader
-from agent.runfiles import read_json
+from agent.host.journal import JournalReader
+from agent.host.runfiles import read_json
 
 from tests.cli import UNBUFFERED, rankdeck
 from tests.local_nodes import write_inventory

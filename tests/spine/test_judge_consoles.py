@@ -2,11 +2,11 @@
 
 Real torchrun and the reference trainer on 4 local nodes, launched with `--detach`; two
 `rankdeck attach RUN --no-tui` consoles follow it from before rank 2 stalls. The run's judge
-(agent/judge.py) takes the verdict; both consoles print it, the same line. That neither
+(agent/judge/judge.py) takes the verdict; both consoles print it, the same line. That neither
 console took a verdict of its own is proven from the agents' side: every `serve` of the run
-(the consoles' included) logs the op of each request it handles (agent/serve.py OPS_LOG), and
+(the consoles' included) logs the op of each request it handles (agent/serve/server.py OPS_LOG), and
 a console's own verdict can only come from `why` requests to the nodes' `serve`
-(console/why.py) or from asking the judge (`judge`, which the judge would journal as "asked by
+(console/judgement/why.py) or from asking the judge (`judge`, which the judge would journal as "asked by
 a console"). Neither appears, from the consoles nor from a `status` run meanwhile."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from agent.serve import OPS_LOG
+from agent.serve.server import OPS_LOG
 
 from tests.cli import UNBUFFERED, rankdeck, start_rankdeck
 from tests.local_nodes import write_inventory

@@ -16,9 +16,9 @@ from collections import defaultdict
 
 import pytest
 
-from agent.protocol import text_to_bytes
-from console.history import History
-from console.run import LaunchSpec, RunController
+from agent.wire.protocol import text_to_bytes
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from tests.waits import wait_for
 

@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from agent import procs
-from console.history import History
-from console.run import LaunchSpec, RunController
+from agent.host import procs
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from tests.cli import rankdeck
 from tests.waits import wait_for
@@ -106,7 +106,7 @@ async def test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing(c
 
     res = await ctl.restart("node1")
     assert res["node1"]["launches"] == 2, res
-    # its old torchrun, gone, taken out of the rendezvous by the store (console/expel.py); on
+    # its old torchrun, gone, taken out of the rendezvous by the store (console/surgery/expel.py); on
     # a loaded host it may exit so slowly that its entry has expired and a survivor's sync
     # removed it first, which the store tells apart from an entry it cannot find
     assert any(e.kind == "rendezvous" and e.node == "node1" and (

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from agent.journal import JournalReader
+from agent.host.journal import JournalReader
 
 from tests.cli import UNBUFFERED, rankdeck
 from tests.local_nodes import write_inventory

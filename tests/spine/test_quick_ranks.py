@@ -18,8 +18,8 @@ from collections import defaultdict
 
 import pytest
 
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from inventory.model import EnvValue
 

@@ -18,8 +18,8 @@ import os
 
 import pytest
 
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
 from .helpers import TINY, TRAINER, local_inventory, node_dir, wind_down

@@ -1,7 +1,7 @@
 """A run where every rank prints nothing (issue 15): its ranks are `running` while their CPU
-advances, and `stalled` once no rank's CPU does (agent/rankcpu.py). Real torchrun, gloo,
-2 local nodes; the supervisors sample the workers' CPU every second (agent/ranksample.py).
-The stall is the run's judge's rule (agent/judge_rules.py): an attached console shows the
+advances, and `stalled` once no rank's CPU does (agent/rules/rankcpu.py). Real torchrun, gloo,
+2 local nodes; the supervisors sample the workers' CPU every second (agent/supervisor/ranksample.py).
+The stall is the run's judge's rule (agent/rules/judge.py): an attached console shows the
 judge's events, and a detached run with no console gets them in the judge's journal."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
 from tests.cli import UNBUFFERED, rankdeck

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from agent.hoststats import HostSampler
-from console.history import History
-from console.run import LaunchSpec, RunController
+from agent.host.stats import HostSampler
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from tests.cli import rankdeck
 from tests.waits import wait_for

@@ -1,16 +1,16 @@
 """Stragglers, continuously, with real parts: 4 local nodes, torchrun, gloo, the reference
 trainer's ``--slow-rank``; the supervisors sample the flight recorder every 2 s
-(agent/ranksample.py) and the console names the rank the others wait for
-(agent/straggler.py) in ``status --json``, in events and in ``why``'s verdict; a clean run
+(agent/supervisor/ranksample.py) and the console names the rank the others wait for
+(agent/rules/straggler.py) in ``status --json``, in events and in ``why``'s verdict; a clean run
 names nobody."""
 
 from __future__ import annotations
 
 import pytest
 
-from console.history import History
-from console.run import LaunchSpec, RunController
-from agent.straggler import MIN_TICKS, WINDOW
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
+from agent.rules.straggler import MIN_TICKS, WINDOW
 from console.transport.local import LocalTransport
 
 from tests.waits import wait_for

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
 from tests.waits import wait_for

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from console.tui.verdict import verdict_text
-from console.verdict import evidence_lines, verdict_lines
+from console.judgement.verdict import evidence_lines, verdict_lines
 
 from .helpers import HOST_PYTHON, wind_down
 from .test_stuck import _launch, _verdict_after_stall, line_of

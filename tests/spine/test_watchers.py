@@ -7,7 +7,7 @@ and a request crafted on his connections is refused by the agents themselves. Al
 node1: bob's events pane shows it with who did it, and `rankdeck actions` lists it.
 
 What reached the hosts is proven from their side: every `serve` logs the op of each request
-(agent/serve.py OPS_LOG), and the nodes' action logs record every change asked for.
+(agent/serve/server.py OPS_LOG), and the nodes' action logs record every change asked for.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import os
 
 import pytest
 
-from agent.serve import OPS_LOG
-from console.recorded_verbs import recorded_run
+from agent.serve.server import OPS_LOG
+from console.verbs.recorded import recorded_run
 from console.errors import AgentError
 from textual.binding import BindingsMap
 
@@ -149,7 +149,7 @@ async def test_a_watcher_changes_nothing_and_sees_who_drives(tmp_path, monkeypat
         assert [(a["action"], a["node"], a["result"]) for a in alices][:1] == [
             ("restart", "node1", "ok")], alices
         # ... and what came of it on the store's host (node0): node1's old torchrun taken out
-        # of the rendezvous (console/expel.py; not asked when the restart named none)
+        # of the rendezvous (console/surgery/expel.py; not asked when the restart named none)
         assert all(a["action"] == "expel" and a["node"] == "node0" and "node1's dead torchrun"
                    in a.get("detail", "") for a in alices[1:]) and len(alices) <= 2, alices
         assert [a["action"] for a in as_json if a["node"] == "node0"][:2] == ["sync", "launch"]

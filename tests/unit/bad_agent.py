@@ -20,7 +20,7 @@ BAD = {
     "answer-cause": '{"t":"res","id":1,"ok":true,"data":{"state":"running","cause":"boom"}}',
     "answer-left": '{"t":"res","id":1,"ok":true,"data":{"state":"stopped","left":"none"}}',
     "answer-ranks": '{"t":"res","id":1,"ok":true,"data":{"ranks":[{"pid":-3}]}}',
-    # well-formed records, too many ranks for a node of 1 slot (console/ownership.py)
+    # well-formed records, too many ranks for a node of 1 slot (console/model/ownership.py)
     "ranks-flood": json.dumps({"t": "journal", "end": 200, "recs": [
         [{"k": "file", "f": i + 1, "rank": i, "world_size": 16, "attempt": 0, "instance": "i",
           "local_rank": i, "stream": "stdout", "j": 100 + i}] for i in range(10)]}),

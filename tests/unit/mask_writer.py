@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-PIECE = 64 * 1024  # console/lines.py MAX_PARTIAL
+PIECE = 64 * 1024  # console/lines/lines.py MAX_PARTIAL
 
 
 def worker(path, secret):

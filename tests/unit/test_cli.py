@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from console import cli, launch_options, launch_verbs
+from console.verbs import cli, launch as launch_verbs
+from console.launch import options as launch_options
 
 from tests.cli import REPO, rankdeck, runs_folder, runs_recorded
 
@@ -159,7 +160,7 @@ def test_the_console_raises_its_open_files_limit_for_many_hosts(limits, expected
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < limits[1]:
         pytest.skip("this machine's hard limit is %d" % hard)
-    code = ("import resource\nfrom console.cli import main\ntry:\n    main(['--help'])\n"
+    code = ("import resource\nfrom console.verbs.cli import main\ntry:\n    main(['--help'])\n"
             "except SystemExit:\n    pass\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limits),

@@ -1,12 +1,12 @@
-"""Who else watches a run, who drives it, and their actions as events (console/consoles.py).
+"""Who else watches a run, who drives it, and their actions as events (console/model/consoles.py).
 
 The agents' ``consoles`` and ``actions`` messages are host text: a record of the wrong shape
 is dropped, texts are cleaned; another console's action is an event, this console's own is
 not (it showed it already); a resubscription resumes the log where it stopped.
 """
 
-from console.consoles import Me, Operators, action_line, action_record
-from console.state import RunState
+from console.model.consoles import Me, Operators, action_line, action_record
+from console.model.state import RunState
 
 
 def console(who, cid, role="drive", since=1.0):
@@ -86,8 +86,8 @@ def test_an_action_in_words():
 
 
 def test_rankdeck_actions_lines_mask_the_runs_secrets():
-    from console.actions import action_rows
-    from console.sanitize import Masker
+    from console.records.actions import action_rows
+    from console.lines.sanitize import Masker
 
     rec = action_record({"ts": 1.0, "action": "restart", "node": "node1", "who": "a@b",
                          "login": "train", "result": "agent: token hunter2 refused\x1b[2J"})

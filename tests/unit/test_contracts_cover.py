@@ -1,6 +1,6 @@
 """Every module of the console is held to the import layers (pyproject.toml's `console-layers`
 contract), and every one outside tui/ to the no-Textual rule: a module added without a layer
-would otherwise import anything, and nothing would say so (console/timeorder.py was)."""
+would otherwise import anything, and nothing would say so (console/lines/timeorder.py was)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def contracts() -> dict:
 
 
 def console_modules() -> set[str]:
-    """console's top-level modules and subpackages (tui, transport), by their names."""
+    """console's top-level modules and packages, by their names."""
     names = set()
     for entry in os.listdir(os.path.join(REPO, "console")):
         path = os.path.join(REPO, "console", entry)
@@ -32,17 +32,27 @@ def console_modules() -> set[str]:
     return names
 
 
-def test_every_console_module_is_in_a_layer():
+def test_every_console_package_is_in_a_layer():
     layered = {name.strip() for layer in contracts()["console-layers"]["layers"]
                for name in layer.split("|")}
     missing = sorted(console_modules() - layered)
-    assert missing == [], "console modules in no layer of console-layers: %s" % missing
+    assert missing == [], "console packages in no layer of console-layers: %s" % missing
 
 
-def test_every_console_module_below_the_views_is_kept_from_textual():
+def test_every_console_package_below_the_views_is_kept_from_textual():
     held = {m.split(".", 1)[1] for m in contracts()["console-core-no-textual"]["source_modules"]}
-    # above the views (they may import Textual, lazily or not) and the views themselves
-    free = {"__main__", "slurm_follower", "cli", "commands", "recorded_verbs", "launch_verbs",
-            "verb_output", "tui"}
+    # the views (they may import Textual, lazily or not) and the entry point above them
+    free = {"__main__", "verbs", "tui"}
     missing = sorted(console_modules() - held - free)
-    assert missing == [], "console modules not held to the no-Textual rule: %s" % missing
+    assert missing == [], "console packages not held to the no-Textual rule: %s" % missing
+    assert "verbs.headless" in held  # --no-tui is a view without Textual
+
+
+# console's top-level modules: the entry point and errors (every layer's ground floor)
+CONSOLE_TOP = {"__main__", "errors"}
+
+
+def test_no_new_top_level_console_module():
+    flat = {n for n in console_modules()
+            if os.path.isfile(os.path.join(REPO, "console", n + ".py"))}
+    assert flat == CONSOLE_TOP, "console modules outside a package: %s" % sorted(flat - CONSOLE_TOP)

@@ -11,14 +11,14 @@ import os
 
 import pytest
 
-from agent import protocol
-from agent.hoststats import TelemetryRecorder
-from agent.journal import JournalReader, JournalWriter
-from agent.serve_streams import wire
-from console.agent_messages import parse
-from console.cli import build_parser
-from console.export import NODE_FIELDS, RANK_FIELDS, RunExport
-from console.state import RunState
+from agent.wire import protocol
+from agent.host.stats import TelemetryRecorder
+from agent.host.journal import JournalReader, JournalWriter
+from agent.serve.streams import wire
+from console.run.messages import parse
+from console.verbs.cli import build_parser
+from console.records.export import NODE_FIELDS, RANK_FIELDS, RunExport
+from console.model.state import RunState
 
 
 class Clock:
@@ -144,7 +144,7 @@ def test_tensorboard_missing_is_a_usage_error_naming_the_extra(monkeypatch):
     import builtins
 
     from console.errors import UsageError
-    from console.export import check_format
+    from console.records.export import check_format
 
     real_import = builtins.__import__
 

@@ -18,11 +18,11 @@ import os
 import random
 import tracemalloc
 
-from agent.protocol import ProtocolError
-from console import agent_messages
-from console.history import BadRecord, History
-from console.state import RunState
-from console.summary import status_table
+from agent.wire.protocol import ProtocolError
+from console.run import messages as agent_messages
+from console.records.history import BadRecord, History
+from console.model.state import RunState
+from console.model.summary import status_table
 from inventory.loader import InventoryError, load_inventory
 
 SEED = 29
@@ -32,7 +32,7 @@ RECORDS = 600
 NODES = [("node0", "10.0.0.1"), ("node1", "10.0.0.2")]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Memory: RunState keeps bounded buffers (events 2,000; lines by a byte budget; ranks, files
-# and torchrun starts per node by its slots: console/ownership.py), and the largest message
+# and torchrun starts per node by its slots: console/model/ownership.py), and the largest message
 # made here is a few hundred KiB of JSON (decoded: a few MiB at once). 2 nodes of 8 default
 # slots keep at most 2 x 32 ranks; what grows with the number of messages is the bug. The
 # bound is that state at its caps (measured 6 MiB at the peak) with room for a slower

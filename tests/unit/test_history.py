@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from console import cli
-from console.history import BadRecord, History
+from console.verbs import cli
+from console.records.history import BadRecord, History
 
 RECORD = {"run_id": "20260101-000000-abcd", "created": 1.0, "hosts": [], "state": "running",
           "spec": {"script": "train.py"}}
@@ -108,13 +108,13 @@ def test_a_record_of_the_wrong_shape_is_named_not_a_traceback(history, capsys, c
 def test_the_record_check_knows_every_field_of_the_launch_spec():
     import dataclasses
 
-    from console.history import SPEC_FIELDS
-    from console.spec import LaunchSpec
+    from console.records.history import SPEC_FIELDS
+    from console.launch.spec import LaunchSpec
     assert set(SPEC_FIELDS) == {f.name for f in dataclasses.fields(LaunchSpec)}
 
 
 def test_a_record_written_by_a_launch_reads_back(history):
-    from console.history import host_record, record_problem
+    from console.records.history import host_record, record_problem
     from inventory.model import Host
     record = dict(RECORD, hosts=[host_record(Host("node0", "10.0.0.1"))],
                   spec={"script": "t.py", "args": [], "module": False, "grace": 10.0,

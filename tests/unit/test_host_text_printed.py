@@ -9,9 +9,9 @@ import io
 import re
 
 from console.errors import AgentError
-from console.headless import HeadlessPrinter
-from console.state import RunState
-from console.summary import control_lines, status_table
+from console.verbs.headless import HeadlessPrinter
+from console.model.state import RunState
+from console.model.summary import control_lines, status_table
 
 T0 = 1_700_000_000.0
 # OSC 52 (write the clipboard), an OSC title, a screen clear, a C1 CSI, a newline that would
@@ -48,7 +48,7 @@ def test_status_and_the_no_tui_end_print_no_escape():
     state = hostile_run()
     table = status_table(state.status())
     assert_clean(table, "/ckpt/step5", "/ckpt/step3", "boom")
-    out = io.StringIO()  # the end of `--no-tui` (console/headless.py) prints the same table
+    out = io.StringIO()  # the end of `--no-tui` (console/verbs/headless.py) prints the same table
     HeadlessPrinter(state, out=out, colour=False)
     print(status_table(state.status()), file=out)
     assert_clean(out.getvalue(), "boom")

@@ -39,10 +39,10 @@ def test_agent_source_parses_as_python_3_8(name):
 
 
 def test_console_core_imports_no_textual():
-    core = ["console.state", "console.run", "console.link", "console.headless",
-            "console.history", "console.sanitize", "console.transport.base",
-            "console.transport.local", "console.summary", "console.text", "console.errors",
-            "console.preflight"]
+    core = ["console.model.state", "console.run.run", "console.run.link", "console.verbs.headless",
+            "console.records.history", "console.lines.sanitize", "console.transport.base",
+            "console.transport.local", "console.model.summary", "console.lines.text", "console.errors",
+            "console.run.preflight"]
     if os.path.exists(os.path.join(REPO, "console", "transport", "ssh.py")):
         core.append("console.transport.ssh")
     top = imported_after(core)
@@ -52,7 +52,7 @@ def test_console_core_imports_no_textual():
 def test_cli_start_up_loads_neither_textual_nor_asyncssh():
     # both are imported lazily where needed (the TUI, the SSH transport): `rankdeck --help`,
     # `ls` and headless local runs do not pay for them
-    top = imported_after(["console.cli"])
+    top = imported_after(["console.verbs.cli"])
     assert "textual" not in top and "asyncssh" not in top
 
 

@@ -472,7 +472,7 @@ def test_notify_is_a_top_level_command_and_launch_takes_it(tmp_path):
     `launch --notify` gives another."""
     import argparse
 
-    from console.launch_options import judge_settings
+    from console.launch.options import judge_settings
     inv = load_text(tmp_path, "n.yaml", "notify: ~/bin/rankdeck-webhook\n"
                     "hosts:\n  - {name: n0, addr: 10.0.0.1}\n")
     assert inv.notify == "~/bin/rankdeck-webhook"
@@ -491,7 +491,7 @@ def test_notify_is_a_top_level_command_and_launch_takes_it(tmp_path):
 def test_notify_on_names_only_known_kinds():
     import argparse
 
-    from console.launch_options import judge_settings
+    from console.launch.options import judge_settings
     from console.errors import UsageError
     args = argparse.Namespace(stall_after=5.0, on_hang="stop", max_wall=None, notify=None,
                               notify_on="stall,typo")

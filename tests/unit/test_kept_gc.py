@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 
-from console.buffers import Kept, LineBudget
+from console.model.buffers import Kept, LineBudget
 
 
 def test_kept_chunks_are_not_tracked_once_collected():

@@ -1,8 +1,8 @@
 """What a user reads after a kill: processes left, D state, GPU memory freed or held."""
 
-from agent import supervisor_launcher
-from console.buffers import Series
-from console.text import kill_summary
+from agent.supervisor import launcher as supervisor_launcher
+from console.model.buffers import Series
+from console.lines.text import kill_summary
 
 
 class FakeProbe:

@@ -10,8 +10,8 @@ import stat
 
 import pytest
 
-from console.history import History, state_dir
-from console.sync import HashCache, build_manifest
+from console.records.history import History, state_dir
+from console.launch.sync import HashCache, build_manifest
 
 RECORD = {"run_id": "20260101-000000-abcd", "created": 1.0, "hosts": [], "state": "running",
           "spec": {"script": "train.py"}}

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from console.errors import EXIT_FAILED, EXIT_USAGE, LaunchError
-from console.history import History
-from console.run import LaunchSpec, RunController
-from console.summary import status_table
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
+from console.model.summary import status_table
 from console.transport.local import LocalTransport
 from inventory.model import Inventory
 

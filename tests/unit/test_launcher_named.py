@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from console.spec import LaunchSpec, launcher_name
-from console.state import RunState
-from console.summary import node_detail, status_table
+from console.launch.spec import LaunchSpec, launcher_name
+from console.model.state import RunState
+from console.model.summary import node_detail, status_table
 
 NODES = [("node0", "10.0.0.1"), ("node1", "10.0.0.2")]
 
@@ -44,7 +44,7 @@ def test_torchrun_stays_the_name_of_a_torchrun_run_and_a_raw_argv_is_the_launche
 
 
 def test_the_view_asks_before_restarting_every_node_of_a_static_world():
-    from console.spec import STATIC_WORLD_RESTART
+    from console.launch.spec import STATIC_WORLD_RESTART
     from console.tui.confirm import control_confirm
     asked = control_confirm("restart", "node1", "run-1", 2, STATIC_WORLD_RESTART["deepspeed"])
     assert asked.title_text == "Restart node node1?"

@@ -1,4 +1,4 @@
-"""console/launchers.py and `launch --dry-run`: each launcher's per-node command lines, the
+"""console/launch/launchers.py and `launch --dry-run`: each launcher's per-node command lines, the
 template check that refuses commands which would not differ (or agree) where they must, and
 the dry run that prints them with secrets masked and starts nothing."""
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from console.launchers import NodeCommand, TemplateError, check_commands, option
-from console.spec import LaunchSpec, node_commands
+from console.launch.launchers import NodeCommand, TemplateError, check_commands, option
+from console.launch.spec import LaunchSpec, node_commands
 from inventory.loader import load_inventory
 from inventory.model import InventoryError
 
@@ -100,7 +100,7 @@ def test_accelerate_with_one_process_in_all_is_refused_before_it_starts(tmp_path
 
 
 def test_on_hang_restart_is_taken_under_every_launcher(tmp_path):
-    # DeepSpeed's static world: the judge restarts every node (agent/static_world.py)
+    # DeepSpeed's static world: the judge restarts every node (agent/surgery/static_world.py)
     for launcher in ("deepspeed", "accelerate", "torchrun"):
         assert commands(tmp_path, launcher, on_hang="restart")
 

@@ -1,4 +1,4 @@
-"""Leaving a followed run is the RunController's, whichever view showed it (console/run.py
+"""Leaving a followed run is the RunController's, whichever view showed it (console/run/run.py
 ``leave``, ``exit_code`` and the launch's failure paths): a run that ended has its store
 stopped, the status is saved, a failed launch marks the nodes it names failed and keeps its
 own exit code. On scripted agents (tests/console/scripted.py), through the headless path."""
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from console.verb_output import follow
+from console.verbs.output import follow
 from console.errors import LaunchError
-from console.history import History
-from console.run import RunController
+from console.records.history import History
+from console.run.run import RunController
 from tests.console.scripted import (RUN_ID, ScriptedTransport, controller, event, host_names,
                                     inventory, standard_script)
 

@@ -6,7 +6,7 @@ what went is still found again through each stream's floor (scrollback fetches i
 
 from __future__ import annotations
 
-from console.buffers import LINE_OVERHEAD, Kept, LineBudget, line_cost
+from console.model.buffers import LINE_OVERHEAD, Kept, LineBudget, line_cost
 
 LINE = "x" * 43  # costs 100 bytes kept
 
@@ -70,7 +70,7 @@ def test_without_a_budget_only_the_line_cap_applies():
 
 
 def test_a_streams_cost_follows_its_lines_through_whole_and_partial_drops():
-    """Each chunk's cost is counted once, when it comes (console/buffers.py ``costs``): what a
+    """Each chunk's cost is counted once, when it comes (console/model/buffers.py ``costs``): what a
     drop frees is still what the dropped lines cost, whole chunks or the front of one."""
     kept = Kept(25)
     for r in range(12):

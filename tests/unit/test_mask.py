@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import io
 
-from console.headless import HeadlessPrinter
-from console.lines import MAX_PARTIAL
-from console.sanitize import Masker, clean, secret_warnings
-from console.state import RunState
+from console.verbs.headless import HeadlessPrinter
+from console.lines.lines import MAX_PARTIAL
+from console.lines.sanitize import Masker, clean, secret_warnings
+from console.model.state import RunState
 
 SECRET = "S3cr3t-Value-Zq9!"
 

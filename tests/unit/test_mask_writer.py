@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from console.headless import run_headless
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.verbs.headless import run_headless
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from inventory.model import EnvValue, Host, Inventory
 
@@ -40,7 +40,7 @@ def test_a_secret_written_in_pieces_is_masked_on_screen_and_on_disk(tmp_path, ca
     shown = out.out + out.err
     assert "step 1 key=**** done" in shown and "finished" in shown, shown[-2000:]
     # masked where it stood: the 64 KiB line comes in pieces, and where the console cuts
-    # it depends on where the host cut it (never inside the secret: agent/tail.py)
+    # it depends on where the host cut it (never inside the secret: agent/host/tail.py)
     assert "**** tail" in "".join(kept)
     for fragment in (SECRET[:6], SECRET[6:], SECRET[:10], SECRET[10:]):
         assert fragment not in shown

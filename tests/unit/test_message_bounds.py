@@ -1,6 +1,6 @@
-"""Numbers a host sends are bounded where messages are checked (console/agent_messages.py), and
-the agent never parses a number the console would refuse (agent/metric_values.py,
-agent/metrics.py): one line of a training script must not cost a node its connection."""
+"""Numbers a host sends are bounded where messages are checked (console/run/messages.py), and
+the agent never parses a number the console would refuse (agent/formats/values.py,
+agent/formats/metrics.py): one line of a training script must not cost a node its connection."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from agent import protocol
-from agent.metrics import MetricParser
-from console import agent_messages
+from agent.wire import protocol
+from agent.formats.metrics import MetricParser
+from console.run import messages as agent_messages
 
 
 def journal(*metas, end=10) -> bytes:

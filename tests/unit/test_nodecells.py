@@ -1,7 +1,7 @@
 """The nodes table's detail column fitted to its room (console/tui/nodecells.py): whole cells
 or short ones with their unit, by importance, never a figure cut at the edge."""
 
-from console.telemetry import row_cells
+from console.model.telemetry import row_cells
 from console.tui.nodecells import fit_cells, short_form
 
 ROW = {"gpu_util_min": 84.0, "gpu_util_mean": 86.0, "net_rx_gbps": 1.2, "net_tx_gbps": 0.9,

@@ -15,7 +15,7 @@ from tests.own_state import FOLDER_VARS, REAL, RealState, leaked
 # as a test module that builds its children's environment once, at import
 AT_IMPORT = dict(os.environ, PYTHONPATH=REPO)
 
-RUNS_FOLDER = "from console.history import state_dir; print(state_dir())"
+RUNS_FOLDER = "from console.records.history import state_dir; print(state_dir())"
 
 
 def runs_folder_of(env: dict[str, str]) -> str:

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from console.errors import AgentError
-from console.link import NodeLink
-from console.state import RunState
+from console.run.link import NodeLink
+from console.model.state import RunState
 from console.transport import ssh_stream
 from console.transport.base import HostUnreachable, Transport
 from console.transport.local import STREAM_LIMIT, ProcessStream
@@ -183,15 +183,15 @@ def test_an_agent_stderr_tail_is_cleaned_in_the_start_error():
 
 
 def test_stack_dumps_from_a_host_are_cleaned():
-    from console.stacks import render
+    from console.judgement.stacks import render
     text = render({"node0": {"error": "py-spy says %s" % ESCAPES, "ranks": [
         {"rank": 0, "pid": 7, "method": "py-spy", "frames": ["run %s (x.py)" % ESCAPES]}]}})
     assert "\x1b" not in text and "\x07" not in text and "py-spy says" in text
 
 
 def test_preflight_facts_from_a_host_are_cleaned():
-    from console.preflight import HostCheck, check_table
-    from console.sanitize import clean_tree
+    from console.run.preflight import HostCheck, check_table
+    from console.lines.sanitize import clean_tree
     facts = clean_tree({"torch": "2.13 %s" % ESCAPES, "gpus": [{"name": "H100%s" % ESCAPES}],
                         "python_error": "bad %s" % ESCAPES, "disk_free": 10 ** 12})
     check = HostCheck("node0", facts=facts)

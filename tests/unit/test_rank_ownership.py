@@ -1,6 +1,6 @@
 """Issue 29: a host can neither fill the console's memory with `file` records nor take a rank
 another node still runs; ranks still move between nodes when torchrun hands them out again
-(console/ownership.py). Records are fed the way a subscription feeds them."""
+(console/model/ownership.py). Records are fed the way a subscription feeds them."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import tracemalloc
 
 import pytest
 
-from agent.protocol import ProtocolError
-from console import agent_messages
-from console.link import NodeLink
-from console.ownership import RANKS_PER_SLOT
-from console.state import RunState
+from agent.wire.protocol import ProtocolError
+from console.run import messages as agent_messages
+from console.run.link import NodeLink
+from console.model.ownership import RANKS_PER_SLOT
+from console.model.state import RunState
 from inventory.model import Host
 
 from test_protocol_errors import WAIT, BadAgentTransport  # tests/unit is on sys.path

@@ -1,11 +1,11 @@
-"""Silent ranks' CPU from synthetic samples (agent/rankcpu.py): whose CPU advanced, and how
+"""Silent ranks' CPU from synthetic samples (agent/rules/rankcpu.py): whose CPU advanced, and how
 long the run has gone with no rank's CPU advancing."""
 
 from __future__ import annotations
 
 import math
 
-from agent.rankcpu import CPU_MIN_SHARE, RankCpu
+from agent.rules.rankcpu import CPU_MIN_SHARE, RankCpu
 
 PERIOD = 10.0
 T0 = 1_720_000_000.0
@@ -99,7 +99,7 @@ def test_hostile_values_never_advance_a_rank_nor_end_up_in_status():
 
 def test_a_sample_after_a_late_dump_is_no_evidence():
     """``rebase``: the rank answered its dump after the supervisor stopped waiting, so the
-    CPU since the last sample may be the dump's (agent/ranksample.py): the counter moves on,
+    CPU since the last sample may be the dump's (agent/supervisor/ranksample.py): the counter moves on,
     the rank is not named."""
     rc = RankCpu()
     rc.add(sample(0, {0: 1.0}))

@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from agent.journal import JournalWriter
-from console.checkpoints import Checkpoints
-from console.cli import build_parser
-from console.report import RunReport
-from console.sanitize import Masker
-from console.state import RunState
+from agent.host.journal import JournalWriter
+from console.model.checkpoints import Checkpoints
+from console.verbs.cli import build_parser
+from console.records.report import RunReport
+from console.lines.sanitize import Masker
+from console.model.state import RunState
 
 from test_export import replay_journal  # tests/unit is on sys.path (no package)
 
@@ -128,7 +128,7 @@ def test_cli_knows_report():
 
 
 def test_the_status_table_names_the_last_complete_save_and_the_resume(tmp_path):
-    from console.summary import status_table
+    from console.model.summary import status_table
 
     table = status_table(replayed(tmp_path).status())
     assert ("checkpoints: 2 saved; newest step 4 at /c/checkpoint-4 (node0); last complete "

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from console.errors import UsageError
-from console.history import History
-from console.run import LaunchSpec, RunController
+from console.records.history import History
+from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 from inventory.loader import load_inventory
 

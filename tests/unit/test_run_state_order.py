@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import io
 
-from console.finish import ends_due
-from console.headless import HeadlessPrinter
-from console.liveness import check_stalls
-from console.state import RunState
-from console.summary import status_table
-from console.timeorder import TimeOrder
+from console.judgement.finish import ends_due
+from console.verbs.headless import HeadlessPrinter
+from console.judgement.liveness import check_stalls
+from console.model.state import RunState
+from console.model.summary import status_table
+from console.lines.timeorder import TimeOrder
 
 T0 = 1_700_000_000.0
 NODES = [("node0", "10.0.0.1"), ("node1", "10.0.0.2")]

@@ -1,4 +1,4 @@
-"""A `sample` record (agent/ranksample.py) from a broken or hostile agent: every malformed
+"""A `sample` record (agent/supervisor/ranksample.py) from a broken or hostile agent: every malformed
 field is refused with the reason before the straggler and CPU rules see it; a well-formed one,
 as the agent writes it, passes. Through a real link, the node shows the protocol error and
 reconnects, as for every other malformed record (tests/unit/test_protocol_errors.py)."""
@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from agent.protocol import ProtocolError
-from console import agent_messages
+from agent.wire.protocol import ProtocolError
+from console.run import messages as agent_messages
 
 from test_protocol_errors import broken_link  # tests/unit is on sys.path (no package)
 

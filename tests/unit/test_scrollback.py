@@ -13,13 +13,13 @@ import random
 
 import pytest
 
-from agent import journal as journal_mod
-from agent.journal import JournalReader, JournalWriter, read_back
-from agent.protocol import bytes_to_text
-from console.scrollback import (Scrollback, entries_of, kept_chunks, kept_lines, newest_positions,
+from agent.host import journal as journal_mod
+from agent.host.journal import JournalReader, JournalWriter, read_back
+from agent.wire.protocol import bytes_to_text
+from console.model.scrollback import (Scrollback, entries_of, kept_chunks, kept_lines, newest_positions,
                                 split_newest)
-from console.sources import ALL, NODE, RANK
-from console.state import RunState
+from console.model.sources import ALL, NODE, RANK
+from console.model.state import RunState
 
 T0 = 1_700_000_000.0
 
@@ -203,7 +203,7 @@ def test_a_refill_made_in_two_parts_is_the_same_entries(tmp_path, first):
 def test_entries_made_with_the_views_cleaning_equal_cleaned_entries():
     """A refill cleans and masks in the same pass that makes the entries (entries_of with
     ``show``): the same entries as cleaning them after, escapes gone and secrets masked."""
-    from console.sanitize import cleaned, shown_text
+    from console.lines.sanitize import cleaned, shown_text
     secret = "hunter2-abcdef"
     lines = ("plain", "token=%s here" % secret, "\x1b[2Jwiped\x07", "[b]markup[/b]", "x" * 9000)
     taken = [((12.5, 3, "node0", 0, lines, 4), 1), ((0.0, -1, "node1", 1, ("only",), 0), 0)]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from console import launch_verbs, recorded_verbs
-from console.history import History
-from console.run import LaunchSpec
+from console.verbs import launch as launch_verbs, recorded as recorded_verbs
+from console.records.history import History
+from console.run.run import LaunchSpec
 from inventory.loader import load_inventory
 
 from tests.console.scripted import RunScript, event

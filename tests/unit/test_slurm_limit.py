@@ -1,4 +1,4 @@
-"""Before a Slurm job's time limit (agent/slurm_job.py, trainer/ckpt_request.py): the request
+"""Before a Slurm job's time limit (agent/slurm/job.py, trainer/ckpt_request.py): the request
 the ranks read, the requeue one node asks for, the wait and the restart. squeue and scontrol
 are small scripts here that answer what the test writes (tests/slurm has the real ones)."""
 
@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from agent.slurm_job import JobTurns, JobWatch
+from agent.slurm.job import JobTurns, JobWatch
 from trainer.ckpt_request import CheckpointRequest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -101,9 +101,9 @@ def test_the_reference_trainer_saves_when_asked_and_goes_on(tmp_path):
 
 
 def test_a_run_its_slurm_job_cancelled_ends_cancelled_in_the_judge_s_journal_and_notifies_stopped():
-    from agent.judge_notify import kind_of
-    from agent.judge_rules import run_over
-    from agent.judge_view import RunView
+    from agent.rules.notify import kind_of
+    from agent.rules.judge import run_over
+    from agent.rules.judge_view import RunView
 
     view = RunView(["node0", "node1"], 60)
     why = "Slurm job 41 was cancelled (scancel): the run ended with it"

@@ -1,4 +1,4 @@
-"""A queued run (console/slurm_queued.py) is launched once when its follower and a `status`
+"""A queued run (console/slurm/queued.py) is launched once when its follower and a `status`
 look at the same moment: the launch holds the run's lock, the one that waited finds it
 launched. Two real processes; the login host's answers and the launch are stand-ins (the
 real ones: tests/slurm/test_slurm_run.py)."""
@@ -15,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # one contender: the job runs; its launch takes a second and writes who launched
 CONTENDER = """
 import asyncio, sys, time
-from console import slurm_queued as q
+from console.slurm import queued as q
 class T:
     async def close(self): pass
 async def running(*_a): return {"state": "RUNNING", "reason": ""}
@@ -34,7 +34,7 @@ print(asyncio.run(q.follow(sys.argv[3], launch)))
 
 def test_two_at_once_launch_the_queued_run_once(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    from console import slurm_queued
+    from console.slurm import queued as slurm_queued
     args = argparse.Namespace(sync=None, env=[], nodes=4)
     run_id = slurm_queued.keep(args, "41", "#!/bin/sh\n", str(tmp_path / "inv.yaml"))
     launches = tmp_path / "launches"

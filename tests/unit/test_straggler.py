@@ -1,4 +1,4 @@
-"""Stragglers from synthetic samples (agent/straggler.py): a synchronous job simulated step
+"""Stragglers from synthetic samples (agent/rules/straggler.py): a synchronous job simulated step
 by step, each rank entering every collective when its own compute ends, the collective
 finishing when the last rank enters; the samples carry what the flight recorder would."""
 
@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from agent.straggler import HISTORY, MIN_TICKS, SHARE_MIN, WINDOW, Stragglers
+from agent.rules.straggler import HISTORY, MIN_TICKS, SHARE_MIN, WINDOW, Stragglers
 
 WORLD = 4
 STEP_S = 0.05  # a fast rank's compute between two collectives
 PERIOD = 10.0
-COLLECTIVES = 64  # a tick's newest, as agent/ranksample.py keeps
+COLLECTIVES = 64  # a tick's newest, as agent/supervisor/ranksample.py keeps
 T0 = 172_000_000  # the wall-clock tick of a run in 2024, with 10 s ticks
 
 

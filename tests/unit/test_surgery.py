@@ -1,5 +1,5 @@
-"""Node surgery decided before anything is done (console/surgery.py), spares and the store's
-host in the inventory (inventory/loader.py), and the verbs' refusals (console/cli.py)."""
+"""Node surgery decided before anything is done (console/surgery/surgery.py), spares and the store's
+host in the inventory (inventory/loader.py), and the verbs' refusals (console/verbs/cli.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from console.cli import main
-from console.state import RunState
-from console.state_nodes import RankState
-from console.surgery import plan_cordon, ranks_text, store_host
+from console.verbs.cli import main
+from console.model.state import RunState
+from console.model.nodes import RankState
+from console.surgery.surgery import plan_cordon, ranks_text, store_host
 from inventory.loader import load_inventory
 from inventory.model import Inventory, InventoryError
 
@@ -133,7 +133,7 @@ def test_launch_spares_must_name_hosts_of_the_inventory(tmp_path, capsys):
 
 
 def test_a_run_deepspeed_started_is_not_cordoned_no_node_leaves_its_static_world():
-    from console.spec import STATIC_WORLD
+    from console.launch.spec import STATIC_WORLD
     inv = inventory()
     plan = plan_cordon(run_state(inv), inv, "4", "node2", store="node4",
                        static_world=STATIC_WORLD["deepspeed"])
@@ -143,10 +143,10 @@ def test_a_run_deepspeed_started_is_not_cordoned_no_node_leaves_its_static_world
 
 
 def test_a_cordon_the_judge_did_itself_changes_the_roles_a_console_shows():
-    """--auto-cordon (agent/judge_cordon.py): the judge's outcome event, read from its
-    journal (console/judged.py), makes the node cordoned and the spare active, and is kept for
+    """--auto-cordon (agent/judge/cordon.py): the judge's outcome event, read from its
+    journal (console/judgement/judged.py), makes the node cordoned and the spare active, and is kept for
     the run record; a console's own surgery events change nothing here."""
-    from console.judged import apply_judge_records
+    from console.judgement.judged import apply_judge_records
     inv = inventory()
     st = run_state(inv)
     console_made = {"k": "event", "what": "surgery", "who": "alice@laptop", "action": "outcome",
@@ -169,11 +169,11 @@ def test_a_cordon_the_judge_did_itself_changes_the_roles_a_console_shows():
 
 
 async def test_a_cordon_whose_node_or_spare_is_not_connected_does_nothing():
-    """console/cordon.py: refused before the judge hears of it (`c` in the view and the CLI
+    """console/surgery/cordon.py: refused before the judge hears of it (`c` in the view and the CLI
     say the same reason; the CLI exits 3)."""
     import types
 
-    from console.cordon import cordon, unreachable
+    from console.surgery.cordon import cordon, unreachable
     inv = inventory()
     plan = plan_cordon(run_state(inv), inv, "4", "node2", store="node4")
     told = []
@@ -188,13 +188,13 @@ async def test_a_cordon_whose_node_or_spare_is_not_connected_does_nothing():
 
 
 async def test_a_console_keeps_the_judges_cordon_in_the_run_record():
-    """console/autocordon.py follow_judge: the judge's surgery (read from its journal) goes
+    """console/surgery/autocordon.py follow_judge: the judge's surgery (read from its journal) goes
     into the run record once: roles, the node-rank order with the spare in the node's place,
     ``surgeries`` with who = judge."""
-    from console.autocordon import follow_judge
-    from console.history import History
-    from console.judged import apply_judge_records
-    from console.run import RunController
+    from console.surgery.autocordon import follow_judge
+    from console.records.history import History
+    from console.judgement.judged import apply_judge_records
+    from console.run.run import RunController
     from console.transport.local import LocalTransport
     inv = inventory()
     ctl = RunController(inv, LocalTransport(), History(), run_id="20260101-000000-abcd")

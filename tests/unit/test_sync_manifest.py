@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from console import gitignore
-from console.sync import SyncError, build_manifest, walk_files
+from console.launch import gitignore
+from console.launch.sync import SyncError, build_manifest, walk_files
 
 
 @pytest.fixture(autouse=True)
@@ -194,7 +194,7 @@ def test_single_patterns(pattern, path, is_dir, expected):
 
 
 def test_hash_cache_is_trusted_only_while_the_stat_is_the_same(tmp_path, monkeypatch):
-    from console.sync import HashCache
+    from console.launch.sync import HashCache
 
     monkeypatch.setattr(HashCache, "RACY_SECONDS", -1.0)  # files here are seconds old
     root = tmp_path / "cached"

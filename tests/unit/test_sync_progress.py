@@ -1,6 +1,6 @@
 """The one-line sync progress shown while code goes to the hosts."""
 
-from console.sync import SyncProgress, progress_line
+from console.launch.sync import SyncProgress, progress_line
 
 
 def test_progress_line_names_every_host_with_files_and_bytes():

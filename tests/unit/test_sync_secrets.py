@@ -9,8 +9,8 @@ with their owner-only mode kept.
 import asyncio
 import os
 
-from console import cli, launch_verbs
-from console.sync import build_manifest
+from console.verbs import cli, launch as launch_verbs
+from console.launch.sync import build_manifest
 from tests.unit.test_sync_manifest import git, paths, write
 from tests.unit.test_sync_manifest import plain_git  # noqa: F401 - autouse: no global git config
 

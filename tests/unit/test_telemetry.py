@@ -1,8 +1,8 @@
 """Per-node telemetry in the console: the flat row, the odd node out, hardware events."""
 
-from console.state import RunState
-from console import telemetry
-from console.telemetry import far_nodes, hardware_events, node_telemetry, row_cells
+from console.model.state import RunState
+from console.model import telemetry
+from console.model.telemetry import far_nodes, hardware_events, node_telemetry, row_cells
 
 
 def gpu(index, util=90, **extra):

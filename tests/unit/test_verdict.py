@@ -1,14 +1,14 @@
-"""The verdict from reports shaped as agent/fr_dump.py sends them (entries as the hook reads
+"""The verdict from reports shaped as agent/torchrun/fr_dump.py sends them (entries as the hook reads
 them from torch 2.13's gloo flight recorder; stacks as py-spy prints them)."""
 
 import os
 import subprocess
 import sys
 
-from agent.fr_dump import sources
-from console.sanitize import Masker, mask_tree
-from agent.verdict import decide, frame_of
-from console.verdict import evidence_lines, verdict_lines
+from agent.torchrun.fr_dump import sources
+from console.lines.sanitize import Masker, mask_tree
+from agent.rules.verdict import decide, frame_of
+from console.judgement.verdict import evidence_lines, verdict_lines
 
 STUCK_STACK = '''Thread 11 (idle): "MainThread"
     injected_hang (trainer/faults.py:87)
@@ -200,7 +200,7 @@ def test_the_evidence_says_where_the_others_wait():
 
 def test_secrets_are_masked_in_the_whole_verdict():
     """A source line can hold a secret (``token = "hf_..."``): the verdict kept and sent is
-    masked like every line (console/why.py masks it before it is kept)."""
+    masked like every line (console/judgement/why.py masks it before it is kept)."""
     reports = hung_at(2)
     reports[2]["sources"] = {"trainer/faults.py:87": 'login(token="hf_s3cr3tvalue")'}
     v = mask_tree(decide(reports), Masker(["hf_s3cr3tvalue"]))

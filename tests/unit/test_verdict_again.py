@@ -1,11 +1,11 @@
-"""A verdict that named nobody is taken again while the stall goes on (console/liveness.py
+"""A verdict that named nobody is taken again while the stall goes on (console/judgement/liveness.py
 ``verdict_again_due``): on a loaded host the first two samples may still see ranks entering
 collectives ("no hang"), and a verdict taken once at the stall's start would then say
 nothing for the whole hang. Events only when the verdict changes."""
 
-from console.liveness import VERDICT_AGAIN_MAX_S, VERDICT_AGAIN_S, verdict_again_due
-from console.state import RunState
-from console.state_nodes import RankState
+from console.judgement.liveness import VERDICT_AGAIN_MAX_S, VERDICT_AGAIN_S, verdict_again_due
+from console.model.state import RunState
+from console.model.nodes import RankState
 
 UNKNOWN = {"kind": "unknown", "suspects": [], "evidence": {},
            "summary": "no suspect: no hang: rank(s) 0-1 entered new collectives"}

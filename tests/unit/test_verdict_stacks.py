@@ -1,16 +1,16 @@
 """A torch with no flight recorder (2.4): the verdict from the stacks alone, saying so in the
 verdict's summary and evidence, in `why`'s lines and the view's verdict screen.
 
-Each rank's ``fr`` is what agent/fr_dump.py makes of the hook's answer in such a torch
-(agent/frhook.py); the stacks are py-spy's, as in tests/unit/test_verdict.py."""
+Each rank's ``fr`` is what agent/torchrun/fr_dump.py makes of the hook's answer in such a torch
+(agent/torchrun/frhook.py); the stacks are py-spy's, as in tests/unit/test_verdict.py."""
 
 import json
 
-from agent.fr_dump import summary
-from agent.frhook import NO_RECORDER
-from agent.verdict import decide
+from agent.torchrun.fr_dump import summary
+from agent.torchrun.frhook import NO_RECORDER
+from agent.rules.verdict import decide
 from console.tui.verdict import verdict_text
-from console.verdict import evidence_lines, verdict_lines
+from console.judgement.verdict import evidence_lines, verdict_lines
 
 from tests.unit.test_verdict import STUCK_STACK, WAITING_STACK, hung_at
 
@@ -56,7 +56,7 @@ def test_the_rank_outside_any_collective_is_named_from_the_stacks_and_it_says_so
     assert v["summary"].startswith(NOTE + "; rank(s) 0-1,3 wait in a collective"), v["summary"]
     assert v["evidence"]["flight_recorder"] == NOTE
     assert v["evidence"]["waiting_ranks"] == [0, 1, 3]
-    # `why` prints verdict_lines then evidence_lines (console/recorded_verbs.py cmd_why)
+    # `why` prints verdict_lines then evidence_lines (console/verbs/recorded.py cmd_why)
     assert verdict_lines(v)[0] == "stuck-in-python: " + v["summary"]
     assert evidence_lines(v)[:2] == [
         NOTE, "rank(s) 0-1,3 wait in a collective, at "

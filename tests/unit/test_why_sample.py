@@ -1,11 +1,11 @@
-"""console/why.py: a node that did not answer the verdict's first sample is not asked again
+"""console/judgement/why.py: a node that did not answer the verdict's first sample is not asked again
 (a cut host would cost each sample the whole request timeout), and is named unreachable."""
 
 import asyncio
 from types import SimpleNamespace
 
-from console import why
-from console.state import RunState
+from console.judgement import why
+from console.model.state import RunState
 
 
 class Link:
@@ -25,7 +25,7 @@ class Ctl:
     def __init__(self, links):
         self.links = {link.name: link for link in links}
         self.state = RunState("r", [(n, n) for n in self.links])
-        # the ranks the run knows alive (console/why.py expected_ranks: the saved status)
+        # the ranks the run knows alive (console/judgement/why.py expected_ranks: the saved status)
         self.record = {"status": {"nodes": [
             {"name": n, "ranks": [{"rank": i, "state": "running"}]}
             for i, n in enumerate(self.links)]}}

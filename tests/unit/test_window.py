@@ -7,8 +7,8 @@ the floor would skip lines (or show some twice).
 
 from __future__ import annotations
 
-from console.lines import Entry
-from console.window import EntryWindow
+from console.lines.lines import Entry
+from console.lines.window import EntryWindow
 
 
 def line(node: str, journal: int | None, index: int, ts: float = 0.0) -> Entry:

@@ -1,7 +1,7 @@
 """Nodes of a real torch c10d rendezvous, for tests/agent/test_expel.py.
 
 ``python member.py ENDPOINT --rdzv-backend c10d --rdzv-id RUN --local-addr ADDR [--spare ADDR]``
-(torchrun's own flags, so agent/expel.py reads this process as it reads a torchrun): one
+(torchrun's own flags, so agent/surgery/expel.py reads this process as it reads a torchrun): one
 node (ADDR, this pid) joins a 2-node rendezvous and prints ``joined``. With ``--spare``, a
 line on stdin makes it join again (what torchrun does when its workers fail) beside a second
 node of this process (the spare): ``round N: ADDR, ADDR`` once that round completes.
@@ -11,7 +11,7 @@ Keep-alive 60 s x 3: without an expel, a killed node's entry would stay for 3 mi
 import sys
 import threading
 
-from agent.expel import flag
+from agent.surgery.expel import flag
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 

@@ -1,0 +1,74 @@
+"""`launch --dry-run`: each node's command line as its agent would start it, starting nothing.
+
+One block per node, in node-rank order: the command line, a line of ``^`` under each word
+that differs from node to node, the environment the launcher adds (and ``--env``), and the
+DeepSpeed hostfile. Secrets (the inventory's and ``--env`` values of secret names) are masked
+in every line. The rendezvous store's port is chosen when a run starts: shown as ``<port>``.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from inventory.model import Inventory
+from .env import launch_secrets
+from ..lines.sanitize import Masker
+from .spec import LaunchSpec, NodeCommand, node_commands, run_root
+
+PORT = "<port>"
+RUN_ID = "<run-id>"
+
+
+def plan(inv: Inventory, spec: LaunchSpec) -> dict[str, NodeCommand]:
+    """Every node's command, as a launch would build it (TemplateError as a launch would)."""
+    endpoint = "%s:%s" % (inv.hosts[0].addr, PORT)
+    return node_commands(list(inv.hosts), spec, RUN_ID, endpoint,
+                         lambda h: run_root(h, RUN_ID))
+
+
+def differing(commands: dict[str, NodeCommand]) -> set[int]:
+    """Positions of the argv words that are not the same on every node (every position from
+    the first difference on when the commands are not of one length)."""
+    argvs = [c.argv for c in commands.values()]
+    longest = max(len(a) for a in argvs)
+    if len({len(a) for a in argvs}) > 1:
+        first = next((i for i in range(longest)
+                      if len({a[i] if i < len(a) else None for a in argvs}) > 1), longest)
+        return set(range(first, longest))
+    return {i for i in range(longest) if len({a[i] for a in argvs}) > 1}
+
+
+def marked_lines(argv: list[str], marks: set[int], mask) -> list[str]:
+    """The command line and, under it, ``^`` beneath each marked word (masked first, so the
+    marks stand under what is shown)."""
+    words = [mask(shlex.quote(w)) for w in argv]
+    line = " ".join(words)
+    under = " ".join(("^" if i in marks else " ") * len(w) for i, w in enumerate(words))
+    return [line, under.rstrip()] if under.strip() else [line]
+
+
+def render(inv: Inventory, spec: LaunchSpec) -> str:
+    """The dry run's text: every node's command, the differences marked, secrets masked."""
+    commands = plan(inv, spec)
+    masker = Masker(sorted(set(inv.secrets) | set(launch_secrets(inv, spec.env))))
+    marks = differing(commands) if len(commands) > 1 else set()
+    named = sorted({w for c in commands.values() for i, w in enumerate(c.argv[:-1])
+                    if i + 1 in marks and w.startswith("-")})
+    launcher = "a raw launcher argv" if spec.launcher else spec.launch_with
+    out = ["launch --dry-run: %d node%s, launcher %s; nothing was started" % (
+        len(commands), "" if len(commands) == 1 else "s", launcher),
+        "the rendezvous store's port is chosen at start (%s); the run id is new then (%s)"
+        % (PORT, RUN_ID)]
+    if len(commands) > 1:
+        out.append("differs per node (^): %s" % (", ".join(named) or "nothing"))
+    for rank, (node, cmd) in enumerate(commands.items()):
+        out += ["", "%s (node rank %d):" % (node, rank)]
+        out += ["  " + line for line in marked_lines(cmd.argv, marks, masker.mask)]
+        env = dict(cmd.env, **spec.env)
+        if env:
+            out.append("  env: " + masker.mask(" ".join(
+                "%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items()))))
+        if cmd.hostfile is not None:
+            out.append("  hostfile (written by the agent beside the run): "
+                       + masker.mask(cmd.hostfile.strip().replace("\n", "; ")))
+    return "\n".join(out)

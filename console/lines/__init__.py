@@ -1,0 +1,3 @@
+"""Lines of text from the hosts: kept lines, windows over them, time order, and
+making untrusted text safe to print.
+"""

@@ -1,0 +1,2 @@
+"""Recorded runs on this laptop: history, reports, exports and action logs.
+"""

@@ -1,0 +1,2 @@
+"""Runs on Slurm from the console: submit, queued runs, stop, squeue's words.
+"""
