@@ -23,7 +23,8 @@ from console import agent_messages
 from console.history import BadRecord, History
 from console.state import RunState
 from console.summary import status_table
-from inventory.loader import InventoryError, load_inventory
+from inventory.loader import load_inventory
+from inventory.model import InventoryError
 
 SEED = 29
 MESSAGES = 1500
