@@ -12,7 +12,7 @@ import math
 import resource
 import sys
 
-from inventory.loader import MAX_SLOTS
+from inventory.checks import MAX_SLOTS
 from inventory.model import LAUNCHERS, InventoryError
 from ..model.buffers import BUDGET_MB
 from .commands import COMMANDS

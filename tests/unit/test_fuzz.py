@@ -23,7 +23,8 @@ from console.run import messages as agent_messages
 from console.records.history import BadRecord, History
 from console.model.state import RunState
 from console.model.summary import status_table
-from inventory.loader import InventoryError, load_inventory
+from inventory.loader import load_inventory
+from inventory.model import InventoryError
 
 SEED = 29
 MESSAGES = 1500

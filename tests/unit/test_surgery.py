@@ -1,5 +1,5 @@
 """Node surgery decided before anything is done (console/surgery/surgery.py), spares and the store's
-host in the inventory (inventory/loader.py), and the verbs' refusals (console/verbs/cli.py)."""
+host in the inventory (inventory/checks.py), and the verbs' refusals (console/verbs/cli.py)."""
 
 from __future__ import annotations
 
