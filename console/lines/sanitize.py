@@ -59,11 +59,11 @@ class Masker:
     def __bool__(self) -> bool:
         return self._pattern is not None
 
-    def mask(self, text: str) -> str:
-        """``text`` with every secret replaced by ``****``."""
+    def mask(self, text: str, mask: str = MASK) -> str:
+        """``text`` with every secret replaced by ``mask`` (``****``)."""
         if self._pattern is None or not text:
             return text
-        return self._pattern.sub(MASK, text)
+        return self._pattern.sub(mask.replace("\\", "\\\\"), text)
 
     def mask_hidden(self, text: str) -> str:
         """:meth:`mask`, also where escape sequences or control characters stand inside a
