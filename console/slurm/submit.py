@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shlex
 
 from ..errors import EXIT_FAILED, LaunchError, UsageError
 from .slurm import JOB_ALIVE, job_now
 
 JOB_NAME = "rankdeck-submit"
-TIME = re.compile(r"(\d+-)?\d+(:\d\d){0,2}")
+TIME = re.compile(r"(\d+-)?\d+(:\d\d){0,2}", re.ASCII)
+# a partition's name, or several joined by commas: nothing else reaches the batch script (a
+# newline in it would add lines of shell there)
+PARTITION = re.compile(r"[A-Za-z0-9_.,-]+")
 REASONS = {
     "Resources": "waiting for free nodes",
     "Priority": "other jobs are ahead of it",
@@ -35,15 +37,23 @@ REASONS = {
 def batch_script(nodes: int, time_limit: str, partition: str | None = None,
                  gpus_per_node: int | None = None, requeue: bool = False) -> str:
     """The sbatch script that holds ``nodes`` nodes for ``time_limit`` (``requeue``: a job
-    Slurm may put back in the queue, as rankdeck's ``--requeue`` asks before its limit)."""
+    Slurm may put back in the queue, as rankdeck's ``--requeue`` asks before its limit).
+    Every value written into it is checked first (the counts are numbers, ``--time`` Slurm's
+    time, ``--partition`` names of PARTITION's characters): UsageError (exit 2) otherwise."""
     if not TIME.fullmatch(time_limit):
         raise UsageError("--time %r: write Slurm's time, e.g. 00:30:00, 90 (minutes) or "
                          "1-00:00:00" % time_limit)
+    if partition is not None and not PARTITION.fullmatch(partition):
+        raise UsageError("--partition %r: a partition's name has only letters, digits and "
+                         "_ . - (several: joined by commas, e.g. gpu,gpu-long); nothing was "
+                         "submitted" % partition)
+    if not isinstance(nodes, int) or not isinstance(gpus_per_node, (int, type(None))):
+        raise UsageError("--nodes and --gpus-per-node are whole numbers")
     lines = ["#!/bin/sh", "#SBATCH --job-name=" + JOB_NAME, "#SBATCH --nodes=%d" % nodes,
              "#SBATCH --ntasks-per-node=1", "#SBATCH --time=" + time_limit,
              "#SBATCH --output=/dev/null"]
     if partition:
-        lines.append("#SBATCH --partition=" + shlex.quote(partition))
+        lines.append("#SBATCH --partition=" + partition)
     if gpus_per_node:
         lines.append("#SBATCH --gpus-per-node=%d" % gpus_per_node)
     if requeue:
