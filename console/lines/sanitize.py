@@ -147,6 +147,14 @@ def clean(line: str, secrets=(), limit: int = MAX_LINE) -> str:
     return line
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """A host's short message (a command's stderr, a field of its output) made safe to show
+    as one line: its lines joined with `` / ``, then :func:`clean`, its last ``limit``
+    characters (the end of an error says most). Plain text: never parse it as markup."""
+    joined = " / ".join(part.strip() for part in text.strip().splitlines() if part.strip())
+    return clean(joined[-4 * limit:], limit=4 * limit)[-limit:]
+
+
 def clean_tree(value):
     """``value`` (decoded JSON from a host: preflight facts) with every string in it cleaned,
     keys included; numbers and the rest as they are."""

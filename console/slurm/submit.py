@@ -13,7 +13,7 @@ import asyncio
 import re
 
 from ..errors import EXIT_FAILED, LaunchError, UsageError
-from .slurm import JOB_ALIVE, job_now
+from .slurm import JOB_ALIVE, job_now, said
 
 JOB_NAME = "rankdeck-submit"
 TIME = re.compile(r"(\d+-)?\d+(:\d\d){0,2}", re.ASCII)
@@ -71,7 +71,8 @@ def batch_script(nodes: int, time_limit: str, partition: str | None = None,
 
 
 def pending_line(job: dict, start: str = "") -> str:
-    """``Slurm job 12 PENDING: waiting for free nodes (Resources); expected start ...``."""
+    """``Slurm job 12 PENDING: waiting for free nodes (Resources); expected start ...``, made
+    safe to print (one line, no escape sequence: console/lines/sanitize.py ``one_line``)."""
     reason = job.get("reason") or ""
     words = REASONS.get(reason)
     if words is None and reason.startswith(("QOS", "AssocGrp", "AssocMax")):
@@ -81,7 +82,7 @@ def pending_line(job: dict, start: str = "") -> str:
         text += ": %s (%s)" % (words, reason) if words else ": %s" % reason
     if start and start not in ("N/A", "Unknown"):
         text += "; expected start %s" % start
-    return text
+    return said(text, 1000)  # (Slurm's words are the login host's: untrusted)
 
 
 async def submit(transport, login, script: str) -> str:
@@ -90,7 +91,7 @@ async def submit(transport, login, script: str) -> str:
     job = out.strip().split(";")[0]
     if code != 0 or not job.isdigit():
         raise LaunchError("sbatch on the login host refused the job: %s"
-                          % ((err or out).strip()[-300:] or "exit %s" % code), EXIT_FAILED)
+                          % (said(err or out) or "exit %s" % code), EXIT_FAILED)
     return job
 
 
@@ -107,7 +108,7 @@ async def wait_running(transport, login, job: str, say, every: float = 2.0) -> N
                 job, now["state"], " (%s)" % now["reason"] if now["reason"] else ""),
                 EXIT_FAILED)
         code, out, _ = await transport.on_login(login, ["squeue", "-h", "-j", job, "-o", "%S"])
-        line = pending_line(now, out.strip() if code == 0 else "")
+        line = pending_line(now, said(out, 64) if code == 0 else "")
         if line != last:
             say(line)
             last = line
@@ -117,4 +118,4 @@ async def wait_running(transport, login, job: str, say, every: float = 2.0) -> N
 async def cancel(transport, login, job: str) -> str:
     code, _out, err = await transport.on_login(login, ["scancel", job])
     return ("Slurm job %s cancelled (rankdeck submitted it)" % job if code == 0
-            else "could not cancel Slurm job %s: %s" % (job, err.strip()[-200:]))
+            else "could not cancel Slurm job %s: %s" % (job, said(err, 200)))
