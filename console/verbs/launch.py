@@ -141,11 +141,11 @@ async def cmd_submit(args) -> int:
         job = await slurm_submit.submit(transport, login, script)
         say = lambda line: print("rankdeck: " + line, file=sys.stderr, flush=True)  # noqa: E731
         say("submitted Slurm job %s (%d nodes, --time %s)" % (job, args.nodes, args.time))
-        if args.detach and slurm_queued.keepable(args, load_inventory(path)):
+        if args.detach:
             now = await slurm.job_now(transport, login, job)
             if now["state"] != "RUNNING":  # the run id now; the launch at its next status
                 run_id = slurm_queued.keep(args, job, script, path)
-                pid = slurm_queued.start_follower(run_id)
+                pid = slurm_queued.start_follower(run_id, parse_env(args.env))
                 say("%s; a follower on this machine (pid %d) launches the run when it runs; "
                     "should it be gone, `rankdeck status %s` (or attach) does"
                     % (slurm_submit.pending_line(now), pid, run_id))
