@@ -171,6 +171,22 @@ CGROUP_WARNING = (
     "\"proctrack/cgroup sites\"")
 
 
+def clear_text_warning(secrets) -> str | None:
+    """What to warn at ``launch --slurm`` and ``submit`` when the run sends secret values
+    (``secrets``), or None: SSH ends at the login host, and from there srun carries the
+    agents' traffic to the nodes, encrypted only where the site set Slurm up with TLS
+    (docs/SECURITY.md, "On Slurm")."""
+    count = len({s for s in secrets or () if s})
+    if not count:
+        return None
+    return ("on Slurm, the run's %d secret value%s (and the judge's token, and the files "
+            "--sync sends) cross the cluster network in clear unless the site set Slurm up "
+            "with TLS: SSH ends at the login host, and srun carries them from there to each "
+            "node. Where the site lets you SSH to the job's nodes, an inventory of the nodes "
+            "keeps them inside SSH; docs/SECURITY.md, \"On Slurm\""
+            % (count, "" if count == 1 else "s"))
+
+
 def requeue_refusal(args) -> str | None:
     """Why ``args`` (launch --slurm, submit) cannot run on a proctrack/cgroup site, or None:
     ``--requeue`` ends the job's steps, the rankdeck-host step that holds the run among them,
