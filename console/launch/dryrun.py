@@ -3,16 +3,19 @@
 One block per node, in node-rank order: the command line, a line of ``^`` under each word
 that differs from node to node, the environment the launcher adds (and ``--env``), and the
 DeepSpeed hostfile. Secrets (the inventory's and ``--env`` values of secret names) are masked
-in every line. The rendezvous store's port is chosen when a run starts: shown as ``<port>``.
+in every line, in each word before it is quoted for the shell (:func:`shown_word`): quoted,
+a secret with a quote in it is no longer itself, and masking the quoted line would miss it.
+The rendezvous store's port is chosen when a run starts: shown as ``<port>``.
 """
 
 from __future__ import annotations
 
+import secrets
 import shlex
 
 from inventory.model import Inventory
 from .env import launch_secrets
-from ..lines.sanitize import Masker
+from ..lines.sanitize import MASK, Masker
 from .spec import LaunchSpec, NodeCommand, node_commands, run_root
 
 PORT = "<port>"
@@ -38,10 +41,18 @@ def differing(commands: dict[str, NodeCommand]) -> set[int]:
     return {i for i in range(longest) if len({a[i] for a in argvs}) > 1}
 
 
-def marked_lines(argv: list[str], marks: set[int], mask) -> list[str]:
-    """The command line and, under it, ``^`` beneath each marked word (masked first, so the
-    marks stand under what is shown)."""
-    words = [mask(shlex.quote(w)) for w in argv]
+def shown_word(word: str, masker: Masker) -> str:
+    """``word`` quoted for the shell with its secrets masked: masked before it is quoted
+    (``it's`` quoted is ``'it'"'"'s'``, which no longer holds the secret), ``****`` put in
+    after, so that a word that is only a secret shows as ``****``."""
+    hole = "rdmask" + secrets.token_hex(8)  # characters quoting leaves as they are
+    return shlex.quote(masker.mask(word, hole)).replace(hole, MASK)
+
+
+def marked_lines(argv: list[str], marks: set[int], shown) -> list[str]:
+    """The command line and, under it, ``^`` beneath each marked word (``shown``: a word as
+    it is printed, masked: the marks stand under what is shown)."""
+    words = [shown(w) for w in argv]
     line = " ".join(words)
     under = " ".join(("^" if i in marks else " ") * len(w) for i, w in enumerate(words))
     return [line, under.rstrip()] if under.strip() else [line]
@@ -63,11 +74,12 @@ def render(inv: Inventory, spec: LaunchSpec) -> str:
         out.append("differs per node (^): %s" % (", ".join(named) or "nothing"))
     for rank, (node, cmd) in enumerate(commands.items()):
         out += ["", "%s (node rank %d):" % (node, rank)]
-        out += ["  " + line for line in marked_lines(cmd.argv, marks, masker.mask)]
+        out += ["  " + masker.mask(line) for line in marked_lines(
+            cmd.argv, marks, lambda w: shown_word(w, masker))]
         env = dict(cmd.env, **spec.env)
         if env:
             out.append("  env: " + masker.mask(" ".join(
-                "%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items()))))
+                "%s=%s" % (k, shown_word(v, masker)) for k, v in sorted(env.items()))))
         if cmd.hostfile is not None:
             out.append("  hostfile (written by the agent beside the run): "
                        + masker.mask(cmd.hostfile.strip().replace("\n", "; ")))
