@@ -217,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "last checkpoint), or the whole run")
     rs.add_argument("run_id")
     rs.add_argument("--node")
+    rs.add_argument("--yes", action="store_true", help="a run whose record came from its "
+                    "hosts (watch -i): run the command it shows without asking")
 
     co = sub.add_parser("cordon", help="take a bad node out of a run: a spare takes its place "
                         "(or the run shrinks within --nnodes MIN:MAX) and every rank resumes "
@@ -230,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     uc = sub.add_parser("uncordon", help="a cordoned node becomes a spare again")
     uc.add_argument("run_id")
     uc.add_argument("--node", required=True)
+    uc.add_argument("--yes", action="store_true", help="a run whose record came from its "
+                    "hosts (watch -i): go on without asking")
 
     sk = sub.add_parser("stacks", help="Python stacks of every rank (or one node's); the "
                         "rank that differs from the majority is marked")
