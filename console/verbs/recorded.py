@@ -15,7 +15,7 @@ from ..surgery.cordon import cordon, uncordon, uncordon_refusal, unreachable
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, LaunchError, UsageError
 from ..records.export import RunExport, check_format
 from .headless import HeadlessPrinter, journal_ends
-from ..records.history import History, state_dir
+from ..records.history import History, seen_text, state_dir
 from ..run.hosted_record import known_or_fetched
 from ..judgement.judged import judged, settle
 from .launch import cmd_launch
@@ -336,15 +336,17 @@ async def cmd_ls(args) -> int:
     records = History().list()
     if args.json:
         print_json([{"run_id": r["run_id"], "created": r.get("created"), "state": r.get("state"),
+                     "updated": r.get("updated"),
                      "nodes": [h["name"] for h in r.get("hosts", [])],
                      "script": r.get("spec", {}).get("script")} for r in records])
         return EXIT_OK
     if not records:
         print("no runs recorded yet (%s)" % state_dir())
         return EXIT_OK
+    now = time.time()
     for r in records:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("created", 0)))
-        print("%-22s %s  %-9s %d nodes  %s" % (r["run_id"], when, r.get("state", "?"),
-                                               len(r.get("hosts", [])),
-                                               r.get("spec", {}).get("script", "")))
+        print("%-22s %s  %-9s %-16s %d nodes  %s" % (
+            r["run_id"], when, shown(str(r.get("state", "?"))), "(%s)" % seen_text(r, now),
+            len(r.get("hosts", [])), shown(str(r.get("spec", {}).get("script", "")))))
     return EXIT_OK
