@@ -6,6 +6,7 @@ that supervisor: agent/node/ops.py; a cordoned node's fence: agent/node/fence.py
 """
 
 import os
+import signal
 
 from ..host import procs
 from ..wire import protocol
@@ -56,6 +57,31 @@ def job_env():
 def node_dir(args):
     """The node's run folder named by a request's ``run_root`` and ``node``."""
     return os.path.join(host_path(args["run_root"]), args["node"])
+
+
+# What serve asks of a live supervisor by a signal (SIGUSR1 restart, SIGUSR2 put a spare in)
+# it first writes into the node's folder: a signal with no such word is no request. On a Slurm
+# proctrack/cgroup site (agent/slurm/host_step.py) `sbatch --signal=USR1@90` and `scancel
+# --signal` reach every process of the job's steps, the supervisors among them; every node
+# restarted at once was the result.
+
+
+def asked_path(ndir, sig):
+    return os.path.join(ndir, "asked.%s" % signal.Signals(sig).name)
+
+
+def ask_by_signal(ndir, sig):
+    """serve's word that the ``sig`` it is about to send the node's supervisor is a request."""
+    os.close(os.open(asked_path(ndir, sig), os.O_WRONLY | os.O_CREAT, 0o600))
+
+
+def take_asked(ndir, sig):
+    """Whether serve asked for ``sig`` (its word taken: one request, one signal)."""
+    try:
+        os.unlink(asked_path(ndir, sig))
+        return True
+    except OSError:
+        return False
 
 
 def supervisor_alive(state):
