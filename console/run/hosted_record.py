@@ -113,9 +113,9 @@ def localized(record: dict, inv, source: str) -> dict:
         if job is not None:  # a node of the job, reached through the login host
             if not HOST_NAME.match(name):
                 raise ForeignHosts("its node %r is not a host name" % name[:40])
-            problem = addr_problem(addr)
-            if problem:
-                raise ForeignHosts("the address of its node %s %s" % (name, problem))
+            if addr_problem(addr):
+                raise ForeignHosts("the address %r of its node %s is not one hostname or IP "
+                                   "address" % (addr[:60], name))
             h = login
         elif h is None:
             foreign.append(name)
