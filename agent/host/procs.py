@@ -158,6 +158,23 @@ def ignore_job_signals():
         signal.signal(sig, _not_a_request)
 
 
+def naming(arg, procs=None):
+    """PIDs with ``arg`` among their command-line arguments (a node's supervisor names its
+    node folder: ``python -m agent supervisor NODE_DIR``, before its state.json exists)."""
+    needle = arg.encode()
+    procs = table() if procs is None else procs
+    out = []
+    for pid in procs:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in args:
+            out.append(pid)
+    return out
+
+
 def set_child_subreaper():
     """Make orphaned descendants re-parent to this process (Linux >= 3.4). True on success."""
     try:

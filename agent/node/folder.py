@@ -116,15 +116,17 @@ def state_of(args):
     """The node's state plus the size of its journal. ``missing`` when its state.json cannot
     be read (never started, or its run folder was removed), then with what is known: whether
     its folder is there (``folder``) and how many processes of the node still run on this
-    host (``procs``: marked ``RANKDECK_RUN=<run_id>/<node>``, agent/host/procs.py), so a
-    console can tell a node being started from one nothing of which is left."""
+    host (``procs``: marked ``RANKDECK_RUN=<run_id>/<node>``, agent/host/procs.py, or its
+    supervisor starting, which names the folder), so a console can tell a node being started
+    from one nothing of which is left."""
     ndir = node_dir(args)
     out = node_state(ndir)
     if out is None:
         run_id = os.path.basename(os.path.normpath(host_path(args["run_root"])))
         marker = procs.run_marker(run_id, args["node"])
-        out = {"state": "missing", "folder": os.path.isdir(ndir),
-               "procs": len(procs.marked(marker))}
+        running = procs.table()
+        out = {"state": "missing", "folder": os.path.isdir(ndir), "procs": len(
+            set(procs.marked(marker, running)) | set(procs.naming(ndir, running)))}
     try:
         out["journal_size"] = os.path.getsize(os.path.join(ndir, "journal"))
     except OSError:

@@ -65,3 +65,23 @@ def test_ls_says_when_the_state_it_shows_was_seen():
     assert seen_text({"updated": now - 1800}, now) == "seen 30 min ago"
     assert seen_text({"updated": now - 3 * 86400}, now) == "seen 3 d ago"
     assert seen_text({}, now) == "never seen"
+
+
+def test_a_node_being_started_is_not_taken_for_gone(tmp_path):
+    """Before its supervisor writes state.json the node has none, but the supervisor (which
+    names the node's folder) is there: the agent counts it, so no console says `gone`."""
+    import subprocess
+    import sys
+
+    from agent.node.folder import state_of
+    args = {"run_root": str(tmp_path / "runs" / RUN), "node": "node0"}
+    ndir = os.path.join(args["run_root"], "node0")
+    assert state_of(args) == {"state": "missing", "folder": False, "procs": 0,
+                              "journal_size": 0}
+    os.makedirs(ndir)
+    starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", ndir])
+    try:
+        assert state_of(args)["procs"] == 1
+    finally:
+        starting.kill()
+        starting.wait()
