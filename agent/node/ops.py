@@ -2,9 +2,9 @@
 ``restart``): the run itself belongs to the node's supervisor (agent/supervisor/supervisor.py), which this
 module starts detached and then only signals: SIGTERM stops the node, SIGUSR1 restarts
 torchrun, SIGUSR2 puts a held spare in (each of these two with serve's word in the node's
-folder first: agent/node/folder.py ``ask_by_signal``; the supervisor ignores one without). Every answer is the node's ``state.json`` plus whether
-its supervisor still lives (agent/node/folder.py ``node_state``). A fenced node (agent/node/fence.py)
-starts nothing.
+folder first: agent/node/folder.py ``ask_by_signal``; the supervisor ignores one without).
+Every answer is the node's ``state.json`` plus whether its supervisor still lives
+(agent/node/folder.py ``node_state``). A fenced node (agent/node/fence.py) starts nothing.
 """
 
 import os

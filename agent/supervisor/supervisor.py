@@ -149,9 +149,10 @@ class Supervisor(LauncherProcess):
 
     def next_request(self):
         """The oldest signal asked of this supervisor, or None. A SIGUSR1 or SIGUSR2 that
-        serve (or the judge's link) did not ask for first (agent/node/folder.py ``ask_by_signal``) is no
-        request: Slurm's ``--signal=USR1@90`` or ``scancel --signal`` reaching every process
-        of a job's steps on a proctrack/cgroup site; it is logged and left."""
+        serve (or the judge's link) did not ask for first (agent/node/folder.py
+        ``ask_by_signal``) is no request: Slurm's ``--signal=USR1@90`` or ``scancel
+        --signal`` reaching every process of a job's steps on a proctrack/cgroup site; it is
+        logged and left."""
         while self.requests:
             sig = self.requests.pop(0)
             if sig == signal.SIGTERM or take_asked(self.node_dir, sig):

@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "--max-restarts), or stop the run")
     la.add_argument("--on-nan", choices=("warn", "stop"), default="warn",
                     help="what the run's judge does when a rank's loss turns inf or NaN: warn "
-                    "(default: an event, the rank marked) or stop the run; a metric line with a step, "
-                    "or two in a row without (docs/METRICS.md)")
+                    "(default: an event, the rank marked) or stop the run; a metric line with a "
+                    "step, or two in a row without (docs/METRICS.md)")
     la.add_argument("--max-wall", type=SECONDS, metavar="SECONDS",
                     help="the judge stops the run after this long")
     la.add_argument("--notify", metavar="CMD", help="a shell command the judge runs on its "
