@@ -107,11 +107,13 @@ def gone(ctl, name: str, st: dict) -> None:
     last = {n.get("name"): n for n in (ctl.record.get("status") or {}).get("nodes") or []
             if isinstance(n, dict)}.get(name) or {}
     seen = ctl.record.get("updated")
-    if isinstance(last.get("state"), str) and isinstance(seen, (int, float)):
-        known += "; last seen %s at %s" % (last["state"][:40], time.strftime(
+    cause = "nothing of it is left: no process of it runs, and " + known
+    if last.get("state") == "gone" and isinstance(last.get("cause"), str):
+        cause = last["cause"]  # an earlier `status` said so: what it knew then stays
+    elif isinstance(last.get("state"), str) and isinstance(seen, (int, float)):
+        cause += "; last seen %s at %s" % (last["state"][:40], time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(seen)))
-    ctl.state.set_node(name, "gone", "nothing of it is left: no process of it runs, and "
-                       + known)
+    ctl.state.set_node(name, "gone", cause)
     ctl.state.add_event(name, "gone", ns.cause or "")
 
 

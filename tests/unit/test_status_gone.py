@@ -52,8 +52,9 @@ def test_a_run_nothing_of_which_is_left_is_not_running(tmp_path):
         nodes["node0"]["cause"], nodes["node0"]["cause"]
     assert "run folder" in nodes["node1"]["cause"] and "last seen starting" in \
         nodes["node1"]["cause"], nodes["node1"]["cause"]
-    table = rankdeck("status", RUN, timeout=120)
+    table = rankdeck("status", RUN, timeout=120)  # again: what the first one knew stays
     assert "gone" in table.stdout and "running" not in table.stdout.splitlines()[0]
+    assert "last seen running" in table.stdout and "last seen starting" in table.stdout
     ls = rankdeck("ls")
     (line,) = [ln for ln in ls.stdout.splitlines() if ln.startswith(RUN)]
     assert "gone" in line and "(seen just now)" in line, line
