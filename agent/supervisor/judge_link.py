@@ -28,6 +28,7 @@ from ..surgery import expel, static_world
 from ..wire import judge as judge_wire
 from ..host.journal import JournalReader
 from ..node.fence import drop_workers, fenced_end, mark_fenced, refuse_if_fenced
+from ..node.folder import ask_by_signal
 from ..node.ops import STOP_END
 from ..host.runfiles import read_json, write_json_atomic
 
@@ -222,6 +223,7 @@ class JudgeLink:
             static_world.leave_master_port(self.node_dir, master_port)
         st = read_json(os.path.join(self.node_dir, "state.json")) or {}
         before, member = st.get("launches", 0), expel.member(st.get("torchrun_pid"))
+        ask_by_signal(self.node_dir, signal.SIGUSR1)  # a request, as serve's (agent/node/folder.py)
         os.kill(os.getpid(), signal.SIGUSR1)
         deadline = time.monotonic() + RESTART_WAIT
         while time.monotonic() < deadline:

@@ -84,3 +84,32 @@ def render(inv: Inventory, spec: LaunchSpec) -> str:
             out.append("  hostfile (written by the agent beside the run): "
                        + masker.mask(cmd.hostfile.strip().replace("\n", "; ")))
     return "\n".join(out)
+
+
+def recorded_lines(inv: Inventory, spec: LaunchSpec, mask, source: str,
+                   names: list[str] | None = None) -> list[str]:
+    """What a verb that drives a run would start on ``names`` (None: every node), as the
+    run's record says, for a record copied from its host ``source`` (`rankdeck watch -i`):
+    a host's record is untrusted, so its command is shown, ``mask`` applied, before it runs."""
+    hosts = [h for h in inv.hosts if names is None or h.name in names]
+    out = ["the record of this run came from its host %s, not from this laptop; what it "
+           "starts is what that record says (launcher %s, script %s):" % (
+               source, "a raw argv" if spec.launcher else spec.launch_with, spec.script)]
+    try:
+        commands = plan(inv, spec)
+    except Exception:  # noqa: BLE001 (a launcher that cannot express it: the parts shown)
+        commands = {h.name: NodeCommand([spec.script] + list(spec.args), {}) for h in hosts}
+    for h in hosts:
+        cmd = commands.get(h.name)
+        if cmd is None:
+            continue
+        out.append("  %s (%s, python %s, in %s):" % (h.name, h.ssh or h.addr, h.python or
+                                                      "python3", h.workdir))
+        out += ["    " + line for line in marked_lines(cmd.argv, set(), mask)]
+        env = dict(cmd.env, **spec.env)
+        if env:
+            out.append("    env: " + mask(" ".join(
+                "%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items()))))
+    if spec.notify:
+        out.append("  and the judge runs --notify %s" % mask(shlex.quote(spec.notify)))
+    return out
