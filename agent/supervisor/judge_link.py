@@ -23,13 +23,12 @@ import signal
 import threading
 import time
 
-from ..host import actions, procs
-from ..surgery import expel, static_world
+from ..host import actions
+from ..surgery import expel
 from ..wire import judge as judge_wire
 from ..host.journal import JournalReader
-from ..node.fence import drop_workers, fenced_end, mark_fenced, refuse_if_fenced
-from ..node.folder import ask_by_signal
-from ..node.ops import STOP_END
+from ..node.fence import drop_workers, fenced_end, mark_fenced
+from ..node.ops import STOP_END, restart
 from ..host.runfiles import read_json, write_json_atomic
 
 FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples: stragglers
@@ -215,24 +214,15 @@ class JudgeLink:
         return data
 
     def _restart(self, master_port=None):
-        """Restart the node (``master_port``: on that port, a static world's restart).
-        ``member``: the old torchrun in the c10d rendezvous if it is gone by the answer
-        (agent/surgery/expel.py: the judge has it taken out), else None."""
-        refuse_if_fenced(self.node_dir)  # a cordoned node is never restarted
-        if master_port is not None:  # read by the supervisor at this restart
-            static_world.leave_master_port(self.node_dir, master_port)
-        st = read_json(os.path.join(self.node_dir, "state.json")) or {}
-        before, member = st.get("launches", 0), expel.member(st.get("torchrun_pid"))
-        ask_by_signal(self.node_dir, signal.SIGUSR1)  # a request, as serve's (agent/node/folder.py)
-        os.kill(os.getpid(), signal.SIGUSR1)
-        deadline = time.monotonic() + RESTART_WAIT
-        while time.monotonic() < deadline:
-            st = read_json(os.path.join(self.node_dir, "state.json")) or {}
-            if st.get("launches", 0) > before and st.get("state") == "running":
-                gone = member and not procs.alive(member["pid"])
-                return {"launches": st.get("launches"), "member": member if gone else None}
-            time.sleep(0.2)
-        raise RuntimeError("the node did not start again within %.0f s" % RESTART_WAIT)
+        """Restart the node (``master_port``: on that port, a static world's restart) through
+        the node operation serve's ``restart`` runs (agent/node/ops.py), one door for both: it
+        answers once the new torchrun started and the old one is gone, with ``member``, the old
+        torchrun in the c10d rendezvous (agent/surgery/expel.py: the judge has it taken out).
+        The link's own copy waited only for ``running`` and answered with no member while the
+        old torchrun was still exiting, so the judge's restart skipped the expel."""
+        node_dir = self.node_dir.rstrip(os.sep)
+        return restart({"run_root": os.path.dirname(node_dir), "node": os.path.basename(node_dir),
+                        "master_port": master_port, "timeout": RESTART_WAIT})
 
     def _fence(self, args):
         """The judge's cordon (--auto-cordon): fenced first, as `fence` from a console does
