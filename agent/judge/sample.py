@@ -1,6 +1,9 @@
 """The run's judge asks every node for its ranks' stacks and flight-recorder tails, twice,
 and decides who is stuck (agent/rules/verdict.py): the verdict when a stall starts, again while it
-lasts, and when a console asks.
+lasts, and when a console asks. A verdict a console asked for (``w``, ``rankdeck why``, a
+read-only watcher) is journaled and answered, and nothing more: the judge's own looks alone
+set the verdict its schedule (agent/rules/judge.py ``verdict_again_due``) and ``--on-hang``
+read, so a console's question neither stands in for the judge's next look nor postpones it.
 
 A part of the run's judge (agent/judge/judge.py), which mixes :class:`Sampler` into its ``Judge``:
 these methods work on the judge's view, lines, lock and journal (``self.view``,
@@ -60,7 +63,9 @@ class Sampler:
         return reports, unreachable
 
     def take_verdict(self, reason):
-        """Two samples of every node's ranks, one verdict; journaled, and acted on."""
+        """Two samples of every node's ranks, one verdict; journaled. The judge's own (any
+        ``reason`` but ASKED) is kept as the view's verdict, which its schedule and
+        ``--on-hang`` act on; an asked one is not."""
         earlier, unanswered = self._sample()
         time.sleep(SAMPLE_GAP)
         reports, unreachable = self._sample(unanswered)
@@ -68,12 +73,12 @@ class Sampler:
             expected = self.view.alive_ranks()
         verdict = decide(reports, unreachable, expected, earlier=earlier)
         verdict = self.masker.mask_tree(verdict)
-        with self.lock:
-            self.view.verdict = verdict
-            self.view.verdict_at = self.now()
-            # a hang again: a verdict on a stall (not one a console asked for meanwhile)
-            proposals = [] if reason == ASKED else \
-                verdict_proposals(self.view, verdict, self.now())
+        proposals = []
+        if reason != ASKED:  # a console's question is answered, and changes nothing here
+            with self.lock:
+                self.view.verdict = verdict
+                self.view.verdict_at = self.now()
+                proposals = verdict_proposals(self.view, verdict, self.now())  # a hang again
         self.write(event("verdict", None, verdict=verdict, reason=reason,
                          text="who is stuck: %s" % verdict.get("summary")))
         for ev in proposals:
