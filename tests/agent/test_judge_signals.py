@@ -99,9 +99,11 @@ def signalled(path):
 def why(read_only, run_root):
     out = Out()
     server = serve.Server(out=out)
+    crafted = {}
     if read_only:
         assert ask(server, out, "hello", role="watch", who="bob@laptop")["ok"]
-    answer = ask(server, out, "judge", run_root=run_root, ask="why", timeout=90)
+        crafted = {"args": {"signals": True}}  # a watcher's request typed by hand: no matter
+    answer = ask(server, out, "judge", run_root=run_root, ask="why", timeout=90, **crafted)
     assert answer["ok"], answer
     return answer["data"]
 
