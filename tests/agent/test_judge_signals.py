@@ -13,8 +13,9 @@ interpreter with none beside it, and PATH holds none."""
 from __future__ import annotations
 
 import os
-import sys
 import shutil
+import signal
+import sys
 
 import pytest
 
@@ -109,7 +110,6 @@ def why(read_only, run_root):
 
 
 def test_a_watchers_why_through_the_judge_sends_the_ranks_no_signal(node_with_a_rank):
-    import signal
     run_root, pid, signals = node_with_a_rank
     os.kill(pid, signal.SIGSTOP)  # an operator stopped the rank
     wait_for_sync(lambda: procs.stat(pid).state == "T", 30, "the rank stopped")
