@@ -10,10 +10,11 @@ started again knows the node's ranks. A judge that cannot be reached is tried ag
 seconds; the node's run never waits for it.
 
 Requests are answered on the link's own threads: ``why`` runs agent/torchrun/fr_dump.py's node report
-(masked with the run's secrets before it leaves the host); ``restart`` and ``stop`` signal the
-supervisor itself (SIGUSR1, SIGTERM after writing how the node ends), exactly as a console's
-request through ``serve`` does, and are kept in the node's action log as the judge's (``who``
-``judge``), as serve keeps a console's.
+(masked with the run's secrets before it leaves the host; with ``args.signals`` false, a
+read-only watcher's verdict, the ranks get no signal: py-spy alone takes their stacks);
+``restart`` and ``stop`` signal the supervisor itself (SIGUSR1, SIGTERM after writing how the
+node ends), exactly as a console's request through ``serve`` does, and are kept in the node's
+action log as the judge's (``who`` ``judge``), as serve keeps a console's.
 
 Standard library only; Python >= 3.9.
 """
@@ -41,8 +42,9 @@ JUDGE = {"who": "judge", "console": "judge"}  # who the action log names for the
 
 class JudgeLink:
     """``spec_judge``: the spec's ``judge`` ({"addr", "port", "token"?}); ``node_dir`` the
-    node's folder; ``files()`` -> {fid: rank} of the node's files so far; ``why()`` -> the
-    node report (masked); ``log(text)`` the supervisor's log."""
+    node's folder; ``files()`` -> {fid: rank} of the node's files so far; ``why(signals=)``
+    -> the node report (masked; ``signals`` False: its ranks get no signal for their stacks);
+    ``log(text)`` the supervisor's log."""
 
     def __init__(self, spec_judge, node, node_dir, files, why, log):
         self.addr = spec_judge.get("addr")
@@ -164,8 +166,9 @@ class JudgeLink:
     def _answer(self, line, msg):
         op, req_id = msg.get("op"), msg.get("id")
         try:
-            if op == "why":
-                data = self.why()
+            if op == "why":  # signals False: a watcher's verdict, none to the ranks
+                args = msg.get("args") if isinstance(msg.get("args"), dict) else {}
+                data = self.why(signals=args.get("signals") is not False)
             elif op == "restart":
                 master_port = (msg.get("args") or {}).get("master_port")
                 data = self._logged("restart", lambda: self._restart(master_port))

@@ -162,10 +162,12 @@ class Supervisor(LauncherProcess):
         return None
 
     # -- the run's judge (agent/supervisor/judge_link.py) ---------------------------------------------
-    def why_report(self):
-        """The node's ranks' stacks and flight-recorder tails (agent/torchrun/fr_dump.py), masked."""
+    def why_report(self, signals=True):
+        """The node's ranks' stacks and flight-recorder tails (agent/torchrun/fr_dump.py), masked;
+        ``signals`` False (a read-only watcher's verdict): no signal to the ranks."""
         from ..torchrun.fr_dump import node_report  # only when the judge asks
-        return self.masker.mask_tree(node_report(self.node_dir, {"python": sys.executable}))
+        return self.masker.mask_tree(node_report(self.node_dir, {"python": sys.executable,
+                                                                 "signals": signals}))
 
     def run(self):
         procs.set_child_subreaper()
