@@ -85,12 +85,20 @@ class Listener:
             self.view.nodes[node].connected = True
         if old is not None:
             old.line.close()
+        said = False  # a message the judge could not apply: one event a connection
         try:
             while True:
                 msg = line.read()
                 if msg is None:
                     break
-                self.from_node(nl, msg)
+                try:
+                    self.from_node(nl, msg)
+                except Exception as exc:  # its shape: dropped, said once, the line goes on
+                    if not said:
+                        said = True
+                        self.write(event("judge_error", node, text=(
+                            "a message from %s the judge could not apply (dropped): %r"
+                            % (node, exc))[:600]))
         except judge_wire.WireError:
             pass
         finally:
@@ -129,6 +137,8 @@ class Listener:
         """A console's request through the rendezvous host's agent: a fresh verdict now."""
         try:
             msg = line.read()
+            if msg and not isinstance(msg.get("args") or {}, dict):
+                raise judge_wire.WireError("a request whose args are not an object")
             if msg and msg.get("op") == "why":
                 verdict = self.take_verdict(reason=ASKED)
                 line.send({"t": "res", "id": msg.get("id"), "ok": True, "data": verdict})

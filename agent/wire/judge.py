@@ -297,8 +297,11 @@ class NodeLine:
         return slot.get("data") or {}
 
     def answered(self, msg):
+        req_id = msg.get("id")
+        if not isinstance(req_id, int):
+            return
         with self.lock:
-            waiter = self.pending.get(msg.get("id"))
+            waiter = self.pending.get(req_id)
         if waiter is not None:
             done, slot = waiter
             if msg.get("ok"):
