@@ -389,3 +389,48 @@ def test_the_accept_loop_outlives_threads_that_cannot_start(in_process, monkeypa
     wait_for_sync(lambda: "node0" in judge.lines, 30, "node0's line")
     line.close()
 
+
+
+def test_a_node_answers_a_bounded_number_of_the_judges_requests_at_once(tmp_path):
+    """Even a judge with the token gets a thread for at most MAX_ASKS requests at a time on a
+    node: the rest are answered ``busy`` at once."""
+    node_dir = tmp_path / "run" / "node0"
+    node_dir.mkdir(parents=True)
+    server = listen_socket("127.0.0.1", 0)
+    release, inside = threading.Event(), []
+
+    def why():  # a report that takes until the test lets it go
+        inside.append(1)
+        release.wait(60)
+        return {"ranks": []}
+    link = JudgeLink({"addr": "127.0.0.1", "port": server.getsockname()[1], "token": TOKEN},
+                     "node0", str(node_dir), lambda: {}, why, lambda _text: None)
+    link.start()
+    conn, _ = server.accept()
+    line, node = judge_wire.accept_peer(conn, TOKEN)
+    line.sock.settimeout(30)
+    try:
+        assert node == "node0"
+        for i in range(1, 21):
+            line.send({"t": "req", "id": i, "op": "why", "args": {}})
+        busy = []
+        while len(busy) < 12:
+            msg = line.read()
+            assert msg is not None
+            if msg.get("t") == "res":
+                assert not msg["ok"] and "busy" in msg["error"], msg
+                busy.append(msg["id"])
+        assert len(inside) <= 8, len(inside)
+        release.set()
+        answered = []
+        while len(answered) < 20 - len(busy):
+            msg = line.read()
+            if msg and msg.get("t") == "res":
+                assert msg["ok"], msg
+                answered.append(msg["id"])
+        assert sorted(busy + answered) == list(range(1, 21))
+    finally:
+        release.set()
+        link.close()
+        line.close()
+        server.close()
