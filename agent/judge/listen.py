@@ -17,25 +17,62 @@ from ..rules.judge import event
 from ..rules.notify import ASKED
 
 
+MAX_HELLOS = 32  # connections at once that have not yet proved the token
+MAX_PEERS = 64  # connections at once past the handshake, beyond two a node (a node's old and new)
+ACCEPT_PAUSE = 0.1  # after accept() or a thread failed (no fds, no threads left): no busy loop
+
+
 class Listener:
     """The judge's connections; mixed into ``Judge`` (agent/judge/judge.py)."""
 
     def serve(self, sock):
+        """Accept connections until the judge stops: one thread each, at most
+        :data:`MAX_HELLOS` of them in the handshake and :data:`MAX_PEERS` plus two a node past
+        it; a connection beyond either is closed at once (a node tries again). Nothing a peer
+        does, nor a thread that cannot start, ends this loop."""
+        hellos = threading.BoundedSemaphore(MAX_HELLOS)
+        peers = threading.BoundedSemaphore(MAX_PEERS + 2 * len(self.view.nodes))
         while not self.stop.is_set():
             try:
                 conn, _peer = sock.accept()
             except OSError:
                 if self.stop.is_set():
                     return
+                self.stop.wait(ACCEPT_PAUSE)
                 continue
-            threading.Thread(target=self.peer, args=(conn,), daemon=True).start()
+            if not hellos.acquire(blocking=False):
+                conn.close()
+                continue
+            if not peers.acquire(blocking=False):
+                hellos.release()
+                conn.close()
+                continue
+            try:
+                threading.Thread(target=self._peer_slot, args=(conn, hellos, peers),
+                                 name="judge-peer", daemon=True).start()
+            except RuntimeError:  # can't start new thread: this one is refused, not the rest
+                hellos.release()
+                peers.release()
+                conn.close()
+                self.stop.wait(ACCEPT_PAUSE)
 
-    def peer(self, conn):
+    def _peer_slot(self, conn, hellos, peers):
+        try:
+            self.peer(conn, hellos.release)
+        finally:
+            peers.release()
+
+    def peer(self, conn, shook=None):
+        """One connection: the handshake (``shook()`` once it is over, either way), then a
+        node's line or a console's request."""
         try:
             line, node = judge_wire.accept_peer(conn, self.token)
         except (judge_wire.WireError, OSError):
             conn.close()
             return
+        finally:
+            if shook is not None:
+                shook()
         if node.startswith("console:"):
             return self.console(line)
         if node not in self.view.nodes:
@@ -48,12 +85,20 @@ class Listener:
             self.view.nodes[node].connected = True
         if old is not None:
             old.line.close()
+        said = False  # a message the judge could not apply: one event a connection
         try:
             while True:
                 msg = line.read()
                 if msg is None:
                     break
-                self.from_node(nl, msg)
+                try:
+                    self.from_node(nl, msg)
+                except Exception as exc:  # its shape: dropped, said once, the line goes on
+                    if not said:
+                        said = True
+                        self.write(event("judge_error", node, text=(
+                            "a message from %s the judge could not apply (dropped): %r"
+                            % (node, exc))[:600]))
         except judge_wire.WireError:
             pass
         finally:
@@ -92,6 +137,8 @@ class Listener:
         """A console's request through the rendezvous host's agent: a fresh verdict now."""
         try:
             msg = line.read()
+            if msg and not isinstance(msg.get("args") or {}, dict):
+                raise judge_wire.WireError("a request whose args are not an object")
             if msg and msg.get("op") == "why":
                 args = msg.get("args") if isinstance(msg.get("args"), dict) else {}
                 # a read-only watcher's (agent/serve/server.py): no node signals its ranks

@@ -37,6 +37,7 @@ POLL = 0.5
 DRAIN_READS = 256  # reads of the journal (of a MiB each) one turn makes at most
 BACKOFF = (1.0, 2.0, 5.0)
 RESTART_WAIT = 180.0
+MAX_ASKS = 8  # the judge's requests answered at once (a thread each); more are refused
 JUDGE = {"who": "judge", "console": "judge"}  # who the action log names for the judge's asks
 
 
@@ -153,15 +154,37 @@ class JudgeLink:
 
     # -- what the judge asks ---------------------------------------------------------------
     def _requests(self, line):
+        """The judge's requests, each answered on a thread of its own, :data:`MAX_ASKS` at once.
+        Only a judge that proved the token gets here, and every message it sends checks (its
+        MAC, agent/wire/judge.py): a bad one ends the line, and this loop."""
+        asks = threading.BoundedSemaphore(MAX_ASKS)
         try:
             while True:
                 msg = line.read()
                 if msg is None:
                     return
-                if msg.get("t") == "req":
-                    threading.Thread(target=self._answer, args=(line, msg), daemon=True).start()
-        except judge_wire.WireError:
-            return
+                if msg.get("t") != "req":
+                    continue
+                if not asks.acquire(blocking=False):
+                    line.send({"t": "res", "id": msg.get("id"), "ok": False,
+                               "error": "busy: %d requests already in hand" % MAX_ASKS})
+                    continue
+                try:
+                    threading.Thread(target=self._answer_one, args=(line, msg, asks),
+                                     daemon=True).start()
+                except RuntimeError as exc:  # no thread to be had
+                    asks.release()
+                    line.send({"t": "res", "id": msg.get("id"), "ok": False,
+                               "error": str(exc)})
+        except judge_wire.WireError as exc:
+            self.log("judge link: %s" % exc)
+            line.close()
+
+    def _answer_one(self, line, msg, asks):
+        try:
+            self._answer(line, msg)
+        finally:
+            asks.release()
 
     def _answer(self, line, msg):
         op, req_id = msg.get("op"), msg.get("id")

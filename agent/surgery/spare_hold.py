@@ -14,7 +14,9 @@ state is ``held``. What may come next, each seen at once (signals wake the loop)
 - the run is over (its judge says so, or cannot be reached for :data:`JUDGE_LOST_S`): nothing
   will put the spare in, and it must not outlive its run: stopped, with that as its cause.
 
-The judge is asked in a thread of its own (a connection may take seconds to time out; a put-in
+Only a judge that proves it holds the run's token is believed (agent/wire/judge.py: the
+handshake is mutual and every answer carries its MAC): a listener on the judge's port without
+it is a judge that does not answer. The judge is asked in a thread of its own (a connection may take seconds to time out; a put-in
 must not wait behind it). A run without a judge gets no warm spare (the console's choice).
 """
 
