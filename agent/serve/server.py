@@ -93,6 +93,8 @@ class Server:
         elif fn is None:
             reply = {"ok": False, "kind": "usage",
                      "error": "unknown request %r (agent %s)" % (op, agent_version())}
+        elif self.read_only:  # run folders only, and no interpreter of its choosing
+            reply = self.answer(lambda got: fn(node.read_only_args(got)), args)
         else:
             reply = self.answer(fn, args)
         if op in actions.CHANGES:  # before the answer: a console that has it finds the line
@@ -131,14 +133,15 @@ class Server:
         end = args.get("end")
         detail = args.get("detail") or (
             "the run is over: %s" % end.get("state") if isinstance(end, dict) else None)
-        try:
-            ndir = node.node_dir(args)
+        try:  # a read-only connection's: a node of a run folder (docs/SECURITY.md)
+            ndir = node.node_dir(node.read_only_args(args) if self.read_only else args)
         except (TypeError, ValueError, RequestError):
             return
         # a sync comes before the run: it makes the node's folder; the others need one
-        if op == "sync_commit" or os.path.isdir(ndir):
-            actions.record(ndir, actions.entry(actions.CHANGES[op], args["node"], self.console,
-                                               started, result, detail))
+        if not (op == "sync_commit" and not self.read_only or os.path.isdir(ndir)):
+            return
+        actions.record(ndir, actions.entry(actions.CHANGES[op], args["node"], self.console,
+                                           started, result, detail))
 
     def op_hello(self, args):
         """The console says who it is (``who``: user@laptop, ``console``: its id), its
