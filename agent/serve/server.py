@@ -60,6 +60,7 @@ class Server:
         self.console = {}  # who the console said it is (op_hello)
         self.read_only = False  # set by a `watch` hello, never cleared
         self.joined = {}  # node folder -> this connection's file among its consoles
+        self.refusals = actions.Refusals()  # its refused requests, as the action log has them
 
     # -- output ----------------------------------------------------------------------------
     def send(self, msg):
@@ -140,6 +141,11 @@ class Server:
         # a sync comes before the run: it makes the node's folder; the others need one
         if not (op == "sync_commit" and not self.read_only or os.path.isdir(ndir)):
             return
+        if reply.get("kind") == "read-only":  # a watcher's loop is a few lines, not a flood
+            keep, before = self.refusals.take(ndir, actions.CHANGES[op], args["node"])
+            if not keep:
+                return
+            detail = actions.left_out(before) if before else detail
         actions.record(ndir, actions.entry(actions.CHANGES[op], args["node"], self.console,
                                            started, result, detail))
 
@@ -160,9 +166,9 @@ class Server:
         return {"login": actions.login(), "role": role}
 
     def op_actions(self, args):
-        """The node's action log from byte ``offset``: ``{"actions": [...], "end": N}``."""
-        entries, end = actions.read(node.node_dir(args), int(args.get("offset", 0)))
-        return {"actions": entries, "end": end}
+        """A page of the node's action log from ``offset``: ``{"actions", "end", "start",
+        "more"}`` (agent/host/actions.py ``read_page``)."""
+        return actions.read_page(node.node_dir(args), int(args.get("offset", 0)))
 
     def op_ping(self, args):
         return {"time": time.time()}
@@ -367,6 +373,7 @@ class Server:
         self.streams.turn_now()
         for path in self.joined.values():
             actions.leave(path)
+        self.refusals.tell(self.console)
 
 
 def widen_pipe(fd, size=PIPE_BYTES):
