@@ -170,7 +170,9 @@ def read_page(ndir, offset=0, limit=READ_MAX):
             item[0].close()
     whole = data[:data.rfind(b"\n") + 1]
     end = start + len(whole)
-    more = i + 1 < len(files) or (end < base + size and end > start)
+    if i + 1 < len(files) and not whole:  # a rotated file's cut line: past it, never stuck
+        end = start + len(data) if data else base + size
+    more = end > start and (i + 1 < len(files) or end < base + size)
     return {"actions": _entries(whole), "start": start, "end": end, "more": more}
 
 

@@ -151,3 +151,59 @@ def test_rankdeck_actions_reads_every_page_and_caps_its_list(run_root, monkeypat
                                                                            str(run_root))])))
     assert [r["detail"] for r in got] == ["action %05d" % i for i in range(count - 1000, count)]
     assert notes == ["9000 older actions not listed (the newest 1000 are)"]
+
+
+class Out:
+    def __init__(self):
+        self.msgs = []
+
+    def write(self, data):
+        self.msgs += [json.loads(line) for line in data.splitlines()]
+
+    def flush(self):
+        pass
+
+
+def test_a_consoles_first_look_at_a_long_log_is_history_not_a_flood_of_events(run_root):
+    """A console shows as events only what comes after its first `actions` message
+    (console/model/consoles.py): a log over a page long is history all of it."""
+    ndir = str(run_root / "node1")
+    with open(os.path.join(ndir, actions.LOG), "wb") as f:
+        f.write(b"".join((json.dumps(entry(i)) + " " * 100 + "\n").encode()
+                         for i in range(8000)))
+    size = os.path.getsize(os.path.join(ndir, actions.LOG))
+    assert size > 2 * actions.READ_MAX
+    out = Out()
+    server = serve.Server(out=out)
+    server.streams.gpu_interval = 0
+    assert server.answer(server.op_subscribe, {"run_root": str(run_root), "node": "node1"})["ok"]
+    for _turn in range(4):
+        for sub in server.streams.subscriptions():
+            sub.last_state_check = float("-inf")  # due now (STATE_POLL)
+        server.streams.pump(server.streams.subscriptions())
+    sent = [m for m in out.msgs if m["t"] == "actions"]
+    assert len(sent) == 1 and sent[0]["end"] == size, [(m["end"], len(m["recs"])) for m in sent]
+    assert sent[0]["recs"][-1]["detail"] == "action 07999"
+
+
+def test_a_rotated_files_cut_last_line_does_not_stop_a_reader(tmp_path, monkeypatch):
+    monkeypatch.setattr(actions, "LOG_MAX", 2000, raising=False)
+    ndir = str(tmp_path)
+    log, i = os.path.join(ndir, actions.LOG), 0
+    while not os.path.exists(log) or os.path.getsize(log) < 1500:
+        actions.record(ndir, entry(i))
+        i += 1
+    with open(log, "ab") as f:  # a line its writer never finished, 50 bytes short of full
+        f.write(b'{"action": "cut' + b"x" * (2000 - 50 - 15 - os.path.getsize(log)))
+    for i in range(i, 20):  # the next line rotates the log: the cut line ends the old file
+        actions.record(ndir, entry(i))
+    with open(os.path.join(ndir, actions.OLD), "rb") as f:
+        assert f.read().endswith(b"xxx")
+    got, offset = [], 0
+    for _ in range(50):
+        page = actions.read_page(ndir, offset, limit=300)
+        got += page["actions"]
+        if not page["more"]:
+            break
+        offset = page["end"]
+    assert got[-1]["detail"] == "action 00019"
