@@ -192,7 +192,7 @@ class Refusals:
     """One connection's refused requests, as its serve logs them: :data:`REFUSED_BURST` lines,
     then one a :data:`REFUSED_EVERY` seconds; the ones left out are counted by node folder,
     and said in the next line kept there or, when the connection ends, in one line of their
-    own (:meth:`untold`). A watcher's loop of refused requests (6,000 in a third of a second)
+    own (:meth:`tell`). A watcher's loop of refused requests (6,000 in a third of a second)
     is thus a few lines, not a log that grows without end."""
 
     def __init__(self, burst=REFUSED_BURST, every=REFUSED_EVERY):
