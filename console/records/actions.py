@@ -28,6 +28,8 @@ async def node_actions(link) -> tuple[list[dict], int, bool]:
     for _ in range(PAGES_MAX):
         page = await link.request("actions", run_root=link.run_root, node=link.name,
                                   offset=offset, timeout=60)
+        if not isinstance(page, dict):  # host text: an answer of another shape ends the log
+            break
         start, end = page.get("start"), page.get("end")
         if offset == 0 and isinstance(start, int) and not isinstance(start, bool) and start > 0:
             lost = True
