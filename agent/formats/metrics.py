@@ -22,6 +22,7 @@ keyword reach Python. Patterns stay linear on hostile input (long digit or blank
 line must never stall the supervisor. Standard library only; runs on Python >= 3.8.
 """
 
+import math
 import re
 
 from .hf import HuggingFaceFamily
@@ -233,12 +234,14 @@ class MetricParser:
     @staticmethod
     def _segment(seg, formats, state, out):
         order = formats.order
+        found = len(out)
         for i, family in enumerate(order):
             if family.segment(seg, state, out):
                 if i:
                     # this file's trainer: try it first from now on
                     order.insert(0, order.pop(i))
                 formats.settled = family.name
+                formats.stray(family.name, out, found)
                 return
 
     def _user_record(self, m):
@@ -256,13 +259,33 @@ class MetricParser:
 
 
 class _FileFormats:
-    """The families one file tries, in order, and the one it settled on."""
+    """The families one file tries, in order, the one it settled on, and how many records
+    each has read of it."""
 
-    __slots__ = ("order", "settled")
+    __slots__ = ("order", "settled", "counts")
 
     def __init__(self, families):
         self.order = list(families)
         self.settled = None
+        self.counts = {}  # family name -> metric records it read from this file
+
+    def stray(self, name, out, found):
+        """Count the metric records family ``name`` just added (``out[found:]``), and drop
+        those with a non-finite loss unless ``name`` is the family that has read the most
+        of this file (its trainer's): ``loss=nan`` in a generated sample or a dataset row
+        that another family reads is printed text, not a diverged run (``--on-nan stop``;
+        agent/rules/judge.py ``nan_loss`` is the rest of the rule)."""
+        added = [rec for rec in out[found:] if rec.get("k") == "metric"]
+        if not added:
+            return
+        lead = max(self.counts.values(), default=0)
+        mine = self.counts.get(name, 0)
+        self.counts[name] = mine + len(added)
+        if mine >= lead:
+            return
+        out[found:] = [rec for rec in out[found:] if not (
+            rec.get("k") == "metric" and isinstance(rec.get("loss"), float)
+            and not math.isfinite(rec["loss"]))]
 
 
 NUMBER_MAX = 1e300  # and any other number that is not finite or past this; a loss may be inf/nan

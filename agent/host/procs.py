@@ -143,6 +143,38 @@ def marked(value, procs=None):
     return out
 
 
+def _not_a_request(_signum, _frame):
+    pass
+
+
+def ignore_job_signals():
+    """A long-lived agent process that takes its requests only from serve (the judge, the
+    store, a Slurm job's rankdeck-host step) lives on through SIGUSR1 and SIGUSR2, whose
+    default is to end it: on a Slurm proctrack/cgroup site ``sbatch --signal=USR1@90`` and
+    ``scancel --signal`` reach every process of the job's steps, meant for the trainer. A
+    handler that does nothing, not SIG_IGN: a handler is reset at exec, so what the process
+    starts (the host's supervisors, the judge's --notify command) gets the signals as usual."""
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, _not_a_request)
+
+
+def naming(arg, procs=None):
+    """PIDs with ``arg`` among their command-line arguments (a node's supervisor names its
+    node folder: ``python -m agent supervisor NODE_DIR``, before its state.json exists)."""
+    needle = arg.encode()
+    procs = table() if procs is None else procs
+    out = []
+    for pid in procs:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in args:
+            out.append(pid)
+    return out
+
+
 def set_child_subreaper():
     """Make orphaned descendants re-parent to this process (Linux >= 3.4). True on success."""
     try:

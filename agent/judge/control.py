@@ -17,6 +17,7 @@ from . import notify as judge_notify
 from ..wire import judge as judge_wire
 from ..host import procs
 from ..host.runfiles import log_tail, read_json
+from ..node.fence import drop_standbys
 
 
 def judge_dir(run_root):
@@ -60,7 +61,15 @@ def start_judge(run_root, spec, timeout=30.0):
 def stop_judge(run_root, wait=judge_notify.TIMEOUT_S + 15):
     """End the run's judge on this host: SIGTERM (it says how the run ended and runs its last
     notifications), SIGKILL if it is still there after ``wait`` seconds; pids checked by
-    start time (agent/host/procs.py)."""
+    start time (agent/host/procs.py). Then, judge or none, the spares' kept start specs on
+    this host go (agent/node/fence.py ``standby``: the run's secrets are in them)."""
+    try:
+        return _stop_judge(run_root, wait)
+    finally:
+        drop_standbys(run_root)
+
+
+def _stop_judge(run_root, wait):
     info = running_judge(run_root)
     if not info:
         return {"stopped": False}

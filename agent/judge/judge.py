@@ -214,6 +214,7 @@ def main(run_root):
         judge.stop.set()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    procs.ignore_job_signals()  # a Slurm job's --signal is the trainer's (agent/host/procs.py)
     try:
         judge.run(sock)
     finally:

@@ -93,7 +93,10 @@ class Listener:
         try:
             msg = line.read()
             if msg and msg.get("op") == "why":
-                verdict = self.take_verdict(reason=ASKED)
+                args = msg.get("args") if isinstance(msg.get("args"), dict) else {}
+                # a read-only watcher's (agent/serve/server.py): no node signals its ranks
+                verdict = self.take_verdict(reason=ASKED,
+                                            signals=args.get("signals") is not False)
                 line.send({"t": "res", "id": msg.get("id"), "ok": True, "data": verdict})
             elif msg and msg.get("op") == "cordon":
                 line.send({"t": "res", "id": msg.get("id"), "ok": True,

@@ -1,6 +1,13 @@
 """The run's judge asks every node for its ranks' stacks and flight-recorder tails, twice,
 and decides who is stuck (agent/rules/verdict.py): the verdict when a stall starts, again while it
-lasts, and when a console asks.
+lasts, and when a console asks. A verdict a console asked for (``w``, ``rankdeck why``, a
+read-only watcher) is journaled and answered, and nothing more: the judge's own looks alone
+set the verdict its schedule (agent/rules/judge.py ``verdict_again_due``) and ``--on-hang``
+read, so a console's question neither stands in for the judge's next look nor postpones it.
+A read-only watcher's question (``signals=False``, by way of agent/serve/server.py) is asked
+of every node so: each sends its ranks no signal for their stacks (agent/torchrun/stacks.py:
+py-spy alone), where a report otherwise SIGUSR1s every rank that catches it and SIGCONTs a
+stopped one when py-spy is missing.
 
 A part of the run's judge (agent/judge/judge.py), which mixes :class:`Sampler` into its ``Judge``:
 these methods work on the judge's view, lines, lock and journal (``self.view``,
@@ -46,11 +53,13 @@ class Sampler:
             t.join(timeout + 5)
         return out
 
-    def _sample(self, unanswered=None):
+    def _sample(self, unanswered=None, signals=True):
         """(reports, {node: cause}); the nodes in ``unanswered`` (an earlier sample's) are not
-        asked again: each would cost another WHY_TIMEOUT of the same silence."""
+        asked again: each would cost another WHY_TIMEOUT of the same silence. ``signals``
+        False: every node is told to signal none of its ranks."""
         reports, unreachable = [], dict(unanswered or {})
-        for node, res in self.ask_all("why", {}, WHY_TIMEOUT, skip=unreachable).items():
+        args = {} if signals else {"signals": False}
+        for node, res in self.ask_all("why", args, WHY_TIMEOUT, skip=unreachable).items():
             if isinstance(res, Exception):
                 unreachable[node] = str(res)[:200]
                 continue
@@ -59,21 +68,24 @@ class Sampler:
                     reports.append(dict(r, node=node))
         return reports, unreachable
 
-    def take_verdict(self, reason):
-        """Two samples of every node's ranks, one verdict; journaled, and acted on."""
-        earlier, unanswered = self._sample()
+    def take_verdict(self, reason, signals=True):
+        """Two samples of every node's ranks, one verdict; journaled. The judge's own (any
+        ``reason`` but ASKED) is kept as the view's verdict, which its schedule and
+        ``--on-hang`` act on; an asked one is not. ``signals`` False: no node signals its
+        ranks for it."""
+        earlier, unanswered = self._sample(signals=signals)
         time.sleep(SAMPLE_GAP)
-        reports, unreachable = self._sample(unanswered)
+        reports, unreachable = self._sample(unanswered, signals=signals)
         with self.lock:
             expected = self.view.alive_ranks()
         verdict = decide(reports, unreachable, expected, earlier=earlier)
         verdict = self.masker.mask_tree(verdict)
-        with self.lock:
-            self.view.verdict = verdict
-            self.view.verdict_at = self.now()
-            # a hang again: a verdict on a stall (not one a console asked for meanwhile)
-            proposals = [] if reason == ASKED else \
-                verdict_proposals(self.view, verdict, self.now())
+        proposals = []
+        if reason != ASKED:  # a console's question is answered, and changes nothing here
+            with self.lock:
+                self.view.verdict = verdict
+                self.view.verdict_at = self.now()
+                proposals = verdict_proposals(self.view, verdict, self.now())  # a hang again
         self.write(event("verdict", None, verdict=verdict, reason=reason,
                          text="who is stuck: %s" % verdict.get("summary")))
         for ev in proposals:

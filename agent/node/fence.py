@@ -135,6 +135,18 @@ def drop_standby(ndir):
         pass
 
 
+def drop_standbys(run_root):
+    """Every spare's kept spec under ``run_root`` goes: the run's judge has ended (stopped, or
+    found gone when a console stops the run), and with it whoever would start a spare from
+    one. A judge that died without its end (SIGKILL, OOM) left them; `rankdeck stop` ends here."""
+    try:
+        names = os.listdir(run_root)
+    except OSError:
+        return
+    for name in names:
+        drop_standby(os.path.join(run_root, name))
+
+
 def unfence(args):
     """`uncordon`: the node may start again (as a spare); its old run folder stays."""
     path = os.path.join(node.node_dir(args), FENCE)

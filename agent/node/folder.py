@@ -6,6 +6,7 @@ that supervisor: agent/node/ops.py; a cordoned node's fence: agent/node/fence.py
 """
 
 import os
+import signal
 
 from ..host import procs
 from ..wire import protocol
@@ -85,6 +86,31 @@ def read_only_args(args):
     return {k: v for k, v in args.items() if k != "python"}
 
 
+# What serve asks of a live supervisor by a signal (SIGUSR1 restart, SIGUSR2 put a spare in)
+# it first writes into the node's folder: a signal with no such word is no request. On a Slurm
+# proctrack/cgroup site (agent/slurm/host_step.py) `sbatch --signal=USR1@90` and `scancel
+# --signal` reach every process of the job's steps, the supervisors among them; every node
+# restarted at once was the result.
+
+
+def asked_path(ndir, sig):
+    return os.path.join(ndir, "asked.%s" % signal.Signals(sig).name)
+
+
+def ask_by_signal(ndir, sig):
+    """serve's word that the ``sig`` it is about to send the node's supervisor is a request."""
+    os.close(os.open(asked_path(ndir, sig), os.O_WRONLY | os.O_CREAT, 0o600))
+
+
+def take_asked(ndir, sig):
+    """Whether serve asked for ``sig`` (its word taken: one request, one signal)."""
+    try:
+        os.unlink(asked_path(ndir, sig))
+        return True
+    except OSError:
+        return False
+
+
 def supervisor_alive(state):
     return bool(state) and procs.alive(state.get("pid", -1), state.get("starttime"))
 
@@ -114,9 +140,20 @@ def node_state(ndir, seen=None):
 
 
 def state_of(args):
-    """The node's state plus the size of its journal (``missing`` when never started)."""
+    """The node's state plus the size of its journal. ``missing`` when its state.json cannot
+    be read (never started, or its run folder was removed), then with what is known: whether
+    its folder is there (``folder``) and how many processes of the node still run on this
+    host (``procs``: marked ``RANKDECK_RUN=<run_id>/<node>``, agent/host/procs.py, or its
+    supervisor starting, which names the folder), so a console can tell a node being started
+    from one nothing of which is left."""
     ndir = node_dir(args)
-    out = node_state(ndir) or {"state": "missing"}
+    out = node_state(ndir)
+    if out is None:
+        run_id = os.path.basename(os.path.normpath(host_path(args["run_root"])))
+        marker = procs.run_marker(run_id, args["node"])
+        running = procs.table()
+        out = {"state": "missing", "folder": os.path.isdir(ndir), "procs": len(
+            set(procs.marked(marker, running)) | set(procs.naming(ndir, running)))}
     try:
         out["journal_size"] = os.path.getsize(os.path.join(ndir, "journal"))
     except OSError:

@@ -1,9 +1,10 @@
 """A node's supervisor started, stopped and restarted (`serve`'s ``start``, ``stop`` and
 ``restart``): the run itself belongs to the node's supervisor (agent/supervisor/supervisor.py), which this
 module starts detached and then only signals: SIGTERM stops the node, SIGUSR1 restarts
-torchrun, SIGUSR2 puts a held spare in. Every answer is the node's ``state.json`` plus whether
-its supervisor still lives (agent/node/folder.py ``node_state``). A fenced node (agent/node/fence.py)
-starts nothing.
+torchrun, SIGUSR2 puts a held spare in (each of these two with serve's word in the node's
+folder first: agent/node/folder.py ``ask_by_signal``; the supervisor ignores one without).
+Every answer is the node's ``state.json`` plus whether its supervisor still lives
+(agent/node/folder.py ``node_state``). A fenced node (agent/node/fence.py) starts nothing.
 """
 
 import os
@@ -77,9 +78,12 @@ def signal_and_wait(ndir, sig, done, timeout):
         raise RequestError("no such run or node here: %s" % ndir, "missing")
     if not state["alive"]:
         return state
+    if sig != signal.SIGTERM:  # a request, not a stray signal (agent/node/folder.py)
+        node.ask_by_signal(ndir, sig)
     # through a pidfd: the supervisor may have ended (and its pid gone to another process)
     # since node_state looked
     if not procs.send_signal(state["pid"], state.get("starttime"), sig):
+        node.take_asked(ndir, sig)
         return node.node_state(ndir) or state
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

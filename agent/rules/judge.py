@@ -60,6 +60,24 @@ def _whole(value):
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def nan_loss(meta, streak):
+    """``(diverged, streak)`` for a ``metric`` record of a rank whose ``streak`` records in a
+    row before it had a loss that was inf or NaN: a rank diverges at a non-finite loss in a
+    record with the trainer's step, or at the second non-finite loss in a row of records
+    without one (a loop that prints no step, a Hugging Face worker with no bar). A lone
+    ``loss=nan`` with no step is printed text (a generated sample, a dataset row), not a
+    metric line; a line of another family than its file's trainer never reaches here with
+    its loss (agent/formats/metrics.py). The console's rule is the same
+    (console/model/ranks.py)."""
+    loss = meta.get("loss")
+    if not isinstance(loss, float) or isinstance(loss, bool):
+        return False, streak
+    if loss == loss and loss not in (float("inf"), float("-inf")):
+        return False, 0
+    streak += 1
+    return _whole(meta.get("step")) or streak >= 2, streak
+
+
 def stall_threshold(rs, minimum):
     if rs.step_times:
         return max(minimum, STALL_FACTOR * statistics.median(rs.step_times))

@@ -15,7 +15,8 @@ Standard library only; Python >= 3.9.
 from collections import deque
 
 from . import rankcpu, rendezvous
-from .judge import CORDON_WITHIN_S, ENDED, cordon_proposal, event, gpu_proposal, how_it_ended
+from .judge import (CORDON_WITHIN_S, ENDED, cordon_proposal, event, gpu_proposal, how_it_ended,
+                    nan_loss)
 from .straggler import Stragglers
 
 CASCADE_S = 30.0  # a worker failure this soon after another node's failure or restart is its echo
@@ -31,6 +32,7 @@ class RankView:
         self.reports = False  # it has printed a step
         self.step_times = deque(maxlen=64)
         self.diverged = None  # the step of its first non-finite loss
+        self.nan_streak = 0  # its metric records in a row with a non-finite loss
         self.busy = False  # its worker's CPU has advanced (a rank that prints no steps)
 
 
@@ -150,7 +152,8 @@ class RunView:
         out = []
         loss = meta.get("loss")
         step = meta.get("step")
-        if isinstance(loss, float) and loss != loss or loss in (float("inf"), float("-inf")):
+        nan, rs.nan_streak = nan_loss(meta, rs.nan_streak)
+        if nan:
             if rs.diverged is None:
                 rs.diverged = step if step is not None else rs.step
                 out.append(event("diverged", rs.node, rs.rank, step=rs.diverged,

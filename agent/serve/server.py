@@ -40,7 +40,8 @@ OPS_LOG = "RANKDECK_SERVE_OPS"  # a file each request's op is appended to: tests
 PIPE_BYTES = 1 << 20  # serve's output pipe, where the system lets it be this wide
 F_SETPIPE_SZ = 1031  # Linux's fcntl, named in Python's fcntl from 3.10 on (a host may run 3.8)
 # what a read-only connection may ask: requests that read. Any other (a new op too) is refused.
-# `stacks` and `why` are answered without signalling the ranks (agent/torchrun/stacks.py).
+# `stacks` and `why` are answered without signalling the ranks (agent/torchrun/stacks.py), and
+# so is `judge` `why`: the judge asks every node for a report without signals.
 READ_ONLY_OPS = frozenset(("ping", "hello", "subscribe", "unsubscribe", "state", "runs",
                            "scrollback", "stacks", "why", "judge", "actions", "record"))
 READ_ONLY_ASKS = ("why", "ping")  # of the judge (op_judge): not node surgery
@@ -248,9 +249,12 @@ class Server:
         if args.get("ask") not in ("why", "ping", "cordon"):
             raise RequestError("the judge answers why, ping and cordon, not %r"
                                % args.get("ask"), "usage")
+        asked = args.get("args")
+        if self.read_only and args["ask"] == "why":  # the judge asks every node: no signals
+            asked = {"signals": False}
         try:
             return judge_control.ask_judge(host_path(args["run_root"]), args["ask"],
-                                           float(args.get("timeout", 60)), args.get("args"))
+                                           float(args.get("timeout", 60)), asked)
         except RuntimeError as exc:
             raise RequestError(str(exc), "no-judge")
 

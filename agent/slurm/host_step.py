@@ -140,6 +140,7 @@ def _start(argv, data, out, env, cwd):
 def main(job, idle_s=IDLE_S, start_s=START_S):
     """``python -m agent host JOB``: start what this node's ``serve`` steps ask, until idle."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    procs.ignore_job_signals()  # the job's --signal is the trainer's (agent/host/procs.py)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(address(job))

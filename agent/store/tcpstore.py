@@ -133,6 +133,7 @@ def master_store(TCPStore, addr, port):
 
 def store_main(argv):
     """The store process: ``ADDR PORT INFO_PATH``; serves until the run has ended."""
+    procs.ignore_job_signals()  # first: torch's import takes seconds (agent/host/procs.py)
     from torch.distributed import TCPStore
 
     addr, port, path = argv[0], int(argv[1]), argv[2]

@@ -10,10 +10,11 @@ started again knows the node's ranks. A judge that cannot be reached is tried ag
 seconds; the node's run never waits for it.
 
 Requests are answered on the link's own threads: ``why`` runs agent/torchrun/fr_dump.py's node report
-(masked with the run's secrets before it leaves the host); ``restart`` and ``stop`` signal the
-supervisor itself (SIGUSR1, SIGTERM after writing how the node ends), exactly as a console's
-request through ``serve`` does, and are kept in the node's action log as the judge's (``who``
-``judge``), as serve keeps a console's.
+(masked with the run's secrets before it leaves the host; with ``args.signals`` false, a
+read-only watcher's verdict, the ranks get no signal: py-spy alone takes their stacks);
+``restart`` and ``stop`` signal the supervisor itself (SIGUSR1, SIGTERM after writing how the
+node ends), exactly as a console's request through ``serve`` does, and are kept in the node's
+action log as the judge's (``who`` ``judge``), as serve keeps a console's.
 
 Standard library only; Python >= 3.9.
 """
@@ -23,12 +24,12 @@ import signal
 import threading
 import time
 
-from ..host import actions, procs
-from ..surgery import expel, static_world
+from ..host import actions
+from ..surgery import expel
 from ..wire import judge as judge_wire
 from ..host.journal import JournalReader
-from ..node.fence import drop_workers, fenced_end, mark_fenced, refuse_if_fenced
-from ..node.ops import STOP_END
+from ..node.fence import drop_workers, fenced_end, mark_fenced
+from ..node.ops import STOP_END, restart
 from ..host.runfiles import read_json, write_json_atomic
 
 FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples: stragglers
@@ -41,8 +42,9 @@ JUDGE = {"who": "judge", "console": "judge"}  # who the action log names for the
 
 class JudgeLink:
     """``spec_judge``: the spec's ``judge`` ({"addr", "port", "token"?}); ``node_dir`` the
-    node's folder; ``files()`` -> {fid: rank} of the node's files so far; ``why()`` -> the
-    node report (masked); ``log(text)`` the supervisor's log."""
+    node's folder; ``files()`` -> {fid: rank} of the node's files so far; ``why(signals=)``
+    -> the node report (masked; ``signals`` False: its ranks get no signal for their stacks);
+    ``log(text)`` the supervisor's log."""
 
     def __init__(self, spec_judge, node, node_dir, files, why, log):
         self.addr = spec_judge.get("addr")
@@ -164,8 +166,9 @@ class JudgeLink:
     def _answer(self, line, msg):
         op, req_id = msg.get("op"), msg.get("id")
         try:
-            if op == "why":
-                data = self.why()
+            if op == "why":  # signals False: a watcher's verdict, none to the ranks
+                args = msg.get("args") if isinstance(msg.get("args"), dict) else {}
+                data = self.why(signals=args.get("signals") is not False)
             elif op == "restart":
                 master_port = (msg.get("args") or {}).get("master_port")
                 data = self._logged("restart", lambda: self._restart(master_port))
@@ -214,23 +217,15 @@ class JudgeLink:
         return data
 
     def _restart(self, master_port=None):
-        """Restart the node (``master_port``: on that port, a static world's restart).
-        ``member``: the old torchrun in the c10d rendezvous if it is gone by the answer
-        (agent/surgery/expel.py: the judge has it taken out), else None."""
-        refuse_if_fenced(self.node_dir)  # a cordoned node is never restarted
-        if master_port is not None:  # read by the supervisor at this restart
-            static_world.leave_master_port(self.node_dir, master_port)
-        st = read_json(os.path.join(self.node_dir, "state.json")) or {}
-        before, member = st.get("launches", 0), expel.member(st.get("torchrun_pid"))
-        os.kill(os.getpid(), signal.SIGUSR1)
-        deadline = time.monotonic() + RESTART_WAIT
-        while time.monotonic() < deadline:
-            st = read_json(os.path.join(self.node_dir, "state.json")) or {}
-            if st.get("launches", 0) > before and st.get("state") == "running":
-                gone = member and not procs.alive(member["pid"])
-                return {"launches": st.get("launches"), "member": member if gone else None}
-            time.sleep(0.2)
-        raise RuntimeError("the node did not start again within %.0f s" % RESTART_WAIT)
+        """Restart the node (``master_port``: on that port, a static world's restart) through
+        the node operation serve's ``restart`` runs (agent/node/ops.py), one door for both: it
+        answers once the new torchrun started and the old one is gone, with ``member``, the old
+        torchrun in the c10d rendezvous (agent/surgery/expel.py: the judge has it taken out).
+        The link's own copy waited only for ``running`` and answered with no member while the
+        old torchrun was still exiting, so the judge's restart skipped the expel."""
+        node_dir = self.node_dir.rstrip(os.sep)
+        return restart({"run_root": os.path.dirname(node_dir), "node": os.path.basename(node_dir),
+                        "master_port": master_port, "timeout": RESTART_WAIT})
 
     def _fence(self, args):
         """The judge's cordon (--auto-cordon): fenced first, as `fence` from a console does

@@ -13,6 +13,9 @@ line). It outlives the SSH connection and the laptop. Its files, in the node's r
 Signals: SIGTERM stops the node's run (verified kill, see procs.kill_run); SIGUSR1 restarts
 torchrun (kill, then start again into the same rendezvous); SIGUSR2 puts a warm spare in (its
 torchrun, held before the rendezvous since launch, joins it: agent/surgery/spare_hold.py).
+SIGUSR1 and SIGUSR2 are requests only with serve's word in the node's folder first
+(agent/node/folder.py ``ask_by_signal``): on a Slurm proctrack/cgroup site a job's
+``--signal=USR1@90`` or ``scancel --signal`` reaches this process too, and is ignored.
 
 What torchrun and its workers print is recorded by agent/supervisor/recorder.py (masked, parsed,
 journaled); this module owns the journal and the file follower it reads through, and their
@@ -43,6 +46,7 @@ from .ranksample import RankSampler, period_of
 from .recorder import Recorder
 from ..surgery.spare_hold import Hold
 from ..node.ops import STOP_END
+from ..node.folder import take_asked
 from ..host.runfiles import read_json, write_json_atomic
 from ..slurm.job import JobTurns
 from .launcher import LauncherProcess
@@ -143,17 +147,35 @@ class Supervisor(LauncherProcess):
     def on_signal(self, signum, _frame):
         self.requests.append(signum)
 
+    def next_request(self):
+        """The oldest signal asked of this supervisor, or None. A SIGUSR1 or SIGUSR2 that
+        serve (or the judge's link) did not ask for first (agent/node/folder.py
+        ``ask_by_signal``) is no request: Slurm's ``--signal=USR1@90`` or ``scancel
+        --signal`` reaching every process of a job's steps on a proctrack/cgroup site; it is
+        logged and left."""
+        while self.requests:
+            sig = self.requests.pop(0)
+            if sig == signal.SIGTERM or take_asked(self.node_dir, sig):
+                return sig
+            self.log("%s ignored: not asked by serve (a Slurm --signal or scancel --signal?)"
+                     % signal.Signals(sig).name)
+        return None
+
     # -- the run's judge (agent/supervisor/judge_link.py) ---------------------------------------------
-    def why_report(self):
-        """The node's ranks' stacks and flight-recorder tails (agent/torchrun/fr_dump.py), masked."""
+    def why_report(self, signals=True):
+        """The node's ranks' stacks and flight-recorder tails (agent/torchrun/fr_dump.py), masked;
+        ``signals`` False (a read-only watcher's verdict): no signal to the ranks."""
         from ..torchrun.fr_dump import node_report  # only when the judge asks
-        return self.masker.mask_tree(node_report(self.node_dir, {"python": sys.executable}))
+        return self.masker.mask_tree(node_report(self.node_dir, {"python": sys.executable,
+                                                                 "signals": signals}))
 
     def run(self):
         procs.set_child_subreaper()
         self.judge_link = JudgeLink(self.spec.get("judge") or {}, self.spec["node"],
                                     self.node_dir, self.recorder.files_by_rank, self.why_report,
                                     self.log)
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):  # a word left from before asks nothing
+            take_asked(self.node_dir, sig)
         for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(signum, self.on_signal)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -190,8 +212,8 @@ class Supervisor(LauncherProcess):
             if self.follower.watch is not None or time.monotonic() - phase_read >= PHASE_POLL:
                 phase_read = time.monotonic()
                 self.save_phase()
-            if self.requests:
-                sig = self.requests.pop(0)
+            sig = self.next_request()
+            if sig is not None:
                 if sig == signal.SIGTERM:
                     return self.stop_now()
                 if sig == signal.SIGUSR1:

@@ -130,8 +130,10 @@ class Hold:
         try:
             while True:
                 sup.recorder.pump()
-                while sup.requests:
-                    sig = sup.requests.pop(0)
+                while True:
+                    sig = sup.next_request()  # only what serve asked
+                    if sig is None:
+                        break
                     if sig == signal.SIGTERM:
                         return sup.stop_now()
                     if sig == signal.SIGUSR2 and self.release():

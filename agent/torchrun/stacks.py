@@ -86,8 +86,9 @@ def _stderr_path(pid):
 
 
 def dump_one(worker, py_spy, signals=True):
-    """One worker's stack; ``signals`` False (a read-only console's request: agent/serve/server.py)
-    sends it no SIGUSR1 or SIGCONT, so py-spy alone may answer."""
+    """One worker's stack; ``signals`` False (a read-only console's request: agent/serve/server.py,
+    directly or through the run's judge, agent/supervisor/judge_link.py) sends it no SIGUSR1
+    or SIGCONT, so py-spy alone may answer."""
     pid = worker["pid"]
     if py_spy:
         try:

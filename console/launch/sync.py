@@ -16,9 +16,9 @@ owner-only: 0755, 0644, or 0700, 0600 for a file others cannot read (the host's 
 private as the laptop's).
 
 Files that look like secrets (:func:`looks_secret`: ``.env``, ``.env.*``, ``id_`` and a name
-without a dot as SSH keys are named, ``*.pem``) are left out even when git lists them, each
-with a warning in ``Manifest.skipped``, unless an ``include`` pattern (``--sync-include``, a
-.gitignore-style pattern) names them.
+without a dot as SSH keys are named, ``*.pem``, ``*.key``, ``.netrc``) are left out even when
+git lists them, each with a warning in ``Manifest.skipped``, unless an ``include`` pattern
+(``--sync-include``, a .gitignore-style pattern) names them.
 
 :func:`sync_node` sends a manifest to one node's agent (agent/sync/place.py) through ``call(op,
 args)``, the link's request function: one round trip when the node already has the tree.
@@ -89,8 +89,9 @@ def _excluded(rel: str) -> bool:
     return any(part in SKIP_PARTS for part in rel.split("/"))
 
 
-# .env files, SSH private keys (id_rsa, id_ed25519; id_map.json is code) and PEM files
-SECRET_NAME = re.compile(r"^(?:\.env(?:\..*)?|id_[^./]+|.*\.pem)$", re.DOTALL)
+# .env files, SSH private keys (id_rsa, id_ed25519; id_map.json is code), PEM and .key files,
+# and the login passwords of .netrc (_netrc on Windows)
+SECRET_NAME = re.compile(r"^(?:\.env(?:\..*)?|id_[^./]+|.*\.pem|.*\.key|[._]netrc)$", re.DOTALL)
 SECRET_WHY = "looks like a secret, not sent (--sync-include PATTERN sends it)"
 
 

@@ -59,11 +59,11 @@ class Masker:
     def __bool__(self) -> bool:
         return self._pattern is not None
 
-    def mask(self, text: str) -> str:
-        """``text`` with every secret replaced by ``****``."""
+    def mask(self, text: str, mask: str = MASK) -> str:
+        """``text`` with every secret replaced by ``mask`` (``****``)."""
         if self._pattern is None or not text:
             return text
-        return self._pattern.sub(MASK, text)
+        return self._pattern.sub(mask.replace("\\", "\\\\"), text)
 
     def mask_hidden(self, text: str) -> str:
         """:meth:`mask`, also where escape sequences or control characters stand inside a
@@ -145,6 +145,14 @@ def clean(line: str, secrets=(), limit: int = MAX_LINE) -> str:
         extra = len(line) - limit
         line = line[:limit] + " … [+%d chars]" % extra
     return line
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A host's short message (a command's stderr, a field of its output) made safe to show
+    as one line: its lines joined with `` / ``, then :func:`clean`, its last ``limit``
+    characters (the end of an error says most). Plain text: never parse it as markup."""
+    joined = " / ".join(part.strip() for part in text.strip().splitlines() if part.strip())
+    return clean(joined[-4 * limit:], limit=4 * limit)[-limit:]
 
 
 def clean_tree(value):

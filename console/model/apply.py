@@ -169,7 +169,7 @@ def apply_supervisor_state(run, node: str, st: dict | None) -> None:
         ns.cause = clean(cause.get("message") or "", run.masker) or None
     elif sup in ("restarting", "stopping"):
         ns.state = sup
-    elif sup == "running" and ns.state in ("connecting", "unreachable", "lost"):
+    elif sup == "running" and ns.state in ("connecting", "unreachable", "lost", "gone"):
         ns.state = "starting" if not _node_stepping(run, node) else "running"
     if run.held:
         settle_claims(run)

@@ -68,6 +68,7 @@ class RankState:
     step_time: float | None = None
     tok_s: float | None = None
     diverged: int | None = None  # the step of its first loss that was inf or NaN
+    nan_streak: int = 0  # its metric records in a row with such a loss (agent/rules/judge.py)
     last_progress: float | None = None
     reports: bool = False  # it has printed a metric; a silent one steps with the run's ranks
     started: float | None = None  # when its newest worker's file appeared

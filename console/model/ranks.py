@@ -7,10 +7,10 @@ one whose loss diverged.
 
 from __future__ import annotations
 
-import math
 import time
 
 from agent.wire.protocol import ProtocolError
+from agent.rules.judge import nan_loss
 from agent.rules.rankcpu import AGAIN_TEXT
 from . import ownership
 from .buffers import Kept
@@ -115,8 +115,8 @@ def metric(run, ns: NodeState, meta: dict) -> None:
         rs.step_times.append(meta["step_time"])
     if step is not None and meta.get("loss") is not None:
         rs.points.append((step, meta["loss"]))  # finite ones: console/model/buffers.py
-    if rs.diverged is None and meta.get("loss") is not None \
-            and not math.isfinite(meta["loss"]):
+    nan, rs.nan_streak = nan_loss(meta, rs.nan_streak)  # the judge's rule
+    if rs.diverged is None and nan:
         rs.diverged = step if step is not None else rs.step
         run.add_event(ns.name, "diverged", "rank %d diverged: loss %s at step %s"
                       % (rs.rank, meta["loss"], rs.diverged), rs.rank, meta.get("ts"))

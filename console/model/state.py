@@ -28,7 +28,7 @@ from .telemetry import hardware_events, hardware_of, node_row
 EVENTS = 2000
 STALL_MIN_S = 60.0  # --stall-after's default (the rules: console/judgement/liveness.py)
 
-RUN_ENDED = ("succeeded", "failed", "stopped")  # a run's end states (RunState.run_state)
+RUN_ENDED = ("succeeded", "failed", "stopped", "gone")  # a run's end states (RunState.run_state)
 
 
 class RunState:
@@ -156,13 +156,14 @@ class RunState:
         states = [n.state for n in self.nodes.values() if n.role == "active"]
         # a node whose supervisor died without an end (`lost`: killed, the host rebooted, a
         # Slurm step's cgroup ended under it) runs no more: with every other node ended, the
-        # run failed
-        if all(s in ENDED or s == "lost" for s in states):
+        # run failed. Nor does a node nothing of which is left (`gone`: no state, no process):
+        # with no live node the run is not running, and how it ended is not known
+        if all(s in ENDED or s in ("lost", "gone") for s in states):
             if all(s == "exited" for s in states):
                 return "succeeded"
             if any(s in ("failed", "lost") for s in states):
                 return "failed"
-            return "stopped"
+            return "gone" if "gone" in states else "stopped"
         # once a rank stepped, ranks that exit first (their node done) or a restart do not
         # make the run `starting` again
         if self.ran or any(r.state in ("running", "stalled") for r in self.ranks.values()):

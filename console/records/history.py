@@ -245,3 +245,17 @@ def inventory_from_record(record: dict) -> Inventory:
              for h in record["hosts"]]
     return Inventory(path=record.get("inventory", ""), hosts=hosts,
                      transport=record.get("transport", "ssh"))
+
+
+def seen_text(record: dict, now: float) -> str:
+    """When the state a record keeps was last seen (a console saved it: ``updated``), in
+    words: ``seen 5 min ago``; ``never seen`` for a record without the time. ``rankdeck ls``
+    shows the record, not the run now: a run may have ended or gone since (`status` asks)."""
+    updated = record.get("updated", record.get("created"))
+    if not isinstance(updated, (int, float)) or isinstance(updated, bool):
+        return "never seen"
+    ago = max(0.0, now - updated)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if ago >= size:
+            return "seen %d %s ago" % (ago // size, unit)
+    return "seen just now"

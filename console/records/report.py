@@ -22,7 +22,8 @@ from ..lines.text import human_bytes
 
 # event kinds the report lists: what an operator asks about after a run
 REPORTED_EVENTS = ("launched", "restarting", "worker failed", "killed", "stopping", "exited",
-                   "failed", "stopped", "lost", "stalled", "recovered", "verdict", "resumed",
+                   "failed", "stopped", "lost", "gone", "stalled", "recovered", "verdict",
+                   "resumed",
                    "checkpoint incomplete", "checkpoint deleted", "world", "unreachable",
                    "stream stopped")
 MAX_EVENTS = 200

@@ -75,6 +75,8 @@ async def caught_up(ctl, timeout: float = 60.0) -> None:
                 and (node.state_seen or not has_state)), timeout)
         except asyncio.TimeoutError:
             pass
+        if not has_state and st.get("procs") == 0:
+            gone(ctl, link.name, st)
     # the nodes this console follows: a spare's journal (a warm spare's held torchrun) is
     # not read until it is put in, and waiting for it would wait the whole timeout
     followed = [n for n in ctl.connected() if ctl.links[n].subscribed]
@@ -90,6 +92,29 @@ async def caught_up(ctl, timeout: float = 60.0) -> None:
                 timeout)
         except asyncio.TimeoutError:
             pass
+
+
+def gone(ctl, name: str, st: dict) -> None:
+    """Node ``name``'s agent can read no state of it and no process of it runs on its host
+    (``st``: its ``state`` answer): nothing of the node is left to say how it ended, so it is
+    ``gone`` (not the ``starting`` or ``running`` it was last seen as), with what is known."""
+    ns = ctl.state.nodes[name]
+    if ns.ended or ns.state in ("lost", "gone") or ns.role != "active":
+        return
+    where = "%s/%s" % (ctl.root_of(name), name)
+    known = ("its run folder %s is not on its host any more" % where if not st.get("folder")
+             else "its state.json in %s cannot be read" % where)
+    last = {n.get("name"): n for n in (ctl.record.get("status") or {}).get("nodes") or []
+            if isinstance(n, dict)}.get(name) or {}
+    seen = ctl.record.get("updated")
+    cause = "nothing of it is left: no process of it runs, and " + known
+    if last.get("state") == "gone" and isinstance(last.get("cause"), str):
+        cause = last["cause"]  # an earlier `status` said so: what it knew then stays
+    elif isinstance(last.get("state"), str) and isinstance(seen, (int, float)):
+        cause += "; last seen %s at %s" % (last["state"][:40], time.strftime(
+            "%Y-%m-%d %H:%M:%S", time.localtime(seen)))
+    ctl.state.set_node(name, "gone", cause)
+    ctl.state.add_event(name, "gone", ns.cause or "")
 
 
 async def _follow_job(state, transport, hosts: list, job: str) -> None:

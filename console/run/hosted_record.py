@@ -4,8 +4,10 @@ laptop that did not launch the run.
 At launch every node keeps the run's record, without secret values (agent/node/folder.py
 ``record_of``). A teammate's laptop has no record of the run; with an inventory of the same
 hosts it asks them for one, checks it as it checks its own files (console/records/history.py: a host's
-answer is untrusted), takes each host's connection settings (address, SSH target, python,
-workdir) from its own inventory, and saves the record under its own state folder, after which
+answer is untrusted), refuses it when it names a host the inventory does not (a Slurm run's
+nodes excepted: they are reached through the inventory's login host), takes each host's
+connection settings (address, SSH target, python, workdir, env) from its own inventory, and
+saves the record under its own state folder, after which
 every verb of a recorded run works as on the launching laptop. Secrets are never in the record:
 a restart from that laptop needs them in its shell, as from any other shell (console/launch/env.py).
 
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 import os
 
+from inventory.addresses import HOST_NAME, addr_problem
 from inventory.loader import load_inventory
 from ..errors import UnknownRun
 from ..records.history import History, whole_record_problem
 from .run import RunController
+from ..slurm import slurm
 from ..transport import make_transport
 
 
@@ -68,7 +72,11 @@ async def fetch_record(run_id: str, inventory_path: str, accept_new_host_keys: b
             if problem:
                 answers[h.name] = "its record cannot be used: %s" % problem
                 continue
-            record = localized(record, inv, h.name)
+            try:
+                record = localized(record, inv, h.name)
+            except ForeignHosts as exc:
+                answers[h.name] = "its record cannot be used: %s" % exc
+                continue
             history.save(record)
             return record
     raise UnknownRun("run %r is not recorded on this laptop, and no host of %s has its "
@@ -76,19 +84,53 @@ async def fetch_record(run_id: str, inventory_path: str, accept_new_host_keys: b
                          "%s: %s" % item for item in sorted(answers.items())) or "no hosts"))
 
 
+class ForeignHosts(ValueError):
+    """A hosted record that names hosts this laptop's inventory does not: it is not used."""
+
+
 def localized(record: dict, inv, source: str) -> dict:
-    """``record`` with each host's connection settings from this laptop's inventory (a host
-    the inventory does not name keeps the launcher's), the transport this inventory uses, and
-    where it came from."""
+    """``record`` with each host's connection settings (address, SSH target, python, workdir,
+    env) from this laptop's inventory, the transport this inventory uses, and where it came
+    from. ForeignHosts when the record names a host the inventory does not: a record a host
+    serves is untrusted, and a host it chose, reached as it says, would run what it says at
+    the next `restart` from this laptop. A Slurm run's nodes (``slurm:JOB``) are the job's:
+    each is reached through the inventory's one host, the login host, with its settings; the
+    record gives only their names and addresses, checked as the inventory's are
+    (inventory/addresses.py)."""
     ours = {h.name: h for h in inv.hosts}
-    hosts = []
+    job = slurm.job_of(record.get("transport") or "")
+    if job is not None:
+        if not slurm.JOB_ID.fullmatch(job):
+            raise ForeignHosts("its Slurm job %r is not a job id" % job[:40])
+        if len(inv.hosts) != 1:
+            raise ForeignHosts("it is a Slurm run: give an inventory of one host, the login "
+                               "host, as at launch --slurm")
+        login = inv.hosts[0]
+    foreign, hosts = [], []
     for entry in record["hosts"]:
-        h = ours.get(entry.get("name"))
-        if h is not None:
-            entry = dict(entry, addr=h.addr, ssh=h.ssh, python=h.python, workdir=h.workdir)
-        hosts.append(entry)
+        name, addr = entry["name"], entry["addr"]
+        h = ours.get(name)
+        if job is not None:  # a node of the job, reached through the login host
+            if not HOST_NAME.match(name):
+                raise ForeignHosts("its node %r is not a host name" % name[:40])
+            if addr_problem(addr):
+                raise ForeignHosts("the address %r of its node %s is not one hostname or IP "
+                                   "address" % (addr[:60], name))
+            h = login
+        elif h is None:
+            foreign.append(name)
+            continue
+        else:
+            addr = h.addr
+        hosts.append(dict(entry, addr=addr, ssh=h.ssh, python=h.python, workdir=h.workdir,
+                          env={k: v.shown() for k, v in h.env.items()}))
+    if foreign:
+        raise ForeignHosts("it names host%s that %s does not: %s; a run is watched with an "
+                           "inventory of its hosts" % (
+                               "" if len(foreign) == 1 else "s", inv.path or "the inventory",
+                               ", ".join(repr(n[:40]) for n in sorted(foreign)[:8])))
     transport = record.get("transport") or inv.transport
-    if not transport.startswith("slurm:"):
+    if job is None:
         transport = inv.transport
     return dict(record, hosts=hosts, transport=transport, inventory=inv.path or None,
                 copied_from=source)

@@ -122,6 +122,9 @@ def check_answer(op: str, data) -> None:
     if op in ("start", "restart", "stop", "state"):
         _supervisor_state(data, what, extra=("missing",) if op == "state" else ())
         _field(data, "journal_size", _INT, what, optional=True)
+        _field(data, "procs", _INT, what, optional=True)
+        if data.get("folder") is not None and not isinstance(data["folder"], bool):
+            _bad("%s has folder = %s, not true or false" % (what, _what(data["folder"])))
         if data.get("alive") is not None and not isinstance(data["alive"], bool):
             _bad("%s has alive = %s, not true or false" % (what, _what(data["alive"])))
         left = data.get("left")

@@ -300,7 +300,8 @@ class RunController:
         console detached) or has not started."""
         if self.launch_error is not None:
             return self.launch_error.code
-        return EXIT_FAILED if self.state.run_state() in ("failed", "stopped") else EXIT_OK
+        return EXIT_FAILED if self.state.run_state() in ("failed", "stopped", "gone") \
+            else EXIT_OK
 
     async def close(self) -> None:
         """Close every link and the transport (the run goes on). Safe to call again."""

@@ -3,13 +3,18 @@
 While the job is pending there is no node to start anything on, and the launch needs what only
 the user's shell has (the inventory's secrets, the folder ``--sync`` sends). So the launch
 happens where the console is: the submit's options are kept in a small file beside the run
-records (``queued/RUN.json``, 0600; a submit with a secret ``--env`` value is not kept, it waits
-for the job as a plain ``submit`` does), and a follower started by the submit (a process of its
-own on this machine, console/verbs/slurm_follower.py, its output in ``queued/RUN.log``) waits for the
-job and launches the run in it under that run id, as ``submit`` would have (docs/SLURM.md).
-Should the follower be gone (the machine restarted), the next ``rankdeck status``, ``attach``
-or ``watch`` of the run does the same: still pending, it says why in Slurm's words; running,
-it launches. Whoever comes first launches, once: the launch holds ``queued/RUN.lock``.
+records (``queued/RUN.json``, 0600), and a follower started by the submit (a process of its
+own on this machine, console/verbs/slurm_follower.py, its output in ``queued/RUN.log``) waits
+for the job and launches the run in it under that run id, as ``submit`` would have
+(docs/SLURM.md). Should the follower be gone (the machine restarted), the next ``rankdeck
+status``, ``attach`` or ``watch`` of the run does the same: still pending, it says why in
+Slurm's words; running, it launches.
+
+No ``--env`` value is written to that file (a value may be a secret the inventory does not
+name, as the run record keeps none either: console/launch/env.py): it keeps the names alone.
+The follower gets the values from the submit through its stdin, a pipe; a ``status`` or
+``attach`` that launches reads each again from this shell's variable of that name, and
+refuses, naming it, when it is not exported (:func:`launch_env`). Whoever comes first launches, once: the launch holds ``queued/RUN.lock``.
 ``stop`` of a run still queued cancels its job.
 """
 
@@ -25,7 +30,8 @@ import sys
 
 from inventory.loader import load_inventory
 from ..records.history import History, state_dir
-from ..launch.env import secret_names
+from ..errors import UsageError
+from ..launch.options import parse_env
 from .slurm import TRANSPORT_PREFIX, JOB_ENDS, job_now, login_host
 from .submit import cancel, pending_line, wait_running
 from ..launch.spec import new_run_id
@@ -38,18 +44,14 @@ def queued_path(run_id: str, ext: str = ".json") -> str:
     return os.path.join(os.path.dirname(state_dir()), "queued", run_id + ext)
 
 
-def keepable(args, inventory) -> bool:
-    """Whether the submit's options can wait in a file: no ``--env`` value of a secret name."""
-    secret = secret_names(inventory)
-    return not any(e.split("=", 1)[0] in secret for e in getattr(args, "env", None) or ())
-
-
 def keep(args, job: str, script: str, inventory_path: str) -> str:
-    """The queued run's id; its options kept for the launch (paths made absolute)."""
+    """The queued run's id; its options kept for the launch (paths made absolute; of
+    ``--env``, the names alone: ``env_names``)."""
     run_id = new_run_id()
     options = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool,
                                                                      list, type(None)))}
-    options.update(inventory=inventory_path, detach=True, slurm=job,
+    options.update(inventory=inventory_path, detach=True, slurm=job, env=[],
+                   env_names=sorted(parse_env(getattr(args, "env", None) or [])),
                    sync=os.path.abspath(args.sync) if args.sync else None)
     path = queued_path(run_id)
     os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
@@ -97,33 +99,62 @@ def forget(run_id: str) -> None:
             os.unlink(path)
 
 
-def start_follower(run_id: str) -> int:
+def launch_env(entry: dict, given: dict | None = None) -> list[str]:
+    """The queued run's ``--env`` as the launch takes it (``NAME=VALUE``): each kept name's
+    value from ``given`` (the follower's, from the submit), else this shell's variable of
+    that name; UsageError naming those that are neither (nothing is launched)."""
+    options = entry["options"]
+    if "env_names" not in options:  # (a file of an earlier version kept the values)
+        return list(options.get("env") or ())
+    given = given or {}
+    values = {n: given[n] if n in given else os.environ.get(n) for n in options["env_names"]}
+    missing = [n for n, v in values.items() if v is None]
+    if missing:
+        raise UsageError(
+            "run %s: --env %s %s never written to disk while its Slurm job waits; export %s "
+            "in this shell (the value%s for the run) and run it again, or `rankdeck stop %s`"
+            % (entry["run_id"], ", ".join(missing), "is" if len(missing) == 1 else "are",
+               " ".join(missing), "" if len(missing) == 1 else "s", entry["run_id"]))
+    return ["%s=%s" % (n, v) for n, v in values.items()]
+
+
+def start_follower(run_id: str, env_values: dict | None = None) -> int:
     """The follower of a queued run (console/verbs/slurm_follower.py): a process of its own, in a
     session of its own (a closed terminal does not end it), its output in ``queued/RUN.log``
-    (0600). Its pid."""
+    (0600); ``env_values``, the submit's ``--env`` values, handed over on its stdin (a pipe:
+    never on disk, nor in its environment). Its pid."""
     log = queued_path(run_id, ".log")
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    env = dict(os.environ)
+    environ = dict(os.environ)
     top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # console's parent
-    env["PYTHONPATH"] = top + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    environ["PYTHONPATH"] = top + (os.pathsep + environ["PYTHONPATH"]
+                                   if environ.get("PYTHONPATH") else "")
     try:
         proc = subprocess.Popen([sys.executable, "-m", "console.verbs.slurm_follower", run_id],
-                                stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env,
+                                stdin=subprocess.PIPE, stdout=fd, stderr=fd, env=environ,
                                 start_new_session=True, close_fds=True)
     finally:
         os.close(fd)
+    try:
+        proc.stdin.write(json.dumps({"env": dict(env_values or {})}).encode())
+        proc.stdin.close()
+    except OSError:  # (it died at once: its log says why; status launches instead)
+        pass
     return proc.pid
 
 
-async def follow(run_id: str, launch, wait: bool = False) -> dict | None:
+async def follow(run_id: str, launch, wait: bool = False,
+                 env: dict | None = None) -> dict | None:
     """A queued run's state now: ``{"run_id", "state": "queued"|..., "slurm"}`` while its job
     waits (``wait``: until it runs, saying each change on stderr) or ended before it ran;
-    None once it is launched now (``launch(args)``: `launch --slurm JOB` under ``run_id``),
-    launched by another (the follower, another shell), or when it is no queued run."""
+    None once it is launched now (``launch(args)``: `launch --slurm JOB` under ``run_id``,
+    its ``--env`` values from ``env`` or this shell: :func:`launch_env`), launched by another
+    (the follower, another shell), or when it is no queued run."""
     entry = queued(run_id)
     if entry is None:
         return None
     if wait:  # (not under the lock: a status meanwhile answers at once)
+        launch_env(entry, env)  # a value missing: said now, not once the job runs
         transport = make_transport(TRANSPORT_PREFIX + entry["job"])
         try:
             await wait_running(transport, login_host(load_inventory(
@@ -148,6 +179,7 @@ async def follow(run_id: str, launch, wait: bool = False) -> dict | None:
         finally:
             await transport.close()
         args = argparse.Namespace(**options)
+        args.env = launch_env(entry, env)
         args.run_id_given = entry["run_id"]
         with contextlib.redirect_stdout(sys.stderr):  # (its run id: the caller prints its own)
             await launch(args)

@@ -24,6 +24,8 @@ from agent.wire.slurm import ALIVE as JOB_ALIVE, JUDGE_COMMENT, QUEUED as JOB_QU
 from agent.wire.slurm import seconds_left as time_left_s
 from inventory.model import Host, Inventory
 from ..errors import EXIT_UNREACHABLE, LaunchError, UsageError
+# what the login host says (squeue's reason, sinfo's, a command's stderr) is untrusted text
+from ..lines.sanitize import one_line as said
 
 JOB_ID = re.compile(r"\d+(?:_\d+)?")  # 123, or an array task 123_4
 FIELD = re.compile(r"(\w[\w/:]*)=(\S*)")
@@ -103,7 +105,7 @@ async def _login(transport, login: Host, argv: list, what: str) -> str:
     if status != 0:
         detail = (err or out).strip().splitlines()[-1:] or ["exit %s" % status]
         raise LaunchError("on the login host %s, %s failed: %s"
-                          % (login.ssh or login.name, what, detail[0][:300]), EXIT_UNREACHABLE)
+                          % (login.ssh or login.name, what, said(detail[0])), EXIT_UNREACHABLE)
     return out
 
 
@@ -115,7 +117,7 @@ async def read_job(transport, login: Host, job: str) -> SlurmJob:
             raise UsageError("Slurm has no job %s (scontrol: Invalid job id specified); "
                              "`squeue --me` lists yours" % job)
         raise LaunchError("on the login host %s, `scontrol show job %s` failed: %s"
-                          % (login.ssh or login.name, job, text[:300] or "exit %s" % status),
+                          % (login.ssh or login.name, job, said(text) or "exit %s" % status),
                           EXIT_UNREACHABLE)
     return parse_job(job, out)
 
@@ -169,6 +171,22 @@ CGROUP_WARNING = (
     "\"proctrack/cgroup sites\"")
 
 
+def clear_text_warning(secrets) -> str | None:
+    """What to warn at ``launch --slurm`` and ``submit`` when the run sends secret values
+    (``secrets``), or None: SSH ends at the login host, and from there srun carries the
+    agents' traffic to the nodes, encrypted only where the site set Slurm up with TLS
+    (docs/SECURITY.md, "On Slurm")."""
+    count = len({s for s in secrets or () if s})
+    if not count:
+        return None
+    return ("on Slurm, the run's %d secret value%s (and the judge's token, and the files "
+            "--sync sends) cross the cluster network in clear unless the site set Slurm up "
+            "with TLS: SSH ends at the login host, and srun carries them from there to each "
+            "node. Where the site lets you SSH to the job's nodes, an inventory of the nodes "
+            "keeps them inside SSH; docs/SECURITY.md, \"On Slurm\""
+            % (count, "" if count == 1 else "s"))
+
+
 def requeue_refusal(args) -> str | None:
     """Why ``args`` (launch --slurm, submit) cannot run on a proctrack/cgroup site, or None:
     ``--requeue`` ends the job's steps, the rankdeck-host step that holds the run among them,
@@ -210,15 +228,16 @@ async def job_now(transport, login: Host, job: str) -> dict:
         code, out, err = await transport.on_login(login, ["squeue", "-h", "--states=all",
                                                           "-j", job, "-o", "%T|%r|%L|%k"])
     except Exception as exc:  # noqa: BLE001 (the login host unreachable: say so, go on)
-        return {"job": job, "state": "UNKNOWN", "reason": str(exc)[:200], "time_left_s": None}
+        return {"job": job, "state": "UNKNOWN", "reason": said(str(exc), 200),
+                "time_left_s": None}
     fields = (out.strip().splitlines() or [""])[0].split("|", 3)  # (a comment may hold |)
     if code != 0 or not fields[0]:
         gone = "Invalid job id" in err or (code == 0 and not fields[0])
         return {"job": job, "state": "GONE" if gone else "UNKNOWN",
-                "reason": "" if gone else (err.strip()[-200:] or "exit %s" % code),
+                "reason": "" if gone else (said(err, 200) or "exit %s" % code),
                 "time_left_s": None}
-    return {"job": job, "state": fields[0],
-            "reason": fields[1] if len(fields) > 1 and fields[1] != "None" else "",
+    return {"job": job, "state": said(fields[0], 64),
+            "reason": said(fields[1]) if len(fields) > 1 and fields[1] != "None" else "",
             "time_left_s": time_left_s(fields[2]) if len(fields) > 2 else None,
             "judged": len(fields) > 3 and fields[3].startswith(JUDGE_COMMENT)}
 
@@ -269,7 +288,7 @@ def node_words(text: str, names: list[str]) -> dict:
     for line in text.splitlines():
         node, _, rest = line.partition("|")
         state, _, reason = rest.partition("|")
-        state, reason = state.strip(), reason.strip()
+        state, reason = said(state, 64), said(reason)
         if node in names and state and state not in NODE_WELL:
             words = state[:-1] + ", not responding" if state.endswith("*") else state
             out[node] = words + (" (%s)" % reason if reason and reason != "none" else "")
@@ -316,7 +335,7 @@ async def steps_left(transport, login: Host, job: str, wait_s: float = 20.0) -> 
                                                            "-o", "%i %j"])
         if code != 0:
             return None
-        left = [row.split()[0] for row in out.splitlines()
+        left = [said(row.split()[0], 64) for row in out.splitlines()
                 if len(row.split()) > 1 and row.split()[1].startswith("rankdeck-")]
         if not left or time.monotonic() >= deadline:
             return left

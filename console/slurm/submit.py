@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shlex
 
 from ..errors import EXIT_FAILED, LaunchError, UsageError
-from .slurm import JOB_ALIVE, job_now
+from .slurm import JOB_ALIVE, job_now, said
 
 JOB_NAME = "rankdeck-submit"
-TIME = re.compile(r"(\d+-)?\d+(:\d\d){0,2}")
+TIME = re.compile(r"(\d+-)?\d+(:\d\d){0,2}", re.ASCII)
+# a partition's name, or several joined by commas: nothing else reaches the batch script (a
+# newline in it would add lines of shell there)
+PARTITION = re.compile(r"[A-Za-z0-9_.,-]+")
 REASONS = {
     "Resources": "waiting for free nodes",
     "Priority": "other jobs are ahead of it",
@@ -35,15 +37,23 @@ REASONS = {
 def batch_script(nodes: int, time_limit: str, partition: str | None = None,
                  gpus_per_node: int | None = None, requeue: bool = False) -> str:
     """The sbatch script that holds ``nodes`` nodes for ``time_limit`` (``requeue``: a job
-    Slurm may put back in the queue, as rankdeck's ``--requeue`` asks before its limit)."""
+    Slurm may put back in the queue, as rankdeck's ``--requeue`` asks before its limit).
+    Every value written into it is checked first (the counts are numbers, ``--time`` Slurm's
+    time, ``--partition`` names of PARTITION's characters): UsageError (exit 2) otherwise."""
     if not TIME.fullmatch(time_limit):
         raise UsageError("--time %r: write Slurm's time, e.g. 00:30:00, 90 (minutes) or "
                          "1-00:00:00" % time_limit)
+    if partition is not None and not PARTITION.fullmatch(partition):
+        raise UsageError("--partition %r: a partition's name has only letters, digits and "
+                         "_ . - (several: joined by commas, e.g. gpu,gpu-long); nothing was "
+                         "submitted" % partition)
+    if not isinstance(nodes, int) or not isinstance(gpus_per_node, (int, type(None))):
+        raise UsageError("--nodes and --gpus-per-node are whole numbers")
     lines = ["#!/bin/sh", "#SBATCH --job-name=" + JOB_NAME, "#SBATCH --nodes=%d" % nodes,
              "#SBATCH --ntasks-per-node=1", "#SBATCH --time=" + time_limit,
              "#SBATCH --output=/dev/null"]
     if partition:
-        lines.append("#SBATCH --partition=" + shlex.quote(partition))
+        lines.append("#SBATCH --partition=" + partition)
     if gpus_per_node:
         lines.append("#SBATCH --gpus-per-node=%d" % gpus_per_node)
     if requeue:
@@ -61,7 +71,8 @@ def batch_script(nodes: int, time_limit: str, partition: str | None = None,
 
 
 def pending_line(job: dict, start: str = "") -> str:
-    """``Slurm job 12 PENDING: waiting for free nodes (Resources); expected start ...``."""
+    """``Slurm job 12 PENDING: waiting for free nodes (Resources); expected start ...``, made
+    safe to print (one line, no escape sequence: console/lines/sanitize.py ``one_line``)."""
     reason = job.get("reason") or ""
     words = REASONS.get(reason)
     if words is None and reason.startswith(("QOS", "AssocGrp", "AssocMax")):
@@ -71,7 +82,7 @@ def pending_line(job: dict, start: str = "") -> str:
         text += ": %s (%s)" % (words, reason) if words else ": %s" % reason
     if start and start not in ("N/A", "Unknown"):
         text += "; expected start %s" % start
-    return text
+    return said(text, 1000)  # (Slurm's words are the login host's: untrusted)
 
 
 async def submit(transport, login, script: str) -> str:
@@ -80,7 +91,7 @@ async def submit(transport, login, script: str) -> str:
     job = out.strip().split(";")[0]
     if code != 0 or not job.isdigit():
         raise LaunchError("sbatch on the login host refused the job: %s"
-                          % ((err or out).strip()[-300:] or "exit %s" % code), EXIT_FAILED)
+                          % (said(err or out) or "exit %s" % code), EXIT_FAILED)
     return job
 
 
@@ -97,7 +108,7 @@ async def wait_running(transport, login, job: str, say, every: float = 2.0) -> N
                 job, now["state"], " (%s)" % now["reason"] if now["reason"] else ""),
                 EXIT_FAILED)
         code, out, _ = await transport.on_login(login, ["squeue", "-h", "-j", job, "-o", "%S"])
-        line = pending_line(now, out.strip() if code == 0 else "")
+        line = pending_line(now, said(out, 64) if code == 0 else "")
         if line != last:
             say(line)
             last = line
@@ -107,4 +118,4 @@ async def wait_running(transport, login, job: str, say, every: float = 2.0) -> N
 async def cancel(transport, login, job: str) -> str:
     code, _out, err = await transport.on_login(login, ["scancel", job])
     return ("Slurm job %s cancelled (rankdeck submitted it)" % job if code == 0
-            else "could not cancel Slurm job %s: %s" % (job, err.strip()[-200:]))
+            else "could not cancel Slurm job %s: %s" % (job, said(err, 200)))

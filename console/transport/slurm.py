@@ -30,6 +30,7 @@ import time
 
 from agent.wire.slurm import proctrack_cgroup
 
+from ..lines.sanitize import one_line
 from .agent_copy import shell_word
 from .ssh import SshTransport
 
@@ -120,7 +121,7 @@ class SlurmTransport(SshTransport):
         code, _out, err = await self.on_login(hosts[0], ["sh", "-c",
                                                          self.host_step_command(missing)])
         if code != 0:
-            raise RuntimeError("could not start the %s step: %s" % (HOST_STEP, err.strip()[-300:]))
+            raise RuntimeError("could not start the %s step: %s" % (HOST_STEP, one_line(err)))
         deadline = time.monotonic() + HOST_UP_S
         names = [h.name for h in missing]
         while True:

@@ -30,7 +30,7 @@ KIND_STYLE = {
 # the whole line highlighted, and the latest pinned under the pane
 ALERTS = {
     "failed": "bold white on red", "worker failed": "bold white on red",
-    "lost": "bold white on red", "unreachable": "bold white on red",
+    "lost": "bold white on red", "gone": "bold white on red", "unreachable": "bold white on red",
     "diverged": "bold white on red", "checkpoint incomplete": "bold white on red",
     "stalled": "bold black on yellow", "verdict": "bold black on yellow",
     "refused": "bold black on yellow", "stream stopped": "bold white on red",

@@ -48,7 +48,7 @@ class RunHeader(Static):
         state = self.state
         run_state = state.run_state()
         shown = self.phase if self.phase and run_state not in ("running", "succeeded",
-                                                                "failed", "stopped") \
+                                                                "failed", "stopped", "gone") \
             else run_state
         pieces = [("rankdeck ", "bold", 5), ("run %s  " % state.run_id, "", 0),
                   ("● %s" % shown, state_style(shown) or "cyan", 0)]
@@ -70,7 +70,7 @@ class RunHeader(Static):
         pieces.append(("  ETA %s" % hms(eta_s(state, self.record, rate)), "", 2))
         if state.slurm and state.slurm.get("time_left_s") is not None:  # a Slurm run's job
             pieces.append(("  %s" % job_left(state, self.clock()), "", 1))
-        up = sum(1 for n in state.nodes.values() if n.state not in ("unreachable", "lost",
+        up = sum(1 for n in state.nodes.values() if n.state not in ("unreachable", "lost", "gone",
                                                                     "connecting"))
         pieces.append(("  nodes %d/%d up" % (up, len(state.nodes)), "", 1))
         width = self.content_size.width if self.is_mounted else 0

@@ -37,7 +37,7 @@ TELEMETRY = {
                 "net in+out, least first"),
     "cpu": (("cpu_pct",), -1, "cpu %, highest first"),
 }
-FAILED = ("failed", "sync failed", "preflight failed", "unreachable", "lost")
+FAILED = ("failed", "sync failed", "preflight failed", "unreachable", "lost", "gone")
 DONE = ("exited", "succeeded", "stopped", "stopping")
 NO_STEP = float("inf")
 

@@ -39,7 +39,7 @@ DIVERGED_STYLE = "bold red"
 CAUSE_MAX = 400
 FOLD_ABOVE = 16  # ranks in the run: more, and each node starts as one row
 ODD_NAMED = 3  # ranks named on a folded node's row, per state
-BAD = ("failed", "unreachable", "lost", "preflight failed")
+BAD = ("failed", "unreachable", "lost", "gone", "preflight failed")
 
 
 class NodesTable(RowsView):

@@ -11,7 +11,7 @@ STATE_STYLE = {
     "preflight failed": "bold red", "bad preflight": "bold red", "starting": "cyan",
     "rendezvous": "cyan", "running": "green", "stalled": "bold yellow", "restarting": "magenta",
     "stopping": "magenta", "exited": "green", "stopped": "dim", "failed": "bold red",
-    "unreachable": "bold red", "lost": "bold red",
+    "unreachable": "bold red", "lost": "bold red", "gone": "bold red",
 }
 
 

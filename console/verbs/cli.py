@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "--max-restarts), or stop the run")
     la.add_argument("--on-nan", choices=("warn", "stop"), default="warn",
                     help="what the run's judge does when a rank's loss turns inf or NaN: warn "
-                    "(default: an event, the rank marked) or stop the run")
+                    "(default: an event, the rank marked) or stop the run; a metric line with a "
+                    "step, or two in a row without (docs/METRICS.md)")
     la.add_argument("--max-wall", type=SECONDS, metavar="SECONDS",
                     help="the judge stops the run after this long")
     la.add_argument("--notify", metavar="CMD", help="a shell command the judge runs on its "
@@ -216,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "last checkpoint), or the whole run")
     rs.add_argument("run_id")
     rs.add_argument("--node")
+    rs.add_argument("--yes", action="store_true", help="a run whose record came from its "
+                    "hosts (watch -i): run the command it shows without asking")
 
     co = sub.add_parser("cordon", help="take a bad node out of a run: a spare takes its place "
                         "(or the run shrinks within --nnodes MIN:MAX) and every rank resumes "
@@ -229,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     uc = sub.add_parser("uncordon", help="a cordoned node becomes a spare again")
     uc.add_argument("run_id")
     uc.add_argument("--node", required=True)
+    uc.add_argument("--yes", action="store_true", help="a run whose record came from its "
+                    "hosts (watch -i): go on without asking")
 
     sk = sub.add_parser("stacks", help="Python stacks of every rank (or one node's); the "
                         "rank that differs from the majority is marked")

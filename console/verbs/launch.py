@@ -37,7 +37,11 @@ DEMO_TRAINER = os.path.join(os.path.dirname(os.path.abspath(trainer.__file__)), 
 
 
 async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str) -> int:
-    for warning in secret_warnings(launch_secrets(inv, spec.env)):  # before a TUI starts
+    secrets = launch_secrets(inv, spec.env)
+    warnings = secret_warnings(secrets)
+    if slurm.job_of(inv.transport or "") and not getattr(args, "submitted", False):
+        warnings.append(slurm.clear_text_warning(secrets))  # (submit said it before sbatch)
+    for warning in filter(None, warnings):  # before a TUI starts, before anything is sent
         print("rankdeck: warning: %s" % warning, file=sys.stderr)
     transport = make_transport(inv.transport, getattr(args, "accept_new_host_keys", False))
     async with RunController(inv, transport, History(), max_restarts=spec.max_restarts,
@@ -130,7 +134,11 @@ async def cmd_submit(args) -> int:
         print(script, end="")
         return EXIT_OK
     path = os.path.abspath(args.inventory)
-    login = slurm.login_host(load_inventory(path))
+    login_inv = load_inventory(path)
+    login = slurm.login_host(login_inv)
+    warning = slurm.clear_text_warning(launch_secrets(login_inv, parse_env(args.env)))
+    if warning:  # the nodes take the login host's env (console/slurm/slurm.py job_inventory)
+        print("rankdeck: warning: %s" % warning, file=sys.stderr)
     transport = make_transport(slurm.TRANSPORT_PREFIX + "0",
                                getattr(args, "accept_new_host_keys", False))
     job, launched = None, False
@@ -141,11 +149,11 @@ async def cmd_submit(args) -> int:
         job = await slurm_submit.submit(transport, login, script)
         say = lambda line: print("rankdeck: " + line, file=sys.stderr, flush=True)  # noqa: E731
         say("submitted Slurm job %s (%d nodes, --time %s)" % (job, args.nodes, args.time))
-        if args.detach and slurm_queued.keepable(args, load_inventory(path)):
+        if args.detach:
             now = await slurm.job_now(transport, login, job)
             if now["state"] != "RUNNING":  # the run id now; the launch at its next status
                 run_id = slurm_queued.keep(args, job, script, path)
-                pid = slurm_queued.start_follower(run_id)
+                pid = slurm_queued.start_follower(run_id, parse_env(args.env))
                 say("%s; a follower on this machine (pid %d) launches the run when it runs; "
                     "should it be gone, `rankdeck status %s` (or attach) does"
                     % (slurm_submit.pending_line(now), pid, run_id))

@@ -15,12 +15,13 @@ from ..surgery.cordon import cordon, uncordon, uncordon_refusal, unreachable
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, LaunchError, UsageError
 from ..records.export import RunExport, check_format
 from .headless import HeadlessPrinter, journal_ends
-from ..records.history import History, state_dir
+from ..records.history import History, seen_text, state_dir
 from ..run.hosted_record import known_or_fetched
 from ..judgement.judged import judged, settle
 from .launch import cmd_launch
 from ..judgement.liveness import beside_judge, check_stalls
 from ..records.report import RunReport
+from ..launch.dryrun import recorded_lines
 from ..run.run import RunController
 from ..judgement.stacks import group, render
 from ..model.summary import control_lines, shown, status_table
@@ -196,6 +197,18 @@ async def cmd_logs(args) -> int:
     return EXIT_UNREACHABLE if failed else EXIT_OK
 
 
+def foreign_command(ctl, names: list[str] | None, yes: bool) -> bool:
+    """A run whose record came from one of its hosts (`watch -i`, console/run/hosted_record.py):
+    the command a verb that drives it would start there, shown, then asked (or --yes); True
+    to go on. A record launched from this laptop: True, nothing shown."""
+    source = ctl.record.get("copied_from")
+    if not isinstance(source, str):
+        return True
+    for line in recorded_lines(ctl.inventory, ctl.spec, ctl.state.masker.mask, source, names):
+        print(shown(line), file=sys.stderr)
+    return confirmed(yes, "run it?")
+
+
 async def control(args, verb: str) -> int:
     """Stop or restart a recorded run (or one node of it) and say what each node did."""
     async with recorded_run(args.run_id, node=args.node) as ctl:
@@ -204,6 +217,9 @@ async def control(args, verb: str) -> int:
             if ctl.static_world():  # `restart --node N` restarts them all: said first
                 print("%s, on a fresh master port%s" % (
                     ctl.static_world(), " (not %s alone)" % args.node if args.node else ""))
+            if not foreign_command(ctl, [args.node] if args.node and not ctl.static_world()
+                                   else None, getattr(args, "yes", False)):
+                return EXIT_USAGE
         failed = await ctl.connect_all(reconnect=False)
         report_unreachable(failed)
         results = await (ctl.stop(args.node) if verb == "stop" else ctl.restart(args.node))
@@ -249,7 +265,8 @@ async def cmd_cordon(args) -> int:
         if away:
             print("rankdeck: " + away, file=sys.stderr)
             return EXIT_UNREACHABLE
-        if not confirmed(args.yes, "cordon %s?" % plan.node):
+        if not foreign_command(ctl, None, args.yes) or \
+                not confirmed(args.yes, "cordon %s?" % plan.node):
             return EXIT_USAGE
         entry = await cordon(ctl, plan)
     print("%s: %s" % (entry["what"], entry["outcome"]))
@@ -262,6 +279,8 @@ async def cmd_uncordon(args) -> int:
         refusal = uncordon_refusal(ctl, args.node)
         if refusal:
             raise UsageError(refusal)
+        if not foreign_command(ctl, [args.node], getattr(args, "yes", False)):
+            return EXIT_USAGE
         failed = await ctl.connect_all(reconnect=False)
         if args.node in failed:
             report_unreachable(failed)
@@ -319,15 +338,17 @@ async def cmd_ls(args) -> int:
     records = History().list()
     if args.json:
         print_json([{"run_id": r["run_id"], "created": r.get("created"), "state": r.get("state"),
+                     "updated": r.get("updated"),
                      "nodes": [h["name"] for h in r.get("hosts", [])],
                      "script": r.get("spec", {}).get("script")} for r in records])
         return EXIT_OK
     if not records:
         print("no runs recorded yet (%s)" % state_dir())
         return EXIT_OK
+    now = time.time()
     for r in records:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("created", 0)))
-        print("%-22s %s  %-9s %d nodes  %s" % (r["run_id"], when, r.get("state", "?"),
-                                               len(r.get("hosts", [])),
-                                               r.get("spec", {}).get("script", "")))
+        print("%-22s %s  %-9s %-16s %d nodes  %s" % (
+            r["run_id"], when, shown(str(r.get("state", "?"))), "(%s)" % seen_text(r, now),
+            len(r.get("hosts", [])), shown(str(r.get("spec", {}).get("script", "")))))
     return EXIT_OK

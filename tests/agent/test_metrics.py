@@ -246,3 +246,17 @@ def test_keywords_in_scans_for_a_tqdm_rate_only_where_a_slash_is():
     assert keywords_in("step 3 loss 2.0 it s checkpoint iteration") == (
         "loss", "checkpoint", "step", "iteration")
     assert keywords_in("rank=3 seq=1 t=1.5 xxxx") == ()
+
+
+def test_a_loss_nan_in_printed_text_of_another_family_is_no_metric():
+    """A Hugging Face file whose trainer prints a generated sample holding ``step=3
+    loss=nan``: the plain family reads it, but it is not this file's trainer's line, so no
+    non-finite loss comes out of it (``--on-nan stop`` would stop the run); the trainer's own
+    nan loss still does."""
+    parser = MetricParser()
+    hf = "{'loss': 2.5, 'grad_norm': 1.0, 'learning_rate': 0.0001, 'epoch': 0.1}\n"
+    assert parser.parse(hf * 3, "f") and parser.family_of("f") == "hf"
+    sample = "generated: the table says step=3 loss=nan for this row\n"
+    assert not any(math.isnan(r.get("loss", 0.0)) for r in parser.parse(sample, "f"))
+    (rec,) = parser.parse(hf.replace("2.5", "nan"), "f")
+    assert math.isnan(rec["loss"])

@@ -93,7 +93,7 @@ async def test_planted_agent_is_replaced_not_run(ssh_hosts, node1, where):
     assert stream.copied and hello["host"] == "node1" and hello["agent"] == agent_version()
     assert not os.path.exists(ssh_hosts.local_path(node1, PWNED)), "the planted agent ran"
     local = ssh_hosts.local_path(node1, folder)
-    assert "serve.py" in os.listdir(os.path.join(local, "agent"))  # the real agent's files
+    assert os.path.isfile(os.path.join(local, "agent", "serve", "server.py"))  # the real agent's
     assert os.stat(local).st_uid != NOBODY and os.stat(local).st_mode & 0o077 == 0
 
 

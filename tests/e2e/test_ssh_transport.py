@@ -16,7 +16,7 @@ import asyncssh
 import pytest
 
 from agent.wire import protocol
-from agent.wire.version import agent_version
+from agent.wire.version import HERE as AGENT_ROOT, agent_version, source_files
 from console.transport.base import HostUnreachable
 from console.transport.ssh import SshTransport, open_all
 from inventory.model import Host
@@ -67,7 +67,8 @@ def clear_caches(ssh_hosts):
 
 
 def py_files(folder: str) -> list[str]:
-    return sorted(n for n in os.listdir(folder) if n.endswith(".py"))
+    """The agent's source files under ``folder``, sub-packages' too (``serve/server.py``)."""
+    return source_files(folder)
 
 
 def fingerprint_of(pub_line: str) -> str:
@@ -120,8 +121,8 @@ async def test_open_four_hosts_in_parallel_copy_once(ssh_hosts, transports):
         assert (await ping(s))["ok"] is True
         assert s.copied
         folder = os.path.join(h.cache_dir, "agent-" + version)
-        assert py_files(os.path.join(folder, "agent")) == py_files(
-            os.path.dirname(protocol.__file__))
+        assert py_files(os.path.join(folder, "agent")) == py_files(AGENT_ROOT)
+        assert "serve/server.py" in py_files(os.path.join(folder, "agent"))  # a sub-package's
         assert os.listdir(h.cache_dir) == ["agent-" + version]  # no temp folders left
         marks[h.name] = os.stat(os.path.join(folder, ".complete")).st_mtime_ns
 
@@ -189,13 +190,13 @@ async def test_tampered_copy_is_copied_afresh(ssh_hosts, transports):
     clear_caches(ssh_hosts)
     version = agent_version()
     on_host = "%s/agent-%s" % (ssh_hosts.remote_cache, version)
-    ssh_hosts.put_tree(h.name, os.path.dirname(protocol.__file__), on_host + "/agent")
+    ssh_hosts.put_tree(h.name, AGENT_ROOT, on_host + "/agent")
     ssh_hosts.sh(h.name, "cd %s && echo '# edited on the host' >> agent/wire/version.py && "
                  "touch .complete" % ssh_hosts.expand(on_host))
     folder = os.path.join(h.cache_dir, "agent-" + version)
     s = await transports().open(ssh_hosts.inventory()[3])
     assert s.copied and json.loads(await s.readline())["agent"] == version
-    with open(os.path.join(folder, "agent", "version.py")) as f:
+    with open(os.path.join(folder, "agent", "wire", "version.py")) as f:
         assert "edited on the host" not in f.read()
 
 

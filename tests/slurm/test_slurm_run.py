@@ -188,6 +188,9 @@ def followers_of(run_id: str) -> list[int]:
     return found
 
 
+QUEUED_VALUE = "queued-env-value-7c1e"  # an --env value of a queued run: never on disk
+
+
 def test_submit_detach_returns_while_pending_and_its_follower_launches_once_it_runs(
         slurm, login, project):
     from console.slurm.queued import queued_path
@@ -195,10 +198,14 @@ def test_submit_detach_returns_while_pending_and_its_follower_launches_once_it_r
     job = None
     try:
         res = rankdeck("submit", "-i", login, "--nodes", "4", "--time", "00:04:00", "--detach",
-                       "--sync", str(project), "--max-restarts", "0", "trainer/train.py", *TINY,
-                       "--steps", "10", check=True)
+                       "--sync", str(project), "--max-restarts", "0", "--env",
+                       "RD_QUEUED=" + QUEUED_VALUE, "trainer/train.py", *TINY, "--steps", "10",
+                       check=True)
         job = re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
         run_id = res.stdout.split()[-1]
+        # its --env value is not on disk: the follower got it through its stdin (issue 40)
+        with open(queued_path(run_id)) as f:
+            assert QUEUED_VALUE not in f.read()
         assert "Slurm job %s PENDING: waiting for free nodes (Resources)" % job in res.stderr
         assert "a follower on this machine" in res.stderr and followers_of(run_id), res.stderr
         queued = status(run_id)  # still waiting: said in Slurm's words

@@ -111,6 +111,13 @@ def test_on_hang_restart_restarts_the_named_node_and_every_rank_steps_again(tmp_
         restarted = wait_for_event(workdir, run_id, lambda e: e["what"] == "restarted",
                                    "the judge's restart")
         assert restarted[0]["node"] == node and restarted[0]["reason"] == "on-hang"
+        # the restart went through the node operation serve runs (one door): it answered once
+        # the old torchrun was gone, with it, and the judge had it taken out of the rendezvous
+        # (its link's own restart answered at `running`, with no member, and nothing was asked)
+        expelled = wait_for_event(workdir, run_id, lambda e: e["what"] == "policy"
+                                  and e.get("action") == "expel" and e.get("node") == node,
+                                  "the judge's expel of the old torchrun")
+        assert "taken out of the rendezvous at once" in expelled[0]["text"], expelled
         policy = [e for e in judge_events(workdir, run_id) if e["what"] == "policy"]
         assert any("restarting %s" % node in e["text"] for e in policy), policy
         # kept in the node's action log as the judge's, beside the consoles' (`rankdeck actions`)

@@ -4,6 +4,7 @@ the dry run that prints them with secrets masked and starts nothing."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 
@@ -112,10 +113,12 @@ def test_inventory_launcher_is_checked_with_its_line(tmp_path):
         load_inventory(inventory(tmp_path, "deepspeedd"))
 
 
-def dry_run(tmp_path, *flags):
+def dry_run(tmp_path, *flags, secret=SECRET, after=()):
+    path = tmp_path / "inv.yaml"
+    path.write_text(INVENTORY.format(launcher="torchrun", secret=secret))
     return subprocess.run(
-        [sys.executable, "-m", "console", "launch", "-i", str(inventory(tmp_path)), "--dry-run",
-         "--env", "TOKEN=" + SECRET, *flags, "train.py"],
+        [sys.executable, "-m", "console", "launch", "-i", str(path), "--dry-run",
+         "--env", "TOKEN=" + secret, *flags, "train.py", *after],
         cwd=tmp_path, env={"PYTHONPATH": REPO, "PATH": "/usr/bin:/bin", **own_folders()},
         capture_output=True, text=True, timeout=120)
 
@@ -134,6 +137,18 @@ def test_dry_run_prints_every_nodes_command_marks_the_differences_and_masks(tmp_
         assert marks[where] == "^"  # under the node rank
         assert marks[command.index("--no_ssh")] == " "
     assert not (tmp_path / ".rankdeck").exists()  # nothing was started
+
+
+def test_dry_run_masks_a_secret_with_a_quote_and_spaces_before_quoting_it(tmp_path):
+    """Quoted for the shell, ``it's`` is ``'it'"'"'s'``: masking the quoted line missed the
+    secret (issue 40); each word is masked before it is quoted."""
+    quoted = "it's my pass phrase-7f3a9c"
+    res = dry_run(tmp_path, secret=quoted, after=("--", "--key", quoted, "--name", "x y"))
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    for piece in (quoted, shlex.quote(quoted), "pass phrase", "7f3a9c", "it'"):
+        assert piece not in out, (piece, out)
+    assert "TOKEN=****" in out and "--key **** --name 'x y'" in out, out
 
 
 def test_dry_run_refuses_what_a_launch_would_refuse(tmp_path):

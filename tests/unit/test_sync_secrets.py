@@ -1,9 +1,9 @@
 """What `--sync DIR` leaves out unless named: files that look like secrets (issue 29).
 
 ``.env``/``.env.*``, SSH key files (``id_`` and a name without a dot: ``id_rsa``,
-``id_ed25519``) and ``*.pem`` are not sent even when git lists them, each named in a warning;
-``--sync-include PATTERN`` (a .gitignore-style pattern, repeatable) sends those it matches,
-with their owner-only mode kept.
+``id_ed25519``), ``*.pem``, ``*.key`` and ``.netrc`` (issue 40) are not sent even when git
+lists them, each named in a warning; ``--sync-include PATTERN`` (a .gitignore-style pattern,
+repeatable) sends those it matches, with their owner-only mode kept.
 """
 
 import asyncio
@@ -14,8 +14,10 @@ from console.launch.sync import build_manifest
 from tests.unit.test_sync_manifest import git, paths, write
 from tests.unit.test_sync_manifest import plain_git  # noqa: F401 - autouse: no global git config
 
-SECRETS = [".env", "config/.env.production", "id_rsa", "keys/id_ed25519", "certs/server.pem"]
-CODE = ["train.py", "id_map.json", "environment.yml", "pkg/.envrc_not_env.py"]
+SECRETS = [".env", "config/.env.production", "id_rsa", "keys/id_ed25519", "certs/server.pem",
+           "certs/server.key", ".netrc"]
+CODE = ["train.py", "id_map.json", "environment.yml", "pkg/.envrc_not_env.py", "keys.py",
+        "pkg/hotkey.json", "netrc.md"]
 
 
 def tree(root):
@@ -53,7 +55,8 @@ def test_sync_include_sends_what_it_names_with_its_owner_only_mode(tmp_path):
     modes = {e.path: e.mode for e in m.entries}
     assert modes[".env"] == 0o600 and modes["certs/server.pem"] == 0o600
     assert modes["train.py"] == 0o644
-    assert sorted(p for p, _ in m.skipped) == ["config/.env.production", "id_rsa",
+    assert sorted(p for p, _ in m.skipped) == [".netrc", "certs/server.key",
+                                              "config/.env.production", "id_rsa",
                                               "keys/id_ed25519"]
 
 
