@@ -59,6 +59,33 @@ def node_dir(args):
     return os.path.join(host_path(args["run_root"]), args["node"])
 
 
+def run_folder(run_root):
+    """``run_root`` on this host when it is a run folder, ``<workdir>/.rankdeck/runs/<run id>``
+    (console/launch/spec.py ``run_root``); RequestError (``usage``) otherwise."""
+    path = host_path(run_root) if isinstance(run_root, str) and run_root else ""
+    runs = os.path.dirname(path)
+    if not (protocol.run_id_ok(os.path.basename(path)) and os.path.basename(runs) == "runs"
+            and os.path.basename(os.path.dirname(runs)) == ".rankdeck"):
+        raise RequestError("not a run folder (<workdir>/.rankdeck/runs/<run id>): %r"
+                           % (str(run_root)[:200],), "usage")
+    return path
+
+
+def read_only_args(args):
+    """A read-only connection's request (agent/serve/server.py): its ``run_root`` a run folder,
+    its ``node`` one folder's name (RequestError ``usage`` otherwise), and its ``python``
+    dropped: nothing it names runs (py-spy is looked for on PATH only)."""
+    if not isinstance(args, dict):
+        return args
+    if "run_root" in args:
+        run_folder(args["run_root"])
+    name = args.get("node", "node")
+    if not (isinstance(name, str) and 0 < len(name) <= 255 and name not in (".", "..")
+            and "/" not in name and "\0" not in name):
+        raise RequestError("not a node's name: %r" % (str(name)[:80],), "usage")
+    return {k: v for k, v in args.items() if k != "python"}
+
+
 # What serve asks of a live supervisor by a signal (SIGUSR1 restart, SIGUSR2 put a spare in)
 # it first writes into the node's folder: a signal with no such word is no request. On a Slurm
 # proctrack/cgroup site (agent/slurm/host_step.py) `sbatch --signal=USR1@90` and `scancel

@@ -61,6 +61,7 @@ class Server:
         self.console = {}  # who the console said it is (op_hello)
         self.read_only = False  # set by a `watch` hello, never cleared
         self.joined = {}  # node folder -> this connection's file among its consoles
+        self.refusals = actions.Refusals()  # its refused requests, as the action log has them
 
     # -- output ----------------------------------------------------------------------------
     def send(self, msg):
@@ -94,6 +95,8 @@ class Server:
         elif fn is None:
             reply = {"ok": False, "kind": "usage",
                      "error": "unknown request %r (agent %s)" % (op, agent_version())}
+        elif self.read_only:  # run folders only, and no interpreter of its choosing
+            reply = self.answer(lambda got: fn(node.read_only_args(got)), args)
         else:
             reply = self.answer(fn, args)
         if op in actions.CHANGES:  # before the answer: a console that has it finds the line
@@ -132,14 +135,20 @@ class Server:
         end = args.get("end")
         detail = args.get("detail") or (
             "the run is over: %s" % end.get("state") if isinstance(end, dict) else None)
-        try:
-            ndir = node.node_dir(args)
+        try:  # a read-only connection's: a node of a run folder (docs/SECURITY.md)
+            ndir = node.node_dir(node.read_only_args(args) if self.read_only else args)
         except (TypeError, ValueError, RequestError):
             return
         # a sync comes before the run: it makes the node's folder; the others need one
-        if op == "sync_commit" or os.path.isdir(ndir):
-            actions.record(ndir, actions.entry(actions.CHANGES[op], args["node"], self.console,
-                                               started, result, detail))
+        if not (op == "sync_commit" and not self.read_only or os.path.isdir(ndir)):
+            return
+        if reply.get("kind") == "read-only":  # a watcher's loop is a few lines, not a flood
+            keep, before = self.refusals.take(ndir, actions.CHANGES[op], args["node"])
+            if not keep:
+                return
+            detail = actions.left_out(before) if before else detail
+        actions.record(ndir, actions.entry(actions.CHANGES[op], args["node"], self.console,
+                                           started, result, detail))
 
     def op_hello(self, args):
         """The console says who it is (``who``: user@laptop, ``console``: its id), its
@@ -158,9 +167,9 @@ class Server:
         return {"login": actions.login(), "role": role}
 
     def op_actions(self, args):
-        """The node's action log from byte ``offset``: ``{"actions": [...], "end": N}``."""
-        entries, end = actions.read(node.node_dir(args), int(args.get("offset", 0)))
-        return {"actions": entries, "end": end}
+        """A page of the node's action log from ``offset``: ``{"actions", "end", "start",
+        "more"}`` (agent/host/actions.py ``read_page``)."""
+        return actions.read_page(node.node_dir(args), int(args.get("offset", 0)))
 
     def op_ping(self, args):
         return {"time": time.time()}
@@ -368,6 +377,7 @@ class Server:
         self.streams.turn_now()
         for path in self.joined.values():
             actions.leave(path)
+        self.refusals.tell(self.console)
 
 
 def widen_pipe(fd, size=PIPE_BYTES):

@@ -228,7 +228,12 @@ class Streams:
         if os.path.basename(sub.ndir) == "judge":  # the judge's folder: neither
             return 0
         sent = 0
-        entries, end = actions.read(sub.ndir, sub.actions_from)
+        page = actions.read_page(sub.ndir, sub.actions_from)
+        # a console's first look: the log so far is history it does not show (console/model/
+        # consoles.py), its last page will do; later pages sent one a turn would be events
+        while not sub.actions_sent and not sub.actions_from and page["more"]:
+            page = actions.read_page(sub.ndir, page["end"])
+        entries, end = page["actions"], page["end"]
         if end != sub.actions_from or not sub.actions_sent:
             sub.actions_from, sub.actions_sent = end, True
             self.send({"t": "actions", "sub": sub.sub_id, "recs": entries, "end": end})

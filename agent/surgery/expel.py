@@ -22,9 +22,16 @@ Only the entries whose address and pid are the dead torchrun's are touched. Anyt
 such entry, a state of a shape this torch does not have, a pickle error) changes nothing and
 says why: the entry then expires as it would have. Standard library only (the state is
 unpickled in the store process, where torch is imported).
+
+The state comes from the store, which any client of it may write: it is unpickled by
+:class:`StateUnpickler`, which builds only the rendezvous state's own classes (torch's
+``_RendezvousState`` and ``_NodeDesc``, ``datetime`` and its time zones, sets) and refuses
+any other global before it is looked up, so a crafted pickle runs nothing in the store
+process (docs/SECURITY.md, "The rendezvous store").
 """
 
 import base64
+import io
 import os
 import pickle
 import socket
@@ -44,6 +51,31 @@ ADDR_MAX, ID_MAX, IDS_MAX = 255, 200, 4
 ID_FLAGS = ("--rdzv-id", "--rdzv_id")
 ADDR_FLAGS = ("--local-addr", "--local_addr")
 BACKEND_FLAGS = ("--rdzv-backend", "--rdzv_backend")
+# what a rendezvous state's pickle may name (torch's dynamic_rendezvous.py pickles its
+# _RendezvousState with the default protocol): nothing else is looked up, let alone called
+STATE_GLOBALS = frozenset((
+    ("torch.distributed.elastic.rendezvous.dynamic_rendezvous", "_RendezvousState"),
+    ("torch.distributed.elastic.rendezvous.dynamic_rendezvous", "_NodeDesc"),
+    ("datetime", "datetime"), ("datetime", "timezone"), ("datetime", "timedelta"),
+    ("builtins", "set"), ("builtins", "frozenset")))
+
+
+class StateUnpickler(pickle.Unpickler):
+    """An unpickler of a rendezvous state that builds only :data:`STATE_GLOBALS`: a pickle
+    naming anything else (``os.system``, a ``__reduce__`` payload) is refused with
+    ``pickle.UnpicklingError`` before that name is even imported."""
+
+    def find_class(self, module, name):
+        if (module, name) not in STATE_GLOBALS:
+            raise pickle.UnpicklingError("the rendezvous state names %s.%s, which a rendezvous "
+                                         "state does not hold: not read" % (
+                                             str(module)[:80], str(name)[:80]))
+        return super().find_class(module, name)
+
+
+def load_state(data):
+    """The rendezvous state pickled in ``data`` (bytes), read by :class:`StateUnpickler`."""
+    return StateUnpickler(io.BytesIO(data)).load()
 
 
 # -- on the node's host ---------------------------------------------------------------------
@@ -180,7 +212,10 @@ def _expel_one(store, key, addr, pid):
         raw = store.get(key)
         if raw == NULL_SENTINEL:
             return "rendezvous %s has no state yet" % key[len(KEY_PREFIX):]
-        state = pickle.loads(base64.b64decode(raw))
+        try:
+            state = load_state(base64.b64decode(raw))
+        except (pickle.UnpicklingError, ValueError, EOFError) as exc:  # nothing was changed
+            return "the rendezvous state could not be read (%s)" % str(exc)[:300]
         beats = getattr(state, "last_heartbeats", None)
         if type(state).__name__ != "_RendezvousState" or not isinstance(beats, dict):
             return "the rendezvous state is of a shape this code does not know (%s)" % (

@@ -95,8 +95,10 @@ async def cmd_watch(args) -> int:
 async def cmd_actions(args) -> int:
     """`rankdeck actions RUN [--json]`: who changed the run (console/records/actions.py)."""
     async with recorded_run(args.run_id) as ctl:
-        actions, failed = await run_actions(ctl)
+        actions, failed, notes = await run_actions(ctl)
     report_unreachable(failed)
+    for note in notes:  # what the list leaves out (a capped list, a node's rotated log)
+        print("rankdeck: %s" % shown(note), file=sys.stderr)
     if args.json:
         print_json(actions)
     else:

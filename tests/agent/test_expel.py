@@ -5,9 +5,12 @@ survivors' next round for three minutes."""
 
 from __future__ import annotations
 
+import base64
 import os
+import pickle
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -112,3 +115,75 @@ def test_who_a_torchrun_is_in_the_rendezvous_comes_from_its_command_line():
 def test_a_member_from_the_wire_is_checked(bad):
     with pytest.raises(ValueError):
         expel.checked(bad)
+
+
+class Payload:
+    """A pickle whose load runs a command (what a client of the store could write there)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, ("touch %s" % self.marker,)
+
+
+def crafted_states(marker):
+    """Pickles a client of the store could leave as the rendezvous state, each of which runs
+    code when ``pickle.loads`` reads it: alone, and inside a real-looking state."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+    state = _RendezvousState()
+    state.last_heartbeats = {"x": Payload(marker)}
+    return [pickle.dumps(Payload(marker)), pickle.dumps(state),
+            pickle.dumps(Payload(marker), protocol=0)]
+
+
+def real_state():
+    """A rendezvous state as torch's dynamic_rendezvous.py pickles it: its own classes."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        _NodeDesc, _RendezvousState)
+
+    a, b, c = _NodeDesc("10.0.0.1", 11, 0), _NodeDesc("10.0.0.2", 12, 0), _NodeDesc("n3", 13, 1)
+    state = _RendezvousState()
+    state.round, state.complete, state.closed = 3, True, False
+    state.deadline = datetime.now(timezone.utc)
+    state.participants = {a: 0, b: 1}
+    state.wait_list, state.redundancy_list = {c}, set()
+    state.last_heartbeats = {a: datetime.now(timezone.utc),
+                             b: datetime.now(timezone(timedelta(hours=2))), c: datetime.now()}
+    return state
+
+
+def test_a_real_rendezvous_state_loads_and_a_crafted_one_runs_nothing(tmp_path):
+    state = real_state()
+    got = expel.load_state(pickle.dumps(state))
+    assert type(got) is type(state) and vars(got) == vars(state)
+    marker = tmp_path / "ran"
+    for data in crafted_states(marker):
+        with pytest.raises(pickle.UnpicklingError):
+            expel.load_state(data)
+    assert not marker.exists()
+
+
+def test_the_store_refuses_a_crafted_state_and_runs_nothing(store, tmp_path):
+    """Any client of the store may write the state; the store process, asked to expel, reads it
+    and runs nothing (the store lives on a host where no torchrun would unpickle it)."""
+    from torch.distributed import TCPStore
+
+    run_root, endpoint = store
+    host, port = endpoint.rsplit(":", 1)
+    client = TCPStore(host, int(port), is_master=False, wait_for_workers=False)
+    marker = tmp_path / "ran"
+    who = {"pid": 4242, "addr": "10.0.0.9", "rdzv_ids": ["run-x"]}
+    for data in crafted_states(marker):
+        client.set(expel.KEY_PREFIX + "run-x", base64.b64encode(data))
+        got = expel.answer(run_root, expel.ask(run_root, who), 30)
+        assert got["expelled"] is False and got["why"].startswith(
+            "the rendezvous state could not be read"), got
+        assert not marker.exists()
+    # a real state in the store is still read: no entry of that pid, nothing touched
+    client.set(expel.KEY_PREFIX + "run-x", base64.b64encode(pickle.dumps(real_state())))
+    got = expel.answer(run_root, expel.ask(run_root, who), 30)
+    assert got["why"] == "no entry for 10.0.0.9 pid 4242: " + expel.GONE, got
+    with open(os.path.join(run_root, "store.log")) as f:
+        assert "could not be read" in f.read()

@@ -60,7 +60,7 @@ def no_py_spy(monkeypatch):
 @pytest.fixture
 def node_with_a_rank(tmp_path, monkeypatch):
     python = no_py_spy(monkeypatch)
-    run_root = str(tmp_path / "run")
+    run_root = str(tmp_path / "w" / ".rankdeck" / "runs" / "r1")  # a watcher names no other
     os.makedirs(run_root)
     info = start_judge(run_root, {"addr": "127.0.0.1", "token": TOKEN, "nodes": ["node0"],
                                   "stall_after": 3600.0})  # no look of the judge's own

@@ -42,8 +42,11 @@ class Out:
 
 @pytest.fixture
 def run_root(tmp_path):
-    (tmp_path / "node1").mkdir()
-    return str(tmp_path)
+    """A run folder as a launch makes it (console/launch/spec.py run_root): a read-only
+    connection names no other."""
+    root = tmp_path / "w" / ".rankdeck" / "runs" / "20261128-000000-abc"
+    (root / "node1").mkdir(parents=True)
+    return str(root)
 
 
 def ask(server, out, op, **args):
