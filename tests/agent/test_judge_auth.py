@@ -399,7 +399,7 @@ def test_a_node_answers_a_bounded_number_of_the_judges_requests_at_once(tmp_path
     server = listen_socket("127.0.0.1", 0)
     release, inside = threading.Event(), []
 
-    def why():  # a report that takes until the test lets it go
+    def why(signals=True):  # a report that takes until the test lets it go
         inside.append(1)
         release.wait(60)
         return {"ranks": []}
