@@ -101,6 +101,9 @@ def action_line(rec: dict) -> str:
     return "%s %s: %s" % (who, what, rec["result"] or "?")
 
 
+MAX_ACTIONS = 10_000  # kept in memory, as `rankdeck actions` lists at most
+
+
 @dataclass
 class Operators:
     """The consoles attached to a run and its action log, from every node's agent."""
@@ -108,7 +111,9 @@ class Operators:
     me: Me | None = None
     consoles: dict[str, list[dict]] = field(default_factory=dict)  # node -> attached
     actions_from: dict[str, int] = field(default_factory=dict)  # node -> log offset read
-    actions: list[dict] = field(default_factory=list)  # every action seen, in arrival order
+    # the newest actions seen, in arrival order (MAX_ACTIONS: a host's log is untrusted and a
+    # watcher's refused requests once wrote thousands a second)
+    actions: list[dict] = field(default_factory=list)
 
     def apply_consoles(self, node: str, items) -> None:
         if isinstance(items, list):
@@ -126,6 +131,8 @@ class Operators:
         mine = self.me.console if self.me else None
         for rec in filter(None, map(action_record, recs)):
             self.actions.append(rec)
+            if len(self.actions) > MAX_ACTIONS:
+                del self.actions[:len(self.actions) - MAX_ACTIONS]
             if not history and rec["console"] != mine:
                 add_event(rec["node"] or node, "action", action_line(rec), ts=rec["ts"])
 

@@ -95,3 +95,15 @@ def test_rankdeck_actions_lines_mask_the_runs_secrets():
     assert line.endswith("  node1      a@b (login train) restarted node1: agent: token **** "
                          "refused"), line
     assert action_rows([], Masker([]))[0].startswith("no actions recorded")
+
+
+def test_the_actions_kept_in_memory_are_bounded_newest_last():
+    # a host's log is untrusted: a flood of lines must not grow the console without end
+    from console.model.consoles import MAX_ACTIONS
+    state = RunState("r1", [("node0", "127.0.0.2")])
+    state.operators = ops = operators()
+    recs = [{"ts": float(i), "action": "signal", "node": "node0", "who": "w", "console": "c",
+             "login": "train", "result": "refused"} for i in range(MAX_ACTIONS + 500)]
+    ops.apply_actions("node0", recs, 1, state.add_event)
+    assert len(ops.actions) == MAX_ACTIONS
+    assert ops.actions[0]["ts"] == 500.0 and ops.actions[-1]["ts"] == MAX_ACTIONS + 499.0
