@@ -21,7 +21,7 @@ with no lines at all (its polling and telemetry), so the rest is the lines' cost
 ``measure(..., judge=False)``: the same run without the run's judge (bench/judge_cpu.py runs
 both in pairs; with it, the judge process is measured too).
 
-Target (issue 13): agent <= 1 % of a core. CPU seconds, not wall time, are the figure: the
+Target: agent <= 1 % of a core. CPU seconds, not wall time, are the figure: the
 shared machine's load moves wall time, not how much work a process does. Never a test.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a GPU (issue 26), as one script for a lent GPU host with no package
+# The checks that need a GPU, as one script for a GPU host with no package
 # registry (docs/GPU.md): the console's wheels travel in .whl/, made on the laptop with
 # `pip download` (see docs/GPU.md). Run from the repo root; writes logs and the view's SVG
 # under $OUT. Each step prints a "== step: rc" line; a failing step does not stop the others.

@@ -1,4 +1,4 @@
-"""CPU of the run's judge (agent/judge/judge.py) on its host, against the supervisor alone (issue 25).
+"""CPU of the run's judge (agent/judge/judge.py) on its host, against the supervisor alone.
 
 The workload of bench/agent_cpu.py (one local node, real torchrun with NPROC ranks printing
 RATE lines a second each, the real supervisor, the real ``agent serve`` streaming to a
@@ -16,7 +16,7 @@ supervisor and serve (every thread; agent_cpu.cpu_of), as % of one core, and the
 
     .venv/bin/python bench/judge_cpu.py [--pairs 3] [--seconds 60] [--nproc 8] [--rate 10]
 
-Target (issue 25): the judge under ~0.5 % of a core at this rate. CPU seconds, not wall time.
+Target: the judge under ~0.5 % of a core at this rate. CPU seconds, not wall time.
 Never a test.
 """
 
