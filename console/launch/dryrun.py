@@ -86,11 +86,12 @@ def render(inv: Inventory, spec: LaunchSpec) -> str:
     return "\n".join(out)
 
 
-def recorded_lines(inv: Inventory, spec: LaunchSpec, mask, source: str,
+def recorded_lines(inv: Inventory, spec: LaunchSpec, masker: Masker, source: str,
                    names: list[str] | None = None) -> list[str]:
     """What a verb that drives a run would start on ``names`` (None: every node), as the
     run's record says, for a record copied from its host ``source`` (`rankdeck watch -i`):
-    a host's record is untrusted, so its command is shown, ``mask`` applied, before it runs."""
+    a host's record is untrusted, so its command is shown, quoted as the dry run quotes it
+    and masked by ``masker``, before it runs."""
     hosts = [h for h in inv.hosts if names is None or h.name in names]
     out = ["the record of this run came from its host %s, not from this laptop; what it "
            "starts is what that record says (launcher %s, script %s):" % (
@@ -105,10 +106,11 @@ def recorded_lines(inv: Inventory, spec: LaunchSpec, mask, source: str,
             continue
         out.append("  %s (%s, python %s, in %s):" % (h.name, h.ssh or h.addr, h.python or
                                                       "python3", h.workdir))
-        out += ["    " + line for line in marked_lines(cmd.argv, set(), mask)]
+        out += ["    " + line for line in marked_lines(
+            cmd.argv, set(), lambda word: shown_word(word, masker))]
         env = dict(cmd.env, **spec.env)
         if env:
-            out.append("    env: " + mask(" ".join(
+            out.append("    env: " + masker.mask(" ".join(
                 "%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items()))))
     if spec.notify:
         out.append("  and the judge runs --notify %s" % mask(shlex.quote(spec.notify)))

@@ -204,7 +204,7 @@ def foreign_command(ctl, names: list[str] | None, yes: bool) -> bool:
     source = ctl.record.get("copied_from")
     if not isinstance(source, str):
         return True
-    for line in recorded_lines(ctl.inventory, ctl.spec, ctl.state.masker.mask, source, names):
+    for line in recorded_lines(ctl.inventory, ctl.spec, ctl.state.masker, source, names):
         print(shown(line), file=sys.stderr)
     return confirmed(yes, "run it?")
 
