@@ -19,6 +19,7 @@ from agent.serve import server as serve
 from agent.wire import protocol
 from console.lines.sanitize import Masker
 from console.records import actions as console_actions
+from tests.agent.test_serve_roles import Out
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -151,17 +152,6 @@ def test_rankdeck_actions_reads_every_page_and_caps_its_list(run_root, monkeypat
                                                                            str(run_root))])))
     assert [r["detail"] for r in got] == ["action %05d" % i for i in range(count - 1000, count)]
     assert notes == ["9000 older actions not listed (the newest 1000 are)"]
-
-
-class Out:
-    def __init__(self):
-        self.msgs = []
-
-    def write(self, data):
-        self.msgs += [json.loads(line) for line in data.splitlines()]
-
-    def flush(self):
-        pass
 
 
 def test_a_consoles_first_look_at_a_long_log_is_history_not_a_flood_of_events(run_root):
