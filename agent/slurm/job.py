@@ -128,24 +128,38 @@ class JobTurns:
         return self._decide(*answer, complete_at) if answer else None
 
     def after_exit(self, wait_s=15.0):
-        """The ranks failed with ``--requeue``: ``("wait", why)`` when it is because the job
-        was requeued (another node ended its ranks first, maybe before this node's own look
-        crossed the line), looked for up to ``wait_s`` while Slurm ends the job's run
-        (COMPLETING); None for a job still running (a failure of the run's own)."""
-        if not self.requeue or self.waiting:
+        """The ranks failed: ``("end", why, job state)`` when it is because the job ended
+        (``scancel``: Slurm kills what it tracks of the job, the run's store among it, before
+        this node's next look, so a node's torchrun may fail first); with ``--requeue``,
+        ``("wait", why)`` when it is because the job was requeued (another node ended its
+        ranks first, maybe before this node's own look crossed the line), looked for up to
+        ``wait_s`` while Slurm ends the job's run (COMPLETING); None for a job still running
+        (a failure of the run's own) or an answer that says nothing."""
+        if self.waiting:
             return None
+        if not self.requeue:
+            return self._ended(self.watch.look(force=True))
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             answer = self.watch.look(force=True)
             state = fields_of(answer[1])[0] if answer and answer[0] == 0 else ""
             if state in QUEUED:
                 return self._decide(*answer)
+            if state not in ALIVE and state != "COMPLETING" and self._ended(answer):
+                return self._ended(answer)  # cancelled, timed out: not a requeue
             if state == "RUNNING":  # (a requeue makes it PENDING or COMPLETING at once)
                 # ... unless it already runs again: Slurm let it start before this node
                 # looked (its start time tells); else the ranks' own failure
                 return self._decide(*answer) if self._ran_again(answer[1]) else None
             time.sleep(1.0)
         return None
+
+    def _ended(self, answer):
+        """``("end", why, job state)`` when a squeue ``answer`` says the job is over."""
+        if answer is None:
+            return None
+        gone = job_end(self.watch.job, *answer)
+        return ("end", gone, fields_of(answer[1])[0] if answer[0] == 0 else "") if gone else None
 
     def _ran_again(self, out):
         """Whether the job (RUNNING) started again since this node's run began: requeued and

@@ -249,6 +249,9 @@ class Supervisor(LauncherProcess):
                 report = procs.kill_run(os.getpid(), self.marker, grace=ORPHAN_GRACE,
                                         on_wait=self.recorder.pump)
                 job = self.slurm_job.after_exit() if code and self.slurm_job else None
+                if job and job[0] == "end":  # the job's end killed part of the run first
+                    return self.finish("stopped", None, report,
+                                       cause={"message": job[1], "slurm": job[2]})
                 if job:  # its peers ended first: the job was requeued
                     self.on_requeue(job, grace)
                     continue

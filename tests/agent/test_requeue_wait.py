@@ -65,3 +65,36 @@ def test_a_torchrun_slow_to_exit_as_the_job_is_requeued_leaves_the_run_waiting(
             node_ops.stop(dict(args, timeout=30))
         for pid in procs.run_pids(None, "r1/node1"):
             os.kill(pid, 9)
+
+
+# torchrun's part when the job is cancelled under it: Slurm ends the job (squeue says
+# CANCELLED) and kills what it tracks of it, here this process, before the supervisor's next
+# look at squeue (every 5 s)
+CANCELLED_UNDER_IT = """
+import sys, time
+time.sleep(2)
+open(sys.argv[1], "w").write("CANCELLED|None|0:00|node[0-3]|2026-11-26T07:00:00\\n")
+sys.exit(1)
+"""
+
+
+def test_a_torchrun_killed_as_its_job_is_cancelled_ends_the_node_stopped_with_the_reason(
+        tmp_path, monkeypatch):
+    """The scancel race (tests/slurm/test_slurm_run.py saw it once): the node's torchrun
+    failed before its supervisor looked at squeue; the job's end, not the run's failure."""
+    squeue, _scontrol, answer, _calls = slurm_commands(tmp_path)
+    answer.write_text("RUNNING|None|9:00|node[0-3]|2026-11-26T07:00:00\n")
+    monkeypatch.setenv("PATH", "%s%s%s" % (tmp_path, os.pathsep, os.environ["PATH"]))
+    monkeypatch.setenv("RANKDECK_SLURM_JOB", "41")
+    run_root = str(tmp_path / "run")
+    args = {"run_root": run_root, "node": "node1"}
+    node_ops.start(dict(args, spec={
+        "run_id": "r1", "node": "node1", "cwd": str(tmp_path), "grace": 30,
+        "argv": [sys.executable, "-c", CANCELLED_UNDER_IT, str(answer)]}))
+    ndir = node.node_dir(args)
+    ended = wait_for_sync(lambda: (node.node_state(ndir) or {}).get("state") not in (
+        None, "starting", "running") and node.node_state(ndir), 60, "the node's end")
+    assert ended["state"] == "stopped", ended
+    assert ended["cause"]["message"] == ("Slurm job 41 was cancelled (scancel): the run ended "
+                                         "with it"), ended
+    assert ended["cause"]["slurm"] == "CANCELLED", ended

@@ -147,3 +147,15 @@ def test_a_job_requeued_and_running_again_between_two_looks_is_waited_for_then_r
         ["torchrun", "--rdzv-id", "run1-job20261126071200", "train.py"]
     job.new_run()  # (the supervisor, starting the ranks again)
     assert job.turn() is None and job.after_exit() is None  # this run is the node's now
+
+
+def test_ranks_that_fail_as_the_job_is_cancelled_end_with_the_job_with_or_without_requeue(
+        tmp_path):
+    for requeue in (False, True):
+        job, answer, _calls = turns(tmp_path, {"signal_before": 60, "requeue": requeue,
+                                               "requeuer": False})
+        answer.write_text("RUNNING|None|5:00|node[0-3]\n")
+        assert job.after_exit(wait_s=0.5) is None  # the job runs: the ranks' own failure
+        answer.write_text("CANCELLED|None|0:00|node[0-3]\n")
+        assert job.after_exit(wait_s=0.5) == (
+            "end", "Slurm job 41 was cancelled (scancel): the run ended with it", "CANCELLED")
