@@ -40,9 +40,11 @@ import time
 from . import notify as judge_notify
 from ..host import procs
 from .cordon import AutoCordon
+from .figures import RunFigures
 from ..host.journal import JournalWriter
 from .listen import Listener
 from .policy import Policies
+from .prometheus import prometheus_said, serve_metrics
 from ..rules.judge import (
     CORDON_WITHIN_S, RULES, check_stalls, check_waiting, ends_due, event, run_over,
     verdict_again_due
@@ -89,6 +91,8 @@ class Judge(Listener, Sampler, Policies):
         self.over = None
         self.stop = threading.Event()
         self.surgeon = AutoCordon(self, spec)  # --auto-cordon (agent/judge/cordon.py)
+        self.figures = RunFigures()  # --prometheus (agent/judge/prometheus.py), fed with the view
+        self.prometheus = None  # its url, or why it could not listen
 
     # -- the journal -----------------------------------------------------------------------
     def write(self, rec):
@@ -147,9 +151,10 @@ class Judge(Listener, Sampler, Policies):
                          on_hang=self.on_hang, on_nan=self.on_nan, max_wall=self.max_wall,
                          notify=bool(self.spec.get("notify")), rules=list(RULES),
                          cordon_within_s=self.view.cordon_within_s,
-                         auto_cordon=self.surgeon.on,
+                         auto_cordon=self.surgeon.on, prometheus=self.prometheus,
                          text="the judge watches the run on this host (stall after %.0f s, "
-                         "on hang: %s)" % (self.view.stall_after, self.on_hang)))
+                         "on hang: %s)%s" % (self.view.stall_after, self.on_hang,
+                                             prometheus_said(self.prometheus))))
         ended_at, settled = None, False
         alone_since = time.monotonic()  # no node connected since (none yet, at the start)
         while not self.stop.is_set():
@@ -205,9 +210,11 @@ def main(run_root):
     from ..store.tcpstore import listen_socket  # here: only the judge needs it
     sock = listen_socket(spec["addr"], int(spec.get("port") or 0))
     judge = Judge(spec, jdir)
+    metrics = serve_metrics(judge, run_root)  # --prometheus: None without
     me = procs.stat(os.getpid())
     state = {"state": "running", "pid": os.getpid(), "starttime": me.starttime,
-             "addr": spec["addr"], "port": sock.getsockname()[1], "started": judge.started}
+             "addr": spec["addr"], "port": sock.getsockname()[1], "started": judge.started,
+             "prometheus": judge.prometheus}
     write_json_atomic(os.path.join(jdir, "state.json"), state)
 
     def stop(_signum, _frame):
@@ -219,6 +226,8 @@ def main(run_root):
         judge.run(sock)
     finally:
         sock.close()
+        if metrics is not None:
+            metrics.close()
         state.update(state="exited", ended=time.time())
         write_json_atomic(os.path.join(jdir, "state.json"), state)
     return 0
