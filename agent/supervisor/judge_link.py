@@ -30,7 +30,9 @@ from ..wire import judge as judge_wire
 from ..host.journal import JournalReader
 from ..host.runfiles import read_json
 
-FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples: stragglers
+# steps, ranks, events; samples: stragglers; telemetry (every 10 s) and ckpt_done: the
+# judge's --prometheus GPU and checkpoint figures (agent/judge/figures.py), its view reads neither
+FORWARD = ("file", "metric", "event", "sample", "telemetry", "ckpt_done")
 POLL = 0.5
 DRAIN_READS = 256  # reads of the journal (of a MiB each) one turn makes at most
 BACKOFF = (1.0, 2.0, 5.0)

@@ -109,7 +109,7 @@ def test_a_real_prometheus_scrapes_every_rank_rising_and_the_ranks_stalled_in_a_
         # 2 nodes x 2 ranks; a step every 0.2 s or so, then rank 1 hangs before step 25 and
         # every rank waits for it (the others in their all-reduce)
         run_id, workdir = launch_detached(
-            tmp_path, ["--steps", "100000", "--ckpt-every", "0", "--pg-timeout", "600",
+            tmp_path, ["--steps", "100000", "--ckpt-every", "10", "--pg-timeout", "600",
                        "--idle-s", "0.2", "--hang-at-step", "25", "--hang-rank", "1"],
             "--max-restarts", "0", "--stall-after", "6", "--nproc-per-node", "2",
             "--prometheus", str(port), nodes=2)
@@ -142,6 +142,11 @@ def test_a_real_prometheus_scrapes_every_rank_rising_and_the_ranks_stalled_in_a_
         up = prom.query('up{job="rankdeck"}')
         assert [s["value"][1] for s in up] == ["1"], up
         assert {s["value"][1] for s in prom.query("rankdeck_node_up")} == {"1"}
+        # the checkpoints of steps 10 and 20, before the hang, as each node's supervisor
+        # forwarded them to the judge (agent/supervisor/judge_link.py FORWARD)
+        saved = wait_for_sync(lambda: prom.query("rankdeck_checkpoint_last_step"), TIMEOUT,
+                              "the checkpoint step in Prometheus", every=1.0)
+        assert {s["value"][1] for s in saved} == {"20"}, saved
 
         # promtool: the endpoint's text is valid and lint-clean
         with urllib.request.urlopen("http://127.0.0.2:%d/metrics" % port, timeout=10) as res:
