@@ -57,7 +57,8 @@ def test_stat_parses_names_with_spaces_and_parentheses(tmp_path):
                 return f.read() == "odd) name (\n"
         wait_for_sync(execed, 30, "the exec of the oddly named interpreter")
         info = procs.stat(p.pid)
-        assert info.comm == "odd) name (" and info.ppid == os.getpid() and info.state in "SRD"  # D: reading its modules from disk, under load
+        # D: still reading its modules from disk, under load
+        assert info.comm == "odd) name (" and info.ppid == os.getpid() and info.state in "SRD"
     finally:
         p.kill()
         p.wait()
