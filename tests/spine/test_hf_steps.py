@@ -1,5 +1,5 @@
 """Every loss at its own step: a loop that prints as a Hugging Face Trainer does, run by real
-torchrun on 4 local nodes, then exported as JSON lines, CSV and TensorBoard.
+torchrun on 2 local nodes of 2 ranks each, then exported as JSON lines, CSV and TensorBoard.
 
 The progress bar is on stderr (``\\r 3%|▎ | 1/30 [...]``, a bar redrawn with ``\\r`` and no
 line end until the loop is over), the loss dict on stdout (tests/spine/hf_style_writer.py: rank 0
@@ -27,7 +27,7 @@ from .helpers import all_ended, processes_of
 
 pytestmark = pytest.mark.e2e
 WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_style_writer.py")
-STEPS, RANKS = 30, 4
+STEPS, NODES, RANKS = 30, 2, 4
 EXPECTED = sorted((rank, step, round(1.0 / step, 6)) for rank in range(RANKS)
                   for step in range(1, STEPS + 1))
 
@@ -41,9 +41,9 @@ def losses(rows):
 def test_each_loss_is_exported_at_its_own_step(tmp_path):
     pytest.importorskip("tqdm")
     workdir = str(tmp_path / "work")
-    inv = write_inventory(tmp_path, workdir, RANKS)
-    out = rankdeck("launch", "--detach", "--skip-preflight", "-i", inv, WRITER, "--",
-                   str(STEPS), "0.1")
+    inv = write_inventory(tmp_path, workdir, NODES)
+    out = rankdeck("launch", "--detach", "--skip-preflight", "--nproc-per-node", "2", "-i", inv,
+                   WRITER, "--", str(STEPS), "0.1")
     assert out.returncode == 0, out.stdout + out.stderr
     run_id = out.stdout.strip().splitlines()[-1]
     try:
