@@ -13,6 +13,15 @@ n-th dict on its stdout, and the bar drawn after that clear is the dict's step. 
 count, not by arrival, makes it right whichever of the two files is read first, and when
 both are one file. A worker with no bar at all (``disable_tqdm=True``) gets ``step: None``.
 
+A loop that prints its own dict below its own bar, with no clear between them, gives nothing
+to pair by: a dict there takes the bar's step in force when it was written. The agent's
+reader hands a worker's stderr over before the stdout it read just before it
+(agent/host/tail.py), so the bar drawn before a dict is in or before the dict's chunk; the
+dicts of one chunk take the last counts the bar drew since the dict before, one each (a loop
+that logs each step and steps faster than the agent reads: each dict its own step). A bar
+drawn after a dict but before the reader's next turn gives that dict a later step: with no
+clear, the two files do not say which came first.
+
 The bar also gives the step between logs (``logging_steps`` defaults to 500): a bar that moved
 yields a step-only record, at most one per chunk. A resumed run's bar jumps to the resumed
 step. Standard library only; runs on Python >= 3.8.
@@ -38,12 +47,15 @@ _DICT_LINE = re.compile(r"""\s*\{\s*['"]\w""")
 _CKPT = re.compile(r"Saving (?:model )?checkpoint to\s+(.+)")
 
 # Pairs kept waiting for their other half; older ones are dropped (a worker that never
-# redraws its bar must not grow the agent's memory).
-_KEEP = 64
+# redraws its bar must not grow the agent's memory). A Trainer's stdout is a file under
+# torchrun, written in blocks of 8 KiB: a block holds ~100 dicts whose clears were all read
+# before it, and each must still find its step.
+_KEEP = 1024
 
 
 class _Worker:
-    __slots__ = ("total", "step", "sent", "writes", "clears", "after_clear", "pending", "steps")
+    __slots__ = ("total", "step", "sent", "writes", "clears", "after_clear", "pending", "steps",
+                 "drawn")
 
     def __init__(self):
         self.total = None  # the training bar's total: other desc-less bars are not it
@@ -54,6 +66,7 @@ class _Worker:
         self.after_clear = 0  # the clear whose redraw comes next
         self.pending = {}  # write number -> record waiting for its step
         self.steps = {}  # clear number -> step, waiting for its dict
+        self.drawn = []  # the counts the bar drew since the last dict with no clear took one
 
 
 class HuggingFaceFamily:
@@ -69,6 +82,7 @@ class HuggingFaceFamily:
                 return False
             # tqdm clears a bar by overwriting it with blanks: a dict line is being written.
             state.clears += 1
+            state.drawn = []  # pairing by clears: no dict takes a count drawn
             state.after_clear = state.clears
             return True
         bar = _BAR.match(seg)
@@ -105,6 +119,10 @@ class HuggingFaceFamily:
                 return
             state.steps[number] = n
             _trim(state.steps, number)
+        if state.clears == 0 and n > 0 and (not state.drawn or n > state.drawn[-1]):
+            state.drawn.append(n)
+            if len(state.drawn) > _KEEP:
+                del state.drawn[0]
         if n > 0 and (state.sent is None or n > state.sent):
             state.sent = n
             # one step-only record per chunk: replace this worker's previous one
@@ -135,18 +153,28 @@ class HuggingFaceFamily:
             out.append(rec)
         elif state.total is None:
             out.append(rec)  # no bar on this worker: the step is not known
-        elif state.clears == 0 and number > 2:
-            # A bar that is never cleared for a dict (the dicts are not written through
-            # tqdm): pairing cannot work, the bar's latest count is the best step there is.
-            for older in sorted(state.pending):
-                late = state.pending.pop(older)
-                late["step"] = state.step
-                out.append(late)
-            rec["step"] = state.step
-            out.append(rec)
         else:
+            # its clear is still to come (the other file read behind this one), or there is
+            # none (chunk_end decides once a third dict has come with no clear at all)
             state.pending[number] = rec
             _trim(state.pending, number)
+
+    @staticmethod
+    def chunk_end(worker, out):
+        """At the end of a chunk: the dicts of a bar that is never cleared for a dict (not
+        written through tqdm) take the bar's counts drawn since the dict before (the last
+        ones, one each, the newest to the last dict); pairing cannot work for them."""
+        state = worker.get("hf")
+        if state is None or state.clears or state.writes <= 2 or not state.pending:
+            return
+        waiting = [state.pending.pop(number) for number in sorted(state.pending)]
+        drawn = state.drawn[-len(waiting):] or [state.step]
+        drawn = [drawn[0]] * (len(waiting) - len(drawn)) + drawn
+        for rec, step in zip(waiting, drawn):
+            rec["step"] = step
+            out.append(rec)
+        state.sent = step if state.sent is None else max(state.sent, step)
+        state.drawn = []
 
     @staticmethod
     def _checkpoint(seg, start, out):

@@ -101,6 +101,8 @@ class MetricParser:
         if user_regex is not None and user_regex != "":
             self._user, self._user_fields = _compile_user_regex(user_regex)
         self._families = [family() for family in FAMILIES]
+        # what a family does once a chunk is read (a dict that waited for its bar's step)
+        self._chunk_ends = [f.chunk_end for f in self._families if hasattr(f, "chunk_end")]
         self._files = {}  # file -> _FileFormats
         self._workers = {}  # worker -> {family name: that family's state for the worker}
         # the keywords the last parsed text mentions (case-insensitively), or None when its
@@ -147,6 +149,8 @@ class MetricParser:
             # A user regex sees every line; so does a Hugging Face worker's bar output, whose
             # clears (blanks between two \r) hold no keyword but pair dicts with steps.
             self._parse_every_line(text, order, state, out)
+        for chunk_end in self._chunk_ends:
+            chunk_end(state, out)
         for rec in out:
             if "_bar" in rec:
                 del rec["_bar"]

@@ -12,8 +12,12 @@ Each followed file gets a file id (``fid``). :meth:`LogFollower.poll` returns jo
 one ``file`` record when a file's rank is known, then ``data`` records with the file's bytes
 and their source offset. Data is cut at the last line end (``\n``, or the ``\r`` a progress
 bar redraws with) so records hold whole lines, except when a line grows past ``MAX_PENDING``
-bytes without one (then it is passed on in pieces). Such a cut never falls inside a secret
-(``keep_whole``, the host's ``Masker.safe_cut``): the host masks each record on its own.
+bytes without one (then it is passed on in pieces) and a progress bar drawn after a ``\r``
+(passed on as it is written: the next ``\r`` may be a step away). Such a cut never falls
+inside a secret (``keep_whole``, the host's ``Masker.safe_cut``): the host masks each record
+on its own. A turn reads a worker's stdout just before its stderr and hands the stderr's
+records over first (``_reading_order``): a line on stdout comes after what the worker wrote
+to stderr before it.
 
 With a :class:`agent.host.watch.Watch` the follower watches the log dir's folders (and the files
 given to :meth:`LogFollower.add`) and a turn with nothing written costs a read of the inotify
@@ -226,26 +230,16 @@ class LogFollower:
         if due:
             self._last_scan = now
             self.scan()
-        records = []
-        for ff in list(self.files.values()) + self.closing:
-            if not ff.announced:
-                if ff.announced is None:
-                    ff.announced = True
-                    records.append((dict(ff.meta, k="file", f=ff.fid,
-                                         rank=ff.meta.get("rank")), b""))
-                else:
-                    rank = self.resolve_rank(ff.meta["attempt"], ff.meta["local_rank"])
-                    extra = {}
-                    if isinstance(rank, tuple):
-                        rank, extra = rank
-                    age = now - ff.seen
-                    if not final and (rank is None and age < RANK_WAIT or
-                                      "pid" in extra and extra["pid"] is None and age < PID_WAIT):
-                        continue  # data waits in the file until we know whose it is
-                    extra = {k: v for k, v in extra.items() if v is not None}
-                    ff.announced = True
-                    records.append((dict(ff.meta, k="file", f=ff.fid, rank=rank, **extra), b""))
-            self._read(ff, records, final)
+        records, held = [], {}  # held: a worker's stdout records, until its stderr's are in
+        for ff in _reading_order(list(self.files.values()) + self.closing):
+            worker = _worker_of(ff)
+            if ff.meta.get("stream") == "stdout":
+                self._announce_and_read(ff, held.setdefault(worker, []), now, final)
+            else:
+                self._announce_and_read(ff, records, now, final)
+                records += held.pop(worker, ())
+        for recs in held.values():
+            records += recs
         still = []
         for ff in self.closing:
             if ff.fd is not None:
@@ -256,6 +250,28 @@ class LogFollower:
         self._busy = bool(still) or any(ff.announced is not True or ff.gone
                                         for ff in self.files.values())
         return records
+
+    def _announce_and_read(self, ff, records, now, final):
+        """``ff``'s ``file`` record once its rank is known (or waited for long enough),
+        then what is new in it, into ``records``."""
+        if not ff.announced:
+            if ff.announced is None:
+                ff.announced = True
+                records.append((dict(ff.meta, k="file", f=ff.fid,
+                                     rank=ff.meta.get("rank")), b""))
+            else:
+                rank = self.resolve_rank(ff.meta["attempt"], ff.meta["local_rank"])
+                extra = {}
+                if isinstance(rank, tuple):
+                    rank, extra = rank
+                age = now - ff.seen
+                if not final and (rank is None and age < RANK_WAIT or
+                                  "pid" in extra and extra["pid"] is None and age < PID_WAIT):
+                    return  # data waits in the file until we know whose it is
+                extra = {k: v for k, v in extra.items() if v is not None}
+                ff.announced = True
+                records.append((dict(ff.meta, k="file", f=ff.fid, rank=rank, **extra), b""))
+        self._read(ff, records, final)
 
     def _read(self, ff, records, final):
         if ff.fd is None:
@@ -281,7 +297,8 @@ class LogFollower:
             cut = _line_end(data, 0, len(data))
             if final:
                 cut = len(data)
-            elif len(data) - cut > MAX_PENDING:  # what follows may finish a secret: not that
+            elif len(data) - cut > MAX_PENDING or _drawn(data, cut):
+                # what follows may finish a secret: not that
                 cut = max(cut, self.keep_whole(data, len(data)))
             start = 0
             while start < cut:  # records of at most MAX_RECORD bytes, cut at a line end if any
@@ -320,6 +337,43 @@ class LogFollower:
 def _line_end(data, start, end):
     """Just after the last ``\n`` or ``\r`` of ``data[start:end]``; 0 if there is none."""
     return max(data.rfind(b"\n", start, end), data.rfind(b"\r", start, end)) + 1
+
+
+def _worker_of(ff):
+    """The worker whose output ``ff`` is: torchrun's worker (its start, attempt and local
+    rank: its stdout and its stderr), or the file alone (torchrun's own log, a DeepSpeed rank's
+    one file)."""
+    meta = ff.meta
+    if meta.get("local_rank") is None:
+        return ("file", ff.fid)
+    return (meta.get("instance"), meta.get("attempt"), meta.get("local_rank"))
+
+
+def _reading_order(files):
+    """``files`` in the order a turn reads them: each worker's stdout just before its stderr.
+
+    A worker writes its stderr and its stdout in one order, a turn reads them one after the
+    other: a stdout line read before the stderr means that everything the worker wrote to
+    stderr before the line is in that read of stderr, so :meth:`LogFollower.poll` hands over
+    the stderr's records first. A loss dict (stdout) so comes after the progress bar
+    (stderr) that was in force when it was written, in one turn (agent/formats/hf.py); read the
+    other way round, a bar and its dict written between the two reads would split across two
+    turns, the dict first."""
+    first = {}
+    for i, ff in enumerate(files):
+        first.setdefault(_worker_of(ff), i)
+    return sorted(files, key=lambda ff: (first[_worker_of(ff)],
+                                         ff.meta.get("stream") != "stdout"))
+
+
+def _drawn(data, cut):
+    """Whether ``data[cut:]``, what follows its last line end, is a progress record already
+    drawn: a redraw's ``\r`` before it and something printed. A bar is drawn with a leading
+    \r (``\r 3%|▎ | 1/30 [...]``) and ended by nothing until the next redraw, so it is passed on
+    as it is written, not when the next one starts: the step it shows is in force now
+    (agent/formats/hf.py pairs a loss with it). Blanks alone wait for their \r: a bar being
+    cleared (tqdm writes the blanks and the \r that ends them apart) is one clear, whole."""
+    return cut > 0 and data[cut - 1:cut] == b"\r" and not data[cut:].isspace()
 
 
 def _after(start, cut, end):
