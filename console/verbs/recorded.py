@@ -21,7 +21,7 @@ from ..run.hosted_record import known_or_fetched
 from ..judgement.judged import judged, settle
 from .launch import cmd_launch
 from ..judgement.local_judge import beside_judge, check_stalls
-from ..records.goodput import goodput_lines
+from ..records.goodput import goodput_lines, header_piece
 from ..records.report import RunReport
 from ..launch.dryrun import recorded_lines
 from ..run.run import RunController
@@ -141,6 +141,9 @@ async def cmd_status(args) -> int:
     else:
         report_unreachable(failed)
         print(status_table(status))
+        good = header_piece(status["goodput"])
+        if good:  # and the GPU-hours a node lost now would cost (docs/GOODPUT.md)
+            print(good)
         if ended:
             print("%s: the run ended with it (%s)" % (ended, status["state"]))
         for node, words in ((status.get("slurm") or {}).get("nodes") or {}).items():

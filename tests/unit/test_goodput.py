@@ -156,3 +156,28 @@ def test_work_at_risk_is_gpu_hours_since_the_newest_complete_checkpoint():
 def test_nothing_yet_is_no_figure():
     out = Goodput().report(now=10.0)
     assert out["goodput"] is None and out["wall_s"] == 0.0 and out["incidents"] == []
+
+
+def test_the_console_says_it_in_status_the_header_and_the_report(tmp_path):
+    from console.model.state import RunState
+    from console.records.report import RunReport
+    from console.tui.header import RunHeader
+
+    state = RunState("r1", [("node0", "h0"), ("node1", "h1")])
+    run = stalled_and_restarted()
+    state.goodput = run.g
+    status = state.status(now=100.0)
+    assert status["goodput"]["incidents"][0]["steps_redone"] == 5
+    assert status["goodput"]["buckets"]["stalled"] == 8.0
+    live = Run()
+    live.steps(1, 60, 10.0)
+    live.node("node0", {"k": "ckpt", "step": 50, "path": "/c/50", "f": 2}, 59.5)
+    live.node("node0", {"k": "ckpt_done", "step": 50, "path": "/c/50", "complete": True}, 61.0)
+    state.goodput = live.g
+    header = RunHeader(state, clock=lambda: 109.5).info().plain  # the run goes on
+    assert "goodput 91%, at risk 0.028 GPU-h" in header, header  # 99.5 s of 109.5
+    state.goodput = run.g
+    page = RunReport(state).markdown("loss.svg")
+    assert "## Goodput" in page and "| stalled | 0:00:08 |" in page, page
+    assert "stall rank 1 on node1 step 20 -> restart: detect 6.0 s, decide 1.0 s, act 1.0 s, " \
+           "recover 13.0 s; 5 steps redone" in page.replace("\\", "").replace("&gt;", ">"), page
