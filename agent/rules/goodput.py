@@ -16,6 +16,7 @@ Plain data, no I/O, no threads; standard library only; Python >= 3.9.
 """
 
 from array import array
+from math import isfinite
 
 BUCKETS = ("start-up", "productive", "rendezvous", "checkpoint", "stalled", "recovery",
            "redone", "end")
@@ -103,8 +104,11 @@ class Goodput:
             rs = self.ranks.get(ev.get("rank"))
             if rs is None or ev.get("step") not in rs.steps:
                 continue
-            host = rs.ts[rs.steps.index(ev["step"])]
-            found.setdefault(rs.node, []).append(ev["ts"] - ev["idle_s"] - host)
+            at = ev["ts"] - ev["idle_s"]
+            # a step made twice (redone after a restart): the time nearer the judge's
+            host = min((t for t, step in zip(rs.ts, rs.steps) if step == ev["step"]),
+                       key=lambda t: abs(at - t))
+            found.setdefault(rs.node, []).append(at - host)
         return {node: sorted(d)[len(d) // 2] for node, d in found.items()}
 
     def report(self, now=None):
@@ -169,23 +173,25 @@ class Goodput:
             if what == "stalled":
                 if cur is None:
                     fault = ev["ts"] - (ev["idle_s"] if _num(ev.get("idle_s")) else 0.0)
-                    cur = {"at": fault, "what": "stall", "node": ev.get("node"),
-                           "rank": ev.get("rank"), "step": ev.get("step"), "seen": ev["ts"],
+                    cur = {"at": fault, "what": "stall", "node": _name(ev.get("node")),
+                           "rank": _int(ev.get("rank")), "step": _int(ev.get("step")),
+                           "seen": ev["ts"],
                            "verdict": None, "acted": None, "action": None, "waiting": set()}
                 cur["waiting"].add(ev.get("rank"))
             elif cur is not None and what == "verdict" and cur["verdict"] is None:
                 cur["verdict"] = ev["ts"]
                 suspects = (ev.get("verdict") or {}).get("suspects") or []
                 if suspects and isinstance(suspects[0], dict):
-                    cur["node"], cur["rank"] = suspects[0].get("node"), suspects[0].get("rank")
+                    cur["node"] = _name(suspects[0].get("node"))
+                    cur["rank"] = _int(suspects[0].get("rank"))
             elif _acts(ev):
                 if cur is None:  # an action with no stall before it: a crash or an operator's
-                    cur = {"at": ev["ts"], "what": _kind(ev), "node": ev.get("node"),
+                    cur = {"at": ev["ts"], "what": _kind(ev), "node": _name(ev.get("node")),
                            "rank": None, "step": None, "seen": None, "verdict": None,
                            "acted": None, "action": None, "waiting": set(self.ranks)}
                 if cur["acted"] is None:
                     cur["acted"], cur["action"] = ev["ts"], _kind(ev)
-                    cur["node"] = cur["node"] or ev.get("node")
+                    cur["node"] = cur["node"] or _name(ev.get("node"))
             elif cur is not None and what == "stepping":
                 cur["waiting"].discard(ev.get("rank"))
                 if not cur["waiting"]:
@@ -307,5 +313,15 @@ def _empty(ended):
             "work_at_risk_gpu_h": None, "clock": "hosts"}
 
 
+def _name(value):
+    """A node's name from a judge's event: a string (the console cleans it to show it)."""
+    return value[:200] if isinstance(value, str) else None
+
+
+def _int(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _num(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number (a host's JSON may hold NaN or Infinity, which Python reads)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and isfinite(value)

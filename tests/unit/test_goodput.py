@@ -181,3 +181,16 @@ def test_the_console_says_it_in_status_the_header_and_the_report(tmp_path):
     assert "## Goodput" in page and "| stalled | 0:00:08 |" in page, page
     assert "stall rank 1 on node1 step 20 -> restart: detect 6.0 s, decide 1.0 s, act 1.0 s, " \
            "recover 13.0 s; 5 steps redone" in page.replace("\\", "").replace("&gt;", ">"), page
+
+
+def test_a_hosts_odd_values_are_left_out():
+    run = Run()
+    run.steps(1, 11, 10.0)
+    for bad in (float("nan"), float("inf"), "12", True, None):
+        run.node("node0", {"k": "metric", "step": 12, "f": 2, "ts": bad})
+        run.judge("stalled", 35.0, node={"x": 1}, rank="1\x1b[31m", step=bad, idle_s=bad)
+    run.node("node0", {"k": "metric", "step": "13", "f": 2, "ts": 22.0})
+    run.end(25.0)
+    out = run.report()
+    assert out["buckets"]["start-up"] == 10.0 and out["buckets"]["end"] == 5.0
+    assert out["incidents"][0]["node"] is None and out["incidents"][0]["rank"] is None
