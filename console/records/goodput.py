@@ -59,10 +59,11 @@ def incident_line(inc: dict) -> str:
         "step %s" % inc["step"] if inc.get("step") is not None else "") if p)
     parts = ["%s %.1f s" % (word, inc[key]) for key, word in LATENCIES
              if inc.get(key) is not None]
-    return "%s %s%s%s: %s; %d steps redone, %s GPU-h lost" % (
+    redone = inc.get("steps_redone") or 0
+    return "%s %s%s%s: %s; %d step%s redone, %s GPU-h lost" % (
         time.strftime("%H:%M:%S", time.localtime(inc["at"])), inc["what"],
         " " + who if who else "", " -> %s" % inc["action"] if inc.get("action") else "",
-        ", ".join(parts) or "no latency known", inc.get("steps_redone") or 0,
+        ", ".join(parts) or "no latency known", redone, "" if redone == 1 else "s",
         _gpu_h(inc.get("gpu_hours_lost") or 0.0))
 
 
