@@ -52,6 +52,8 @@ class Goodput:
     def add(self, node, meta):
         """One journal record's meta: ``node`` the node whose journal it is, None the judge's."""
         kind = meta.get("k")
+        if kind == "data" or kind == "sample" or kind == "telemetry":
+            return  # most of a journal: nothing goodput reads
         ts = meta.get("ts")
         if node is None:
             if kind == "event" and _num(ts):
