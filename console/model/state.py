@@ -20,6 +20,7 @@ from .buffers import BUDGET_MB, Kept, LineBudget
 from .checkpoints import Checkpoints
 from .consoles import Operators
 from ..lines.sanitize import NO_SECRETS, Masker, clean
+from agent.rules.goodput import Goodput
 from agent.rules.rankcpu import RankCpu
 from agent.rules.straggler import Stragglers
 from .nodes import ENDED, LINES_PER_NODE, LINES_PER_RANK, Event, LineBatch, NodeState, RankState
@@ -83,6 +84,8 @@ class RunState:
         self.stragglers = Stragglers()  # from the supervisors' samples (agent/supervisor/ranksample.py)
         self.rank_cpu = RankCpu()  # silent ranks' CPU, from the same samples
         self.operators = Operators()  # consoles attached, the action log (console/model/consoles.py)
+        # where the run's time went, from every journal's records (agent/rules/goodput.py)
+        self.goodput = Goodput()
 
     # -- feeding ---------------------------------------------------------------------------
     def set_verdict(self, verdict: dict) -> None:
@@ -204,4 +207,5 @@ class RunState:
                 "started": self.started, "events": len(self.events),
                 "world_size": self.world_size, "checkpoints": self.checkpoints.status(),
                 "resumed_from": self.checkpoints.resumed_status(),
-                "waiting_for": self.waiting, "verdict": self.verdict}
+                "waiting_for": self.waiting, "verdict": self.verdict,
+                "goodput": self.goodput.report(now)}

@@ -3,7 +3,7 @@
 Built from a RunState the nodes' journals were replayed into (as `export` and `status` do):
 the per node table (state, restarts, step, GPU utilisation and memory, network, step time,
 tokens/s, CPU: console/model/telemetry.py), the checkpoints (complete or not, the last complete one,
-what each node resumed from), restarts, stalls and verdicts (the run's events), and the loss
+what each node resumed from), the run's goodput (console/records/goodput.py), restarts, stalls and verdicts (the run's events), and the loss
 of every rank by step. Everything a host sent is untrusted: it is cleaned and its secrets
 masked (console/lines/sanitize.py) and then escaped, so no host text becomes Markdown, HTML or SVG.
 The SVG is written by hand (no plotting dependency).
@@ -16,6 +16,7 @@ import time
 from xml.sax.saxutils import escape as xml_escape
 
 from ..lines.sanitize import clean
+from .goodput import report_section
 from ..model.state import RunState
 from ..model.telemetry import node_row
 from ..lines.text import human_bytes
@@ -63,7 +64,9 @@ class RunReport:
                     self.text(status["state"]), status.get("world_size") or "?",
                     _when(status.get("started"))), ""]
         return "\n".join(head + self.nodes_section(status) + self.loss_section(svg_name) +
-                         self.checkpoints_section(status) + self.events_section()) + "\n"
+                         self.checkpoints_section(status) +
+                         report_section(status["goodput"], self.text) +
+                         self.events_section()) + "\n"
 
     def nodes_section(self, status: dict) -> list[str]:
         rows = []

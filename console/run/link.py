@@ -235,8 +235,10 @@ class NodeLink:
                                                              clean(str(msg.get("error")))),
                                                  msg.get("kind") or "error"))
         elif kind == "journal" and self.state is not None and msg.get("sub") == "judge":
+            self.state.goodput.add_all(None, msg.get("recs", []))
             apply_judge_records(self.state, msg.get("recs", []), msg.get("end", 0), self.name)
         elif kind == "journal" and self.state is not None:
+            self.state.goodput.add_all(self.name, msg.get("recs", []))
             self.state.apply_records(self.name, msg.get("recs", []), msg.get("end", 0))
         elif kind == "state" and msg.get("sub") == "judge":
             pass  # the judge's state.json: its journal says what a console needs

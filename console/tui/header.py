@@ -1,6 +1,7 @@
 """RunHeader: run id, run state or launch phase (with ``--sync`` progress while code goes
 to the hosts), elapsed time, step, steps/s and ETA; on Slurm the job's time left beside the age
-of the last complete checkpoint.
+of the last complete checkpoint; the run's goodput and its work at risk (GPU-hours since the
+newest complete checkpoint: console/records/goodput.py), reduced again every GOODPUT_EVERY s.
 
 ETA needs the total number of steps, taken from the trainer's ``--steps N`` in the run spec;
 without it the ETA is "?". ``clock`` is injectable so snapshots can freeze elapsed time.
@@ -18,9 +19,12 @@ from ..model.state import RunState
 from ..model.rendezvous import wait_short
 from ..model.summary import eta_s, launch_progress, run_step, steps_per_s, total_steps
 from ..lines.text import hms
+from ..records.goodput import header_piece
 from .fitting import fitted
 from .guard import NA, shown_or
 from .styles import state_style
+
+GOODPUT_EVERY = 5.0  # seconds between two reductions of the run's goodput for the header
 
 
 class RunHeader(Static):
@@ -36,6 +40,7 @@ class RunHeader(Static):
         self.clock = clock
         self.phase: str | None = "launching"  # set by the app while launch() runs
         self.sync_line: str | None = None  # --sync progress while code goes to the hosts
+        self.goodput: tuple[float, str | None] = (float("-inf"), None)  # (when, its piece)
 
     def on_mount(self) -> None:
         self.update_info()
@@ -70,6 +75,9 @@ class RunHeader(Static):
         pieces.append(("  ETA %s" % hms(eta_s(state, self.record, rate)), "", 2))
         if state.slurm and state.slurm.get("time_left_s") is not None:  # a Slurm run's job
             pieces.append(("  %s" % job_left(state, self.clock()), "", 1))
+        good = self.goodput_piece()
+        if good:
+            pieces.append(("  %s" % good, "", 2))
         up = sum(1 for n in state.nodes.values() if n.state not in ("unreachable", "lost", "gone",
                                                                     "connecting"))
         pieces.append(("  nodes %d/%d up" % (up, len(state.nodes)), "", 1))
@@ -79,6 +87,13 @@ class RunHeader(Static):
                              [(t, s) for t, s, _r in pieces]):
             text.append(piece, style)
         return text
+
+    def goodput_piece(self) -> str | None:
+        """``goodput 94%, at risk 0.3 GPU-h``, reduced at most every GOODPUT_EVERY s."""
+        now = self.clock()
+        if now - self.goodput[0] >= GOODPUT_EVERY:
+            self.goodput = (now, header_piece(self.state.goodput.report(now)))
+        return self.goodput[1]
 
     def on_resize(self) -> None:
         self.update_info()

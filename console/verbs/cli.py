@@ -1,5 +1,5 @@
 """rankdeck's command line: launch, submit, demo, attach, watch, status, export, logs, stop, restart,
-cordon, uncordon, stacks, why, actions, check, ls. Only the arguments and the exit code of an error live here; what a verb does is in
+cordon, uncordon, stacks, why, actions, goodput, check, ls. Only the arguments and the exit code of an error live here; what a verb does is in
 the modules commands.py (the verb table) names, the exit codes in errors.py (0 success, 1 the run
 failed, 2 bad input or usage, 3 could not reach a host).
 """
@@ -204,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("run_id")
     rp.add_argument("--out", default=".", metavar="DIR",
                     help="folder for <run>-report.md and <run>-loss.svg (default: here)")
+
+    gp = sub.add_parser("goodput", help="where the run's time went (start-up, stepping, "
+                        "rendezvous, checkpoints, stalls, recovery, steps redone, the end) and "
+                        "what each incident cost (docs/GOODPUT.md)")
+    gp.add_argument("run_id")
+    gp.add_argument("--json", action="store_true", help="wall_s, goodput, buckets, incidents")
 
     lg = sub.add_parser("logs", help="print a run's lines with `[node r]` prefixes")
     lg.add_argument("run_id")

@@ -1,8 +1,8 @@
 """What each CLI verb does: the table console/verbs/cli.py dispatches on. Every verb is an
 ``async def cmd_<verb>(args) -> exit code``: those that start a new run (launch, submit, demo,
 and check before one) in console/verbs/launch.py, those on a run recorded on this laptop
-(attach, watch, status, logs, export, report, actions, stacks, why, stop, restart, cordon,
-uncordon, ls) in console/verbs/recorded.py.
+(attach, watch, status, logs, export, report, goodput, actions, stacks, why, stop, restart,
+cordon, uncordon, ls) in console/verbs/recorded.py.
 
 A verb builds a RunController (a new run, or a recorded one from History), uses it inside
 ``async with`` (which closes every connection, never the run: the one owner of its
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .launch import cmd_check, cmd_demo, cmd_launch, cmd_submit
 from .recorded import (
-    cmd_actions, cmd_attach, cmd_cordon, cmd_export, cmd_logs, cmd_ls, cmd_report, cmd_restart,
+    cmd_actions, cmd_attach, cmd_cordon, cmd_export, cmd_goodput, cmd_logs, cmd_ls, cmd_report, cmd_restart,
     cmd_stacks, cmd_status, cmd_stop, cmd_uncordon, cmd_watch, cmd_why
 )
 
@@ -24,5 +24,5 @@ COMMANDS = {
     "restart": cmd_restart, "cordon": cmd_cordon, "uncordon": cmd_uncordon,
     "submit": cmd_submit,
     "stacks": cmd_stacks, "why": cmd_why, "ls": cmd_ls,
-    "watch": cmd_watch, "actions": cmd_actions,
+    "watch": cmd_watch, "actions": cmd_actions, "goodput": cmd_goodput,
 }

@@ -1,8 +1,9 @@
 """The verbs on a run recorded on this laptop: attach and watch (followed in a view), status,
 logs, export, report, actions, stacks and why (read from its nodes), stop, restart, cordon and
-uncordon (change it), and ls (the runs recorded here). Each builds the run's RunController from
-History (:func:`recorded_run`); a run whose Slurm job still waits in the queue is launched by
-status or attach once the job runs (console/slurm/queued.py)."""
+uncordon (change it), goodput (where its time went), and ls (the runs recorded here). Each
+builds the run's RunController from History (:func:`recorded_run`); a run whose Slurm job
+still waits in the queue is launched by status or attach once the job runs
+(console/slurm/queued.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..run.hosted_record import known_or_fetched
 from ..judgement.judged import judged, settle
 from .launch import cmd_launch
 from ..judgement.local_judge import beside_judge, check_stalls
+from ..records.goodput import goodput_lines, header_piece
 from ..records.report import RunReport
 from ..launch.dryrun import recorded_lines
 from ..run.run import RunController
@@ -139,6 +141,9 @@ async def cmd_status(args) -> int:
     else:
         report_unreachable(failed)
         print(status_table(status))
+        good = header_piece(status["goodput"])
+        if good:  # and the GPU-hours a node lost now would cost (docs/GOODPUT.md)
+            print(good)
         if ended:
             print("%s: the run ended with it (%s)" % (ended, status["state"]))
         for node, words in ((status.get("slurm") or {}).get("nodes") or {}).items():
@@ -167,6 +172,19 @@ async def cmd_report(args) -> int:
         paths = RunReport(ctl.state).write(args.out)
     for path in paths:
         print(path)
+    return EXIT_UNREACHABLE if failed else EXIT_OK
+
+
+async def cmd_goodput(args) -> int:
+    """`rankdeck goodput RUN [--json]`: where the run's time went and what each incident cost,
+    from its journals (agent/rules/goodput.py; console/records/goodput.py says it)."""
+    async with recorded_run(args.run_id) as ctl:
+        failed = await replay_records(ctl)
+        report = ctl.state.goodput.report(time.time())
+    if args.json:
+        print_json(report)
+    else:
+        print("\n".join(goodput_lines(report)))
     return EXIT_UNREACHABLE if failed else EXIT_OK
 
 
