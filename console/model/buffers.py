@@ -1,4 +1,5 @@
-"""Bounded buffers of a run: a stream's newest lines (Kept) and a rank's loss curve (Series).
+"""Bounded buffers of a run: a stream's newest lines (Kept), a rank's loss curve (Series) and
+where its steps are in its lines (StepMarks).
 
 RunState (console/model/state.py) holds one of each per rank; they keep memory flat however long
 the run. No asyncio, no Textual.

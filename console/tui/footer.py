@@ -20,7 +20,7 @@ from textual import events
 from textual.screen import Screen
 from textual.widgets import Footer
 
-PALETTE_CHROME = 2  # the palette key's left border and right padding (Footer's CSS)
+PALETTE_CHROME = 3  # the palette key (``▏^p palette ``): its border, a blank, its padding
 
 
 def key_width(key) -> int:
@@ -36,13 +36,15 @@ def fitting(widgets: list, width: int) -> list:
     """``widgets`` (a footer's keys, the palette key last) less the keys that would not fit
     whole in ``width`` cells, dropped from the end of the row."""
     palette = [w for w in widgets if w.has_class("-command-palette")]
-    room = width - sum(key_width(w) + PALETTE_CHROME for w in palette)
+    room = width - sum(cell_len(w.key_display) + cell_len(w.description) + PALETTE_CHROME
+                       for w in palette)
     kept = []
     for widget in widgets:
         if widget in palette:
             continue
         need = key_width(widget)
-        if need > room:
+        # a key's right padding may lie under the palette key's left border: whole still
+        if need - (1 if getattr(widget, "description", "") else 0) > room:
             break
         room -= need
         kept.append(widget)
