@@ -105,7 +105,8 @@ class LogPanes(Horizontal):
     def on_follow_changed(self, message: FollowChanged) -> None:
         """Side by side, the active pane following again takes the others with it."""
         panes = self.panes
-        if message.follow and self.together and panes and self.active_pane.view.follow:
+        if message.follow and self.together and panes and \
+                message.view is self.active_pane.view:
             for pane in panes:
                 pane.view.follow = True
 

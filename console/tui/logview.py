@@ -416,7 +416,7 @@ class LogView(ScrollView, can_focus=True):
             self._rebuild()
         if follow and self.is_mounted:
             self.scroll_end(animate=False, immediate=True, x_axis=False)
-        self.post_message(FollowChanged(follow))
+        self.post_message(FollowChanged(follow, self))
 
     def _up(self, home: bool = False) -> None:
         """Scrolling up: pause; already at the top (or going ``home``), ask for older lines."""

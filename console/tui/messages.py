@@ -64,6 +64,7 @@ class FollowChanged(Message):
     """A log view started or stopped following its newest line."""
 
     follow: bool
+    view: object = None  # the LogView
 
 
 @dataclass
