@@ -1,4 +1,5 @@
-"""Bounded buffers of a run: a stream's newest lines (Kept) and a rank's loss curve (Series).
+"""Bounded buffers of a run: a stream's newest lines (Kept), a rank's loss curve (Series) and
+where its steps are in its lines (StepMarks).
 
 RunState (console/model/state.py) holds one of each per rank; they keep memory flat however long
 the run. No asyncio, no Textual.
@@ -168,6 +169,56 @@ class Kept:
         if i != -1:
             raise IndexError("Kept supports [-1] only; iterate for the rest")
         return self.chunks[-1][3][-1]
+
+    def newest_position(self) -> tuple | None:
+        """``(node, journal, index)`` of the newest kept line; None with none (or no positions)."""
+        if not self.chunks:
+            return None
+        _ts, node, journal, lines, first = self.chunks[-1]
+        return None if journal is None else (node, journal, first + len(lines) - 1)
+
+
+STEP_MARKS = 256  # a rank's newest steps whose line is known (aligning panes by step)
+
+
+class StepMarks:
+    """Where a rank's steps are in its log: for its newest steps (``cap`` to twice that), the
+    position of its newest line when the step's metric came (the metric follows the line it
+    was read from in the journal: agent/supervisor/recorder.py). Side-by-side log panes align
+    on them (console/tui/align.py). Steps read from one record share its last line. Arrays:
+    at 512 ranks a full set is a few MB.
+    """
+
+    __slots__ = ("steps", "journals", "indexes", "nodes", "cap")
+
+    def __init__(self, cap: int = STEP_MARKS):
+        self.steps, self.journals, self.indexes = array("q"), array("q"), array("q")
+        self.nodes: list[str] = []
+        self.cap = cap
+
+    def mark(self, step, position: tuple | None) -> None:
+        if position is None or not isinstance(step, int) or isinstance(step, bool):
+            return
+        node, journal, index = position
+        if self.steps and self.steps[-1] == step:  # a progress bar's step said again
+            self.journals[-1], self.indexes[-1], self.nodes[-1] = journal, index, node
+            return
+        self.steps.append(step)
+        self.journals.append(journal)
+        self.indexes.append(index)
+        self.nodes.append(node)
+        if len(self.steps) > 2 * self.cap:
+            for kept in (self.steps, self.journals, self.indexes, self.nodes):
+                del kept[:self.cap]
+
+    def __iter__(self):
+        """``(step, (node, journal, index))``, oldest first."""
+        for step, node, journal, index in zip(self.steps, self.nodes, self.journals,
+                                              self.indexes):
+            yield step, (node, journal, index)
+
+    def __len__(self) -> int:
+        return len(self.steps)
 
 
 class Series:

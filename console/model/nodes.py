@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .buffers import Kept, Series
+from .buffers import Kept, Series, StepMarks
 
 LINES_PER_RANK = 5000
 LINES_PER_NODE = 2000
@@ -76,6 +76,7 @@ class RankState:
     step_times: deque = field(default_factory=lambda: deque(maxlen=64))
     points: Series = field(default_factory=Series)
     lines: Kept = field(default_factory=lambda: Kept(LINES_PER_RANK))
+    step_marks: StepMarks = field(default_factory=StepMarks)  # where its steps are in lines
 
     def idle_s(self, now: float) -> float | None:
         return None if self.last_progress is None else max(0.0, now - self.last_progress)

@@ -108,6 +108,7 @@ def metric(run, ns: NodeState, meta: dict) -> None:
     step = meta.get("step")
     if step is not None:
         rs.step = step
+        rs.step_marks.mark(step, rs.lines.newest_position())
     for key in ("loss", "lr", "step_time", "tok_s"):
         if meta.get(key) is not None:
             setattr(rs, key, meta[key])

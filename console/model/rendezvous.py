@@ -11,10 +11,26 @@ from agent.rules.rendezvous import (ENDED, IN_RENDEZVOUS, JOIN_TIMEOUT_S, PHASES
                               wait_short, wait_text, waiting)
 
 from ..lines.sanitize import NO_SECRETS, Masker, clean
+from .nodes import ENDED as ENDED_STATES
 
 __all__ = ["ENDED", "IN_RENDEZVOUS", "JOIN_TIMEOUT_S", "PHASES", "WAIT_S", "in_flight",
-           "phase_of", "phase_text", "rendezvous_since", "restart_refusal", "wait_key",
+           "phase_of", "phase_text", "rendezvous_since", "shown_phase", "restart_refusal", "wait_key",
            "wait_short", "wait_text", "waiting"]
+
+
+def shown_phase(ns) -> dict | None:
+    """A node's phase for its status (docs/STATUS.md), ``text`` added: an ended node's says
+    how it ended (``ended (exit 0)``, ``ended (stopped)``) where the last phase its host sent
+    is older than its end (DeepSpeed's launcher's ``workers running`` after a success)."""
+    phase = ns.phase
+    if not phase:
+        return None
+    if ns.state in ENDED_STATES and phase.get("name") != "ended":
+        how = "exit %s" % ns.exit_code if ns.exit_code is not None else ns.state
+        if ns.state == "failed" and ns.exit_code is not None:
+            how = "failed, " + how
+        phase = dict(phase, name="ended", round=None, note=how)
+    return dict(phase, text=phase_text(phase))
 
 
 def phase_of(raw, masker: Masker = NO_SECRETS) -> dict | None:

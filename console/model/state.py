@@ -199,8 +199,7 @@ class RunState:
                 "exit_code": ns.exit_code, "ranks": ranks,
                 "host": node_row(ns, self.ranks_of(ns.name))
                 if ns.gpu or ns.host else None,
-                "phase": dict(ns.phase, text=rendezvous.phase_text(ns.phase))
-                if ns.phase else None,
+                "phase": rendezvous.shown_phase(ns),
             })
         return {"run_id": self.run_id, "state": self.run_state(), "launcher": self.launcher,
                 "nodes": nodes,

@@ -58,7 +58,6 @@ from .verdict import open_verdict, verdict_arrived
 # a pane shows save the key's trip to the focused widget and back, a frame or two at a flood.
 PRIORITY_ACTIONS = ("filter", "goto", "focus_pane", "worst", "step", "cycle_source")
 TURN_S = 0.05  # between the large widgets' redraws after a state change: a few frames
-WIDE = 190  # columns from which the log panes stand side by side (app.tcss says why)
 
 
 class RankdeckApp(App[int]):
@@ -66,7 +65,6 @@ class RankdeckApp(App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "rankdeck"
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE, "-wide")]
     BINDINGS = [
         Binding("q", "detach", "Detach"),
         Binding("question_mark", "help", "Help", key_display="?"),

@@ -1,5 +1,5 @@
-"""LogPanes: one to four LogPanes, side by side (stacked in a narrow terminal), and which
-one is active.
+"""LogPanes: one to four LogPanes, side by side where their lines fit (stacked where they do
+not: console/tui/align.py), and which one is active.
 
 The app hands it flushed line batches (``add_lines``) and the shared options (wrap,
 timestamps, collapse, filter); it passes each batch only to the panes showing that source
@@ -16,7 +16,9 @@ from textual.containers import Horizontal
 
 from ..model.sources import ALL, NODE, RANK
 from ..model.state import RunState
+from .align import align, needed_width, side_by_side
 from .logpane import LogPane
+from .messages import FollowChanged, PausedScroll
 
 MAX_PANES = 4
 
@@ -63,6 +65,7 @@ class LogPanes(Horizontal):
         self.timestamps = False
         self.collapse = True
         self.pattern: re.Pattern | None = None
+        self.together = True  # side by side (Horizontal's layout) or stacked
 
     def compose(self) -> ComposeResult:
         for i, source in enumerate(self._initial):
@@ -74,6 +77,38 @@ class LogPanes(Horizontal):
             pane.show(pane.source, self.state, self.secrets)
         self._mark_active()
         self._announce()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.fit_layout()
+
+    def fit_layout(self) -> None:
+        """Side by side where the panes' lines fit next to each other, else stacked."""
+        panes, width = self.panes, self.size.width
+        if not width or not panes:
+            return
+        together = side_by_side(width, len(panes), needed_width(p.view for p in panes))
+        if together != self.together:
+            self.together = together
+            self.styles.layout = "horizontal" if together else "vertical"
+
+    # -- scrolling together ----------------------------------------------------------------
+    def on_paused_scroll(self, message: PausedScroll) -> None:
+        """The active pane scrolled while paused: side by side, the others follow by step."""
+        message.stop()
+        panes = self.panes
+        if not self.together or len(panes) < 2:
+            return
+        leader = self.active_pane
+        if message.view is leader.view:
+            align(self.state, leader, [p for p in panes if p is not leader])
+
+    def on_follow_changed(self, message: FollowChanged) -> None:
+        """Side by side, the active pane following again takes the others with it."""
+        panes = self.panes
+        if message.follow and self.together and panes and \
+                message.view is self.active_pane.view:
+            for pane in panes:
+                pane.view.follow = True
 
     # -- reading ---------------------------------------------------------------------------
     @property
@@ -101,6 +136,7 @@ class LogPanes(Horizontal):
             self._settle_second_pane()
         for pane in self.panes:
             pane.update_title(self.state)
+        self.fit_layout()
 
     def _settle_second_pane(self) -> None:
         """The second pane leaves its placeholder (a node merged) for a rank once known,
@@ -172,6 +208,7 @@ class LogPanes(Horizontal):
         self.active = min(self.active, len(remaining) - 1)
         self._mark_active(remaining)
         self.watch(frozenset(p.source for p in remaining))
+        self.call_after_refresh(self.fit_layout)
 
     def focus_pane(self, index: int) -> None:
         panes = self.panes

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import deque
 
 from rich.segment import Segment
 from rich.style import Style
@@ -32,13 +33,14 @@ from agent.rules.verdict import rank_ranges
 from ..lines.text import clock_text
 from ..lines.window import EntryWindow
 from .cells import fit, width_of
-from .messages import FollowChanged, OlderWanted
+from .messages import FollowChanged, OlderWanted, PausedScroll
 from .lru import LRU
 from .scrolling import set_virtual_size
 
 CACHED_ROWS = 1024
 SCROLLBACK = 50_000  # lines a paused view may hold beyond max_lines (fetched older ones)
 RECENT = 1024  # how far back an identical line from another rank is collapsed into
+MEASURED = 256  # the newest lines whose widths say how wide the pane's lines are
 NODE_STYLES = ("cyan", "yellow", "magenta", "green", "blue", "bright_red", "bright_cyan",
                "bright_yellow", "bright_magenta", "bright_green", "bright_blue", "red")
 _serial = itertools.count()
@@ -47,10 +49,12 @@ _serial = itertools.count()
 class LogLine:
     """One shown line: an entry, or identical entries of several ranks collapsed into one."""
 
-    __slots__ = ("ts", "node", "rank", "text", "ranks", "serial", "version", "nrows")
+    __slots__ = ("ts", "node", "rank", "text", "ranks", "serial", "version", "nrows", "journal",
+                 "index")
 
-    def __init__(self, ts, node, rank, text):
+    def __init__(self, ts, node, rank, text, journal=None, index=0):
         self.ts, self.node, self.rank, self.text = ts, node, rank, text
+        self.journal, self.index = journal, index  # its position on its node (None: unknown)
         self.ranks: list | None = None
         self.serial = next(_serial)
         self.version = 0
@@ -110,6 +114,7 @@ class LogView(ScrollView, can_focus=True):
         self._rows: list[tuple[LogLine, int]] = []
         self._recent: dict[str, LogLine] = {}
         self._width = 0
+        self.widths: deque = deque(maxlen=MEASURED)  # the newest lines' (align.py)
         self._wrap_width = 0
         # Rendered rows of recently shown lines (see _rows_of).
         self._cache = LRU(CACHED_ROWS)
@@ -192,10 +197,16 @@ class LogView(ScrollView, can_focus=True):
         """Entries held (shown or filtered out)."""
         return len(self.window)
 
+    @property
+    def shown_lines(self) -> list[LogLine]:
+        """The shown lines, oldest first (console/tui/align.py reads their positions)."""
+        return self._lines
+
     # -- building lines ----------------------------------------------------------------
     def _rebuild(self) -> None:
         self._lines, self._rows, self._recent = [], [], {}
         self._width = 0
+        self.widths.clear()
         self._cache.clear()
         self._wrap_width = max(1, self.scrollable_content_region.width) if self.is_mounted \
             else 80
@@ -210,7 +221,7 @@ class LogView(ScrollView, can_focus=True):
         lines = self._lines
         new: list[LogLine] = []
         regrow = False
-        for ts, node, rank, text, _journal, _k in entries:
+        for ts, node, rank, text, journal, k in entries:
             if pattern is not None and pattern.search(text) is None:
                 continue
             if collapse and rank is not None and rank >= 0:
@@ -223,7 +234,7 @@ class LogView(ScrollView, can_focus=True):
                     prev.version += 1
                     regrow = regrow or self.wrap
                     continue
-            line = LogLine(ts, node, rank, text)
+            line = LogLine(ts, node, rank, text, journal, k)
             if collapse:
                 recent.pop(text, None)
                 recent[text] = line
@@ -231,6 +242,7 @@ class LogView(ScrollView, can_focus=True):
                     del recent[next(iter(recent))]
             new.append(line)
         lines.extend(new)
+        self.widths.extend(self._line_width(line) for line in new[-MEASURED:])
         if self.wrap:
             if regrow:  # a collapsed line got longer: its row count may have changed
                 self._rebuild_rows()
@@ -387,10 +399,15 @@ class LogView(ScrollView, can_focus=True):
         if self.wrap and self.scrollable_content_region.width != self._wrap_width:
             self._rebuild()  # following, it ends at the newest line (_after_change)
         elif self.follow and not self.is_vertical_scrollbar_grabbed:
-            # a pane made taller or shorter (the panes stack below 190 columns) keeps its
+            # a pane made taller or shorter (the panes stack where lines do not fit) keeps its
             # scroll_y: following, the newest line stays at the bottom (the snapshots at
             # 120x35 and 160x48 showed either, by the order of the lines and the layout)
             self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if not self.follow and round(old_value) != round(new_value):
+            self.post_message(PausedScroll(self))
 
     # -- follow / pause ------------------------------------------------------------------
     def watch_follow(self, follow: bool) -> None:
@@ -399,7 +416,7 @@ class LogView(ScrollView, can_focus=True):
             self._rebuild()
         if follow and self.is_mounted:
             self.scroll_end(animate=False, immediate=True, x_axis=False)
-        self.post_message(FollowChanged(follow))
+        self.post_message(FollowChanged(follow, self))
 
     def _up(self, home: bool = False) -> None:
         """Scrolling up: pause; already at the top (or going ``home``), ask for older lines."""

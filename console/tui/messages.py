@@ -64,6 +64,7 @@ class FollowChanged(Message):
     """A log view started or stopped following its newest line."""
 
     follow: bool
+    view: object = None  # the LogView
 
 
 @dataclass
@@ -73,3 +74,13 @@ class OlderWanted(Message):
     ``to_start``: show the oldest fetched line (Home) rather than keep the lines in place."""
 
     to_start: bool = False
+
+
+@dataclass
+class PausedScroll(Message):
+    """A paused log view scrolled: side-by-side panes follow it, aligned by step (align.py)."""
+
+    view: object
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, PausedScroll) and message.view is self.view

@@ -154,7 +154,7 @@ def test_demo_in_a_real_terminal(tmp_path):
     def drawn() -> bool:
         nonlocal screen
         screen = capture(session)
-        # two panes of steps: side by side from 190 columns, stacked below (console/tui/app.py)
+        # two panes of steps: side by side where whole lines fit, stacked where not (align.py)
         panes = set(re.findall(r"rank \d+ @node\d/lr\d", screen))
         steps = len(re.findall(r"step=\d+ loss=", screen))
         return all(n in screen for n in ("node0", "node1", "node2", "node3")) and \

@@ -19,6 +19,7 @@ import pytest
 from agent.wire.protocol import text_to_bytes
 from console.records.history import History
 from console.run.run import LaunchSpec, RunController
+from console.model.summary import status_table
 from console.transport.local import LocalTransport
 from tests.waits import wait_for
 
@@ -117,6 +118,10 @@ async def test_spine_under_the_launcher(tmp_path, launcher):
         assert all(r["state"] == "stopped" and r["left"] == [] for r in results.values()), \
             results
         assert processes_of(ctl.run_id) == []
+        # the final table's phases say how each node ended, not its launcher's last phase
+        # (issue 44: DeepSpeed's said `node0: workers running`)
+        table = status_table(ctl.status())
+        assert "\n  node0: ended (" in table and "workers running" not in table, table
         await ctl.stop_store()
         exactly_once(got, work, ctl)
     finally:

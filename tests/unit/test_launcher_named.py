@@ -52,3 +52,18 @@ def test_the_view_asks_before_restarting_every_node_of_a_static_world():
                                  "launcher on all 2 nodes")
     assert asked.action == "Restart every node"
     assert control_confirm("restart", "node1", "run-1", 2).action == "Restart node"
+
+
+def test_an_ended_node_says_how_it_ended_not_its_last_phase():
+    """Issue 44: a succeeded DeepSpeed run's table said ``node0: workers running``: the
+    launcher's last phase its host sent was older than the node's end."""
+    state = state_of("deepspeed")
+    for node, code, what in (("node0", 0, "exited"), ("node1", 1, "failed")):
+        state.apply_supervisor_state(node, {"state": "running", "phase": {
+            "name": "workers running", "round": None, "note": None, "since": 3.0}})
+        state.apply_records(node, [[{"k": "event", "what": "ended", "state": what,
+                                     "exit_code": code, "ts": 9.0}]], 0)
+    table = status_table(state.status())
+    assert "deepspeed:\n  node0: ended (exit 0)\n  node1: ended (failed, exit 1)" in table
+    assert "workers running" not in table
+    assert state.status()["nodes"][0]["phase"]["name"] == "ended"
