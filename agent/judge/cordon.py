@@ -121,6 +121,10 @@ class AutoCordon:
             spare = self.spare_here()
             ended = judge.view.nodes[node].ended
             stalled = stalled_with(judge, node)
+            # hung: nothing of it can save, SIGKILL at once: the verdict names it, or its
+            # ranks are all stalled (a console's cordon's rule, console/surgery/cordon.py)
+            hung = reason.startswith("the verdict names") or all_stalled(
+                [rs for rs in judge.view.ranks.values() if rs.node == node])
         if nl is None and not ended:
             judge.write(event("policy", node, action="none", text=(
                 "--auto-cordon: %s not cordoned: it is not connected to the judge, so it "
@@ -133,9 +137,8 @@ class AutoCordon:
                 "its host, launched with --auto-cordon) and --nnodes needs %d node(s); "
                 "`rankdeck cordon RUN --node %s` from a console" % (node, self.nnodes_min, node))))
             return
-        # a node a verdict names is hung: nothing of it can save, SIGKILL at once
         seq = sequence.Cordon(node, spare, shrink=spare is None, active_after=active - 1,
-                              hung=reason.startswith("the verdict names"), stalled=stalled,
+                              hung=hung, stalled=stalled,
                               ended=ended, wait=self.join_wait)
         what = seq.what()
         if spare:

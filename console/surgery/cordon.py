@@ -85,9 +85,8 @@ async def fence(ctl, node: str, who: str, grace, entry: dict) -> dict:
                      for p in res.get("left") or []]
     # the GPU memory of its processes (the agent's words: freed, held by..., no GPU)
     entry["gpu"] = str(res.get("gpu") or "not checked (an older agent)")[:200]
-    ctl.state.set_role(node, CORDONED)
+    ctl.state.set_role(node, CORDONED)  # its ranks leave the model (no stale rank of it)
     ctl.record.setdefault("roles", {})[node] = CORDONED
-    forget_ranks(ctl.state, node)
     # node-rank order (RunController.run_hosts): the spare takes the node's place (the
     # launchers with fixed node ranks need it there), or the run is one node shorter
     order = [h.name for h in ctl.run_hosts()]
@@ -97,15 +96,6 @@ async def fence(ctl, node: str, who: str, grace, entry: dict) -> dict:
         order[at:at + 1] = [spare] if spare else []
     ctl.record["order"] = order
     return {"left": entry["left"], "gpu": entry["gpu"], "member": res.get("member")}
-
-
-def forget_ranks(state, node: str) -> None:
-    """The cordoned ``node``'s ranks leave the run's model (as they leave the judge's view,
-    agent/rules/judge_view.py ``cordon``): none of them is listed stale beside the new world."""
-    for rank in [r for r, rs in state.ranks.items() if rs.node == node]:
-        del state.ranks[rank]
-        state.silent_waiting.discard(rank)
-    state.changed(node)
 
 
 async def replace(ctl, node: str, args: dict) -> dict:
