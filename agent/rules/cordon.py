@@ -26,7 +26,7 @@ Pure: no I/O, no threads. Standard library only; Python >= 3.9.
 
 ANNOUNCE, FENCE, REPLACE, JOIN, END = "announce", "fence", "replace", "join", "end"
 STEPS = (ANNOUNCE, FENCE, REPLACE, JOIN)
-JOIN_WAIT = 300.0  # seconds the spare has to step once put in (its round, its resume)
+JOIN_WAIT = 120.0  # seconds the spare has to step once put in (its round, its resume)
 DONE, NOT_FENCED = "done", "done, not fenced"
 
 
@@ -121,7 +121,7 @@ def next_step(c):
         world = join.get("world")
         return _end(c, "shrank: %s fenced, but spare %s is not stepping after %.0f s%s: %s"
                     % (c.node, c.spare, c.wait, "; the run went on with world size %s" % world
-                       if world else "", str(join.get("why") or "no rank of it seen")[:300]))
+                       if world else "", str(join.get("why") or "no rank of it seen")[:600]))
     return _end(c, fence)
 
 

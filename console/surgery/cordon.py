@@ -29,6 +29,7 @@ import time
 
 from agent.rules import cordon as sequence
 from agent.rules.judge import all_stalled
+from agent.rules.rendezvous import phase_text
 from ..errors import AgentError, LaunchError
 from .expel import expel
 from .surgery import ACTIVE, CORDONED, SPARE, CordonPlan
@@ -118,10 +119,14 @@ async def join(ctl, spare: str, wait: float) -> dict:
     while not sequence.spare_stepping(st.ranks.values(), spare):
         if time.monotonic() >= deadline:
             ns = st.nodes.get(spare)
-            return {"stepping": False, "world": st.world_size,
-                    "why": sequence.why_not_stepping(
-                        st.ranks.values(), spare, ns.state if ns else None,
-                        ns.phase.get("phase") if ns and ns.phase else None)}
+            why = sequence.why_not_stepping(st.ranks.values(), spare, ns.state if ns else None,
+                                            phase_text(ns.phase) if ns and ns.phase else None)
+            held = ["%s rank %s" % (n, st.nodes[n].files[f].claim) for n, f in st.held
+                    if f in st.nodes[n].files]
+            return {"stepping": False, "world": st.world_size, "why": "%s; the run's ranks: %s%s"
+                    % (why, ", ".join("%d on %s %s" % (r.rank, r.node, r.state)
+                                      for r in sorted(st.ranks.values(), key=lambda r: r.rank)),
+                       "; claims held: " + ", ".join(held[:8]) if held else "")}
         await asyncio.sleep(JOIN_EVERY)
     return {"stepping": True, "world": st.world_size}
 

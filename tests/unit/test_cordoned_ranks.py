@@ -49,3 +49,23 @@ def test_a_replay_after_the_cordon_lists_no_rank_of_the_cordoned_node():
         step(state, node, 3, 9)
     assert listed(state) == [(0, "node0"), (1, "node1"), (2, "node3"), (3, "node4")]
     assert all(rs.state == "running" and rs.step == 9 for rs in state.ranks.values())
+
+
+def test_a_membership_rerun_in_the_same_attempt_lets_the_old_rank_go():
+    """The cordon over SSH, seen from the cordoning console (bench/cordon_soak.py's failed
+    rounds): node3's worker ran rank 3, then the rendezvous re-ran with the same attempt
+    (torchrun's restart count unchanged by a membership change) and gave it rank 2 in a new
+    file; the spare's claim of rank 3 was held for good, as if node3 still ran it."""
+    state = RunState("r", NODES)
+    for k in range(4):
+        worker(state, "node%d" % k, 1, k, 0)
+        step(state, "node%d" % k, 1, 5)
+    state.set_role("node2", "cordoned")
+    for node in ("node0", "node1", "node3"):  # the survivors' new attempt, old ranks
+        worker(state, node, 2, int(node[-1]), 1)
+    worker(state, "node4", 1, 3, 1)  # the spare's claim: held, node3 runs rank 3
+    assert state.ranks[3].node == "node3"
+    worker(state, "node3", 3, 2, 1)  # the re-run, same attempt: node3's worker is rank 2 now
+    step(state, "node4", 1, 9)
+    assert listed(state) == [(0, "node0"), (1, "node1"), (2, "node3"), (3, "node4")]
+    assert state.ranks[3].step == 9
