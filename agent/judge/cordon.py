@@ -1,6 +1,8 @@
 """The judge's cordon policy, ``launch --auto-cordon`` (docs/SURGERY.md): a node proposed for
 cordon (agent/rules/judge.py ``cordon_proposal``; agent/host/gpu_nvml.py's Xid and ECC errors) is
-cordoned by the run's judge itself, with no console attached, in a console's order:
+cordoned by the run's judge itself, with no console attached. The sequence is the one a
+console's cordon drives (agent/rules/cordon.py); this module executes its steps on threads over
+the judge's lines to the supervisors:
 
 1. the node leaves the judge's view and the spare joins it (``Judge.cordon``,
    agent/judge/listen.py; the ``surgery`` event with who = ``judge``);
@@ -14,7 +16,8 @@ cordoned by the run's judge itself, with no console attached, in a console's ord
    Meanwhile, as a console's cordon does, the node's dead torchrun is taken out of the
    rendezvous by the store beside this judge (agent/surgery/expel.py) and, when every rank of the
    run was stalled, the other nodes' workers are killed through their links
-   (``drop_workers``): their torchruns rejoin at once.
+   (``drop_workers``): their torchruns rejoin at once;
+4. the judge waits until the spare's ranks step in its view, or says the run shrank and why.
 
 A node whose supervisor already ended (it ended failed) cannot be fenced from here: its last
 state says what was left; the outcome says it was not fenced on its host, and a console that
@@ -29,6 +32,7 @@ import time
 
 from ..surgery import expel
 from ..wire import judge as judge_wire
+from ..rules import cordon as sequence
 from ..rules.judge import ENDED, all_stalled, event
 from ..node.fence import FENCE, STANDBY, drop_standby, gpu_words
 from ..node.ops import start
@@ -39,6 +43,7 @@ WHO = "judge"
 FENCE_WAIT = 180.0  # the fenced node's stop, confirmed in its last state
 DROP_WAIT = 30.0  # another node's stalled workers killed (a kill and a look at /proc)
 EXPEL_WAIT = 5.0  # the store's answer to a dead torchrun's expel (it polls every 0.1 s)
+JOIN_EVERY = 0.5  # seconds between looks at the spare's ranks while it joins
 
 
 def stalled_with(judge, node):
@@ -52,7 +57,7 @@ def stalled_with(judge, node):
 
 class AutoCordon:
     """``spec``: the judge's (``auto_cordon``, ``spares`` in the inventory's order,
-    ``nnodes_min``). ``judge``: the Judge it acts for (its lock, lines, view, write)."""
+    ``nnodes_min``, ``cordon_join_s``). ``judge``: the Judge it acts for (its lock, lines, view, write)."""
 
     def __init__(self, judge, spec):
         self.judge = judge
@@ -64,6 +69,10 @@ class AutoCordon:
         self.busy = set()  # nodes cordoned (or being cordoned) by this policy
         self.ended = threading.Condition(judge.lock)
         self.last = {}  # node being fenced -> its last forwarded state
+        # seconds the spare has to step once put in (``cordon_join_s``: a test's fake spare)
+        wait = spec.get("cordon_join_s")
+        self.join_wait = float(wait) if isinstance(wait, (int, float)) and wait > 0 \
+            else sequence.JOIN_WAIT
 
     def consider(self, ev):
         """A ``cordon proposed`` event was journaled: cordon its node (once), on a thread of
@@ -101,6 +110,8 @@ class AutoCordon:
         return None
 
     def _cordon(self, node, reason):
+        """The cordon sequence (agent/rules/cordon.py), its steps executed here on threads
+        over the judge's lines, as a console executes them over its links."""
         judge = self.judge
         with judge.lock:
             if node not in judge.view.nodes:
@@ -108,9 +119,13 @@ class AutoCordon:
             active = len(judge.view.nodes)
             nl = judge.lines.get(node)
             spare = self.spare_here()
-            gone = (judge.view.nodes[node].ended, self.last.get(node))
+            ended = judge.view.nodes[node].ended
             stalled = stalled_with(judge, node)
-        if nl is None and not gone[0]:
+            # hung: nothing of it can save, SIGKILL at once: the verdict names it, or its
+            # ranks are all stalled (a console's cordon's rule, console/surgery/cordon.py)
+            hung = reason.startswith("the verdict names") or all_stalled(
+                [rs for rs in judge.view.ranks.values() if rs.node == node])
+        if nl is None and not ended:
             judge.write(event("policy", node, action="none", text=(
                 "--auto-cordon: %s not cordoned: it is not connected to the judge, so it "
                 "cannot be fenced from here; `rankdeck cordon RUN --node %s` from a console"
@@ -122,63 +137,56 @@ class AutoCordon:
                 "its host, launched with --auto-cordon) and --nnodes needs %d node(s); "
                 "`rankdeck cordon RUN --node %s` from a console" % (node, self.nnodes_min, node))))
             return
-        what = "cordon %s, %s" % (node, "spare %s in" % spare if spare else
-                                  "the run shrinks to %d node(s)" % (active - 1))
+        seq = sequence.Cordon(node, spare, shrink=spare is None, active_after=active - 1,
+                              hung=hung, stalled=stalled,
+                              ended=ended, wait=self.join_wait)
+        what = seq.what()
         if spare:
             self.busy.add(spare)
         judge.write(event("policy", node, action="cordon",
                           text="--auto-cordon: %s (%s)" % (what, reason)))
-        judge.cordon({"out": node, "in": spare, "who": WHO, "action": "cordon",
-                      "text": "%s: started by the judge (--auto-cordon)" % what})
-        began = time.monotonic()
-        outcome, left, gpu, member = self._fence(node, nl, reason, gone[0])
-        fence_s = round(time.monotonic() - began, 2)
-        # its dead torchrun out of the rendezvous: the next round does not wait for its
-        # entry to expire (the store runs beside this judge: agent/surgery/expel.py)
-        asked = expel.ask(self.run_root, member) if outcome == "done" and member else None
-        # the other nodes' stalled workers killed while the spare starts, as a console's
-        # cordon does (console/surgery/cordon.py drop_workers): their torchruns rejoin at once
-        dropping = [threading.Thread(target=self._drop_workers, args=(name, node), daemon=True)
-                    for name in (stalled if outcome == "done" else [])]
-        for thread in dropping:
-            thread.start()
-        if outcome in ("done", "done, not fenced") and spare:
-            failed = self._start(spare)
-            if failed:
-                outcome = "failed: %s fenced, but spare %s did not start: %s" % (
-                    node, spare, failed)
-        expelled = self._expelled(asked)
-        for thread in dropping:
-            thread.join()
-        fenced = not outcome.startswith("failed") or "fenced, but" in outcome \
-            or "still alive" in outcome or "GPU memory" in outcome
-        judge.write(event("surgery", node, who=WHO, action="outcome", out=node, fenced=fenced,
-                          outcome=outcome, left=left, gpu=gpu, fence_s=fence_s,
-                          expelled=expelled,
+        facts = {}
+        while True:
+            step, args = sequence.next_step(seq)
+            if step == sequence.END:
+                break
+            if step == sequence.ANNOUNCE:
+                judge.cordon({"out": node, "in": spare, "who": WHO, "action": "cordon",
+                              "text": "%s: started by the judge (--auto-cordon)" % what})
+                result = {}
+            elif step == sequence.FENCE:
+                began = time.monotonic()
+                result = self._fence(node, nl, reason, args)
+                facts = {"left": result.get("left") or [], "gpu": result.get("gpu"),
+                         "fence_s": round(time.monotonic() - began, 2)}
+            elif step == sequence.REPLACE:
+                result = self._replace(node, args)
+                facts["expelled"] = result["expelled"]
+            else:
+                result = self._join(args["spare"], args["wait"])
+            seq.done(step, result)
+        outcome, gpu = seq.outcome, facts.get("gpu")
+        judge.write(event("surgery", node, who=WHO, action="outcome", out=node,
+                          fenced=sequence.fenced(outcome), outcome=outcome,
+                          left=facts.get("left", []), gpu=gpu, fence_s=facts.get("fence_s"),
+                          expelled=facts.get("expelled", "not asked"),
                           text="%s: %s%s" % (what, outcome, "; GPU: %s" % gpu if gpu else ""),
                           **{"in": spare}))
 
-    def _fence(self, node, nl, reason, ended):
-        """(outcome, left, gpu, member) of fencing ``node`` (connected to the judge, or
-        ended): ``done``, ``done, not fenced`` (its supervisor had ended: nothing to stop,
-        nothing left) or ``failed: why``; ``member``: its torchrun in the rendezvous, checked
-        (agent/surgery/expel.py), or None."""
-        if ended:
+    def _fence(self, node, nl, reason, args):
+        """The ``fence`` step's result (agent/rules/cordon.py ``next_step``) for ``node``
+        (connected to the judge, or ended: its last state says what was left)."""
+        if args["ended"]:
             st = self.last.get(node) or {}
             left = st.get("left") if isinstance(st.get("left"), list) else []
-            if not left:
-                return "done, not fenced", [], gpu_words(st.get("gpu")), None
-            return ("failed: %s ended with %d process(es) left, and cannot be fenced from "
-                    "here; `rankdeck cordon` from a console" % (node, len(left))), left, None, \
-                None
+            return {"ended": True, "left": left, "gpu": gpu_words(st.get("gpu"))
+                    if not left else None}
         try:
-            # a node a verdict names is hung: nothing of it can save, SIGKILL at once
             res = nl.request("fence", {"who": WHO, "why": "cordoned by the judge "
-                                       "(--auto-cordon): %s" % reason, "grace": 0 if
-                                       reason.startswith("the verdict names") else None},
+                                       "(--auto-cordon): %s" % reason, "grace": args["grace"]},
                              FENCE_WAIT)
         except judge_wire.WireError as exc:
-            return "failed: %s could not be fenced: %s" % (node, exc), [], None, None
+            return {"error": str(exc)}
         try:
             member = expel.checked(res.get("member"))
         except ValueError:  # none (no c10d torchrun ran), or an older supervisor
@@ -187,19 +195,45 @@ class AutoCordon:
         with self.ended:
             while not (self.last.get(node) or {}).get("state") in ENDED:
                 if time.monotonic() >= deadline:
-                    return ("failed: %s was fenced, but its stop was not confirmed within "
-                            "%.0f s" % (node, FENCE_WAIT)), [], None, None
+                    return {"unconfirmed": FENCE_WAIT}
                 self.ended.wait(1.0)
             st = self.last[node]
         left = [p for p in st.get("left") or [] if isinstance(p, (int, list))] \
             if isinstance(st.get("left"), list) else []
-        gpu = gpu_words(st.get("gpu"))
-        if left:
-            return "failed: %d process(es) of %s still alive after the stop" % (
-                len(left), node), left, gpu, None
-        if gpu.startswith("held"):
-            return "failed: %s: GPU memory %s" % (node, gpu), left, gpu, None
-        return "done", left, gpu, member
+        return {"left": left, "gpu": gpu_words(st.get("gpu")), "member": member}
+
+    def _replace(self, node, args):
+        """The ``replace`` step: the node's dead torchrun out of the rendezvous (the store runs
+        beside this judge: agent/surgery/expel.py), the other nodes' stalled workers killed
+        while the spare starts, as a console's cordon does (console/surgery/cordon.py)."""
+        asked = expel.ask(self.run_root, args["expel"]) if args["expel"] else None
+        dropping = [threading.Thread(target=self._drop_workers, args=(name, node), daemon=True)
+                    for name in args["drop"]]
+        for thread in dropping:
+            thread.start()
+        failed = self._start(args["spare"]) if args["spare"] else None
+        expelled = self._expelled(asked)
+        for thread in dropping:
+            thread.join()
+        return {"failed": failed, "expelled": expelled}
+
+    def _join(self, spare, wait):
+        """The ``join`` step: wait (``wait`` s at most) until the spare's ranks step in the
+        judge's view (what its supervisor forwards)."""
+        deadline = time.monotonic() + wait
+        judge = self.judge
+        while True:
+            with judge.lock:
+                ranks = list(judge.view.ranks.values())
+                if sequence.spare_stepping(ranks, spare):
+                    return {"stepping": True, "world": judge.view.world}
+                nv = judge.view.nodes.get(spare)
+                if time.monotonic() >= deadline:
+                    return {"stepping": False, "world": judge.view.world,
+                            "why": sequence.why_not_stepping(
+                                ranks, spare, nv.state if nv else None,
+                                (nv.phase or {}).get("name") if nv else None)}
+            time.sleep(JOIN_EVERY)
 
     def _drop_workers(self, name, node):
         """SIGKILL ``name``'s workers, stalled with hung ``node``, through its link (its

@@ -45,12 +45,22 @@ def newest(ns) -> tuple | None:
 
 
 def runs(ns, rank: int) -> bool:
-    """``ns`` still runs ``rank``: it goes on, and a file of its newest attempt is that rank's."""
+    """``ns`` still runs ``rank``: it goes on, and a file of its newest attempt is that rank's,
+    the newest of its worker's (local rank, stream): a membership change re-runs the
+    rendezvous with the same attempt and possibly other ranks (agent/torchrun/log.py), so a
+    worker's older file of that attempt claims a rank the node gave up (a cordon's spare
+    then waited for it for good, its claim held)."""
     if ns.ended or ns.state == "restarting":
         return False
     gen = newest(ns)
-    return gen is not None and any(fi.rank == rank and generation(fi) == gen
-                                   for fi in ns.files.values())
+    if gen is None:
+        return False
+    current = {}
+    for fi in ns.files.values():
+        key = (fi.local_rank, fi.stream)
+        if generation(fi) == gen and (key not in current or fi.fid > current[key].fid):
+            current[key] = fi
+    return any(fi.rank == rank for fi in current.values())
 
 
 def ranks_cap(ns, nproc: int | None) -> int:

@@ -39,7 +39,7 @@ def take_file(run, ns: NodeState, meta: dict) -> None:
         for rs in run.ranks.values():  # ranks beyond the new world are gone
             if rs.rank >= size and rs.state not in ("exited", "failed"):
                 rs.state = "exited"
-    if rank is None:
+    if rank is None or ns.role == "cordoned":  # a cordoned node runs no rank of the run
         return
     if ownership.can_take(run, ns, rank):
         _own(run, ns, fi, rank)

@@ -105,10 +105,15 @@ class RunState:
 
     def set_role(self, node: str, role: str) -> None:
         """``node`` becomes ``role`` (active, spare, cordoned); an active node's state is its
-        agent's again from its next record."""
+        agent's again from its next record. A cordoned node's ranks go (console/model/ranks.py:
+        it claims none from then on): none of them is listed stale beside the new world."""
         ns = self.nodes[node]
         ns.role = role
         ns.state = role if role != "active" else "starting"
+        if role == "cordoned":  # its ranks leave the run, as they leave the judge's view
+            for rank in [r for r, rs in self.ranks.items() if rs.node == node]:
+                del self.ranks[rank]
+                self.silent_waiting.discard(rank)
         self.changed(node)
 
     def set_slurm(self, now: dict) -> None:

@@ -1,21 +1,22 @@
 """Node surgery, done: cordon a node (a spare in, or the run shrinking) and uncordon it.
 
 The plan comes first (console/surgery/surgery.py, what the preview shows); :func:`cordon` carries
-out a plan that was not refused, in this order, each step waiting for the one before:
+out a plan that was not refused by driving the cordon sequence (agent/rules/cordon.py, the one
+the run's judge drives for ``--auto-cordon`` too): this module only executes its steps over
+the console's links to the nodes, each waiting for the one before:
 
-1. the run's judge hears of it (the node leaves its view: no rule, no ``--on-hang restart``
-   and no end waits for it; the spare joins) and writes the ``surgery`` event into its
-   journal, which every console reads;
-2. the node is fenced, then stopped: ``fence`` (agent/node/fence.py) writes the fence before it
-   signals, so no restart, from any console or the judge, can start it again; the answer
-   says which processes of the node are left (none, or the surgery failed);
-3. the spare starts torchrun for the same run id and rendezvous; the other nodes' workers
-   fail in their collectives without the cordoned node, their torchruns start a new
-   rendezvous round, which the spare joins, and every rank resumes from the trainer's
-   newest checkpoint (a shrink: the round completes without it, ``--nnodes MIN:MAX``).
-   When every rank of the run was stalled (a hung node), the other nodes' workers are
-   SIGKILLed meanwhile (``drop_workers``): they wait for the hung ranks and can save
-   nothing, and their own failure would come only after their teardown, seconds later.
+- ``announce``: the run's judge hears of it and writes the ``surgery`` event (:func:`tell_judge`);
+- ``fence``: the node's host fences it, then stops it (agent/node/fence.py ``fence``), and says
+  which processes of the node are left (none, or the surgery failed);
+- ``replace``: the spare starts torchrun for the same run id and rendezvous (:func:`put_in`),
+  the node's dead torchrun is taken out of the rendezvous (console/surgery/expel.py) and,
+  when every rank of the run was stalled (a hung node), the other nodes' workers are
+  SIGKILLed (:func:`drop_workers`): they wait for the hung ranks and can save nothing, and
+  their own failure would come only after their teardown, seconds later. Their torchruns
+  start a new rendezvous round, which the spare joins, and every rank resumes from the
+  trainer's newest checkpoint (a shrink: the round completes without it, ``--nnodes MIN:MAX``);
+- ``join``: the cordon waits until the spare's ranks step (:func:`join`); one that does not is
+  said (``shrank: ...``, why), never ``done``.
 
 Every surgery is kept in the run record (``surgeries``: who, what, when, outcome) and is an
 event of the run. The controller is passed in; this module imports no Textual.
@@ -26,71 +27,108 @@ from __future__ import annotations
 import asyncio
 import time
 
+from agent.rules import cordon as sequence
 from agent.rules.judge import all_stalled
+from agent.rules.rendezvous import phase_text
 from ..errors import AgentError, LaunchError
 from .expel import expel
 from .surgery import ACTIVE, CORDONED, SPARE, CordonPlan
 
+JOIN_EVERY = 0.5  # seconds between looks at the spare's ranks while it joins
 
-async def cordon(ctl, plan: CordonPlan, who: str | None = None) -> dict:
+
+async def cordon(ctl, plan: CordonPlan, who: str | None = None,
+                 wait: float = sequence.JOIN_WAIT) -> dict:
     """Carry out ``plan`` (not refused) on the run of ``ctl`` (a connected RunController);
-    the surgery's record: ``who``, ``what``, ``when``, ``outcome`` (``done`` or ``failed:
-    why``), ``left`` (processes of the node still alive: none when done)."""
+    the surgery's record: ``who``, ``what``, ``when``, ``outcome`` (``done``, ``shrank: why``
+    or ``failed: why``), ``left`` (processes of the node still alive: none when done).
+    ``wait``: seconds the spare has to step once put in."""
     if plan.refusal:
         raise ValueError("a refused plan is not carried out: %s" % plan.refusal)
     away = unreachable(ctl, plan)
     if away:
         raise ValueError(away)
     who = who or ctl.me.who  # user@laptop (console/model/consoles.py)
-    what = "cordon %s, %s" % (plan.node, "spare %s in" % plan.spare if plan.spare else
-                              "the run shrinks to %d node(s)" % plan.active_after
-                              if plan.shrink else "a spare fenced")
-    entry = {"who": who, "what": what, "when": time.time(), "node": plan.node,
-             "spare": plan.spare, "outcome": "started", "left": []}
     kill_now = hung(ctl, plan.node)  # before the judge says its ranks left the stall
-    stalled = stalled_with(ctl, plan.node) if kill_now else []
-    await tell_judge(ctl, {"out": plan.node, "in": plan.spare, "who": who, "action": "cordon",
-                           "text": "%s: started by %s" % (what, who)})
-    link = ctl.links[plan.node]
+    seq = sequence.Cordon(plan.node, plan.spare, plan.shrink, plan.active_after, hung=kill_now,
+                          stalled=stalled_with(ctl, plan.node) if kill_now else [], wait=wait)
+    entry = {"who": who, "what": seq.what(), "when": time.time(), "node": plan.node,
+             "spare": plan.spare, "outcome": "started", "left": []}
+    steps = {sequence.ANNOUNCE: lambda a: tell_judge(ctl, {
+                 "out": a["out"], "in": a["in"], "who": who, "action": "cordon",
+                 "text": "%s: started by %s" % (a["text"], who)}),
+             sequence.FENCE: lambda a: fence(ctl, plan.node, who, a["grace"], entry),
+             sequence.REPLACE: lambda a: replace(ctl, plan.node, a),
+             sequence.JOIN: lambda a: join(ctl, a["spare"], a["wait"])}
+    while True:
+        step, args = sequence.next_step(seq)
+        if step == sequence.END:
+            return await finish(ctl, entry, args["outcome"])
+        result = await steps[step](args)
+        if step == sequence.REPLACE:
+            entry["expelled"] = result["expelled"]
+        seq.done(step, result)
+
+
+async def fence(ctl, node: str, who: str, grace, entry: dict) -> dict:
+    """The sequence's ``fence`` step: ``node`` fenced and stopped on its host; the node
+    leaves the run's order (its spare takes its place) once its host says it stopped."""
+    link = ctl.links[node]
     began = time.monotonic()
     try:
-        res = await link.request("fence", run_root=link.run_root, node=plan.node,
+        res = await link.request("fence", run_root=link.run_root, node=node,
                                  fence={"who": who, "why": "cordoned by %s" % who},
-                                 grace=0 if kill_now else None,
-                                 timeout=ctl.stop_timeout())
+                                 grace=grace, timeout=ctl.stop_timeout())
     except AgentError as exc:
-        return await finish(ctl, entry, "failed: %s could not be fenced: %s" % (plan.node, exc))
+        return {"error": str(exc)}
     entry["fence_s"] = round(time.monotonic() - began, 2)  # the stop, confirmed
     entry["left"] = [list(p) if isinstance(p, (list, tuple)) else p
                      for p in res.get("left") or []]
     # the GPU memory of its processes (the agent's words: freed, held by..., no GPU)
     entry["gpu"] = str(res.get("gpu") or "not checked (an older agent)")[:200]
-    ctl.state.set_role(plan.node, CORDONED)
-    ctl.record.setdefault("roles", {})[plan.node] = CORDONED
+    ctl.state.set_role(node, CORDONED)  # its ranks leave the model (no stale rank of it)
+    ctl.record.setdefault("roles", {})[node] = CORDONED
     # node-rank order (RunController.run_hosts): the spare takes the node's place (the
     # launchers with fixed node ranks need it there), or the run is one node shorter
     order = [h.name for h in ctl.run_hosts()]
-    if plan.node in order:
-        at = order.index(plan.node)
-        order[at:at + 1] = [plan.spare] if plan.spare else []
+    spare = entry.get("spare")
+    if node in order:
+        at = order.index(node)
+        order[at:at + 1] = [spare] if spare else []
     ctl.record["order"] = order
-    if entry["left"]:
-        return await finish(ctl, entry, "failed: %d process(es) of %s still alive after the stop"
-                      % (len(entry["left"]), plan.node))
-    if entry["gpu"].startswith("held"):
-        return await finish(ctl, entry, "failed: %s stopped, but its GPU memory is %s"
-                            % (plan.node, entry["gpu"]))
-    # the spare starts while the other nodes' stalled workers are killed (their torchruns
-    # then rejoin at once rather than after their workers' teardown) and the node's dead
-    # torchrun is taken out of the rendezvous (the next round does not wait for it to expire)
-    failed, _, entry["expelled"] = await asyncio.gather(
-        put_in(ctl, plan.spare) if plan.spare else asyncio.sleep(0),  # None: nothing failed
-        drop_workers(ctl, stalled, plan.node),
-        expel(ctl, plan.node, res.get("member")))
-    if failed:
-        return await finish(ctl, entry, "failed: %s fenced, but spare %s did not start: %s"
-                            % (plan.node, plan.spare, failed))
-    return await finish(ctl, entry, "done")
+    return {"left": entry["left"], "gpu": entry["gpu"], "member": res.get("member")}
+
+
+async def replace(ctl, node: str, args: dict) -> dict:
+    """The sequence's ``replace`` step: the spare starts while the other nodes' stalled
+    workers are killed (their torchruns then rejoin at once rather than after their workers'
+    teardown) and the node's dead torchrun is taken out of the rendezvous (the next round
+    does not wait for it to expire)."""
+    failed, _, expelled = await asyncio.gather(
+        put_in(ctl, args["spare"]) if args["spare"] else asyncio.sleep(0),  # None: no failure
+        drop_workers(ctl, args["drop"], node),
+        expel(ctl, node, args["expel"]))
+    return {"failed": failed, "expelled": expelled}
+
+
+async def join(ctl, spare: str, wait: float) -> dict:
+    """The sequence's ``join`` step: wait (``wait`` s at most) until the spare's ranks step in
+    the new world, as its journal shows them to this console."""
+    deadline = time.monotonic() + wait
+    st = ctl.state
+    while not sequence.spare_stepping(st.ranks.values(), spare):
+        if time.monotonic() >= deadline:
+            ns = st.nodes.get(spare)
+            why = sequence.why_not_stepping(st.ranks.values(), spare, ns.state if ns else None,
+                                            phase_text(ns.phase) if ns and ns.phase else None)
+            held = ["%s rank %s" % (n, st.nodes[n].files[f].claim) for n, f in st.held
+                    if f in st.nodes[n].files]
+            return {"stepping": False, "world": st.world_size, "why": "%s; the run's ranks: %s%s"
+                    % (why, ", ".join("%d on %s %s" % (r.rank, r.node, r.state)
+                                      for r in sorted(st.ranks.values(), key=lambda r: r.rank)),
+                       "; claims held: " + ", ".join(held[:8]) if held else "")}
+        await asyncio.sleep(JOIN_EVERY)
+    return {"stepping": True, "world": st.world_size}
 
 
 def hung(ctl, node: str) -> bool:

@@ -37,7 +37,7 @@ def judge_with(tmp_path, **settings):
     os.makedirs(run_root, exist_ok=True)
     spec = dict({"addr": "127.0.0.1", "token": TOKEN, "nodes": ["node0", "node1"],
                  "stall_after": 2.0, "auto_cordon": True, "spares": ["node2"],
-                 "nnodes_min": 2}, **settings)
+                 "nnodes_min": 2, "cordon_join_s": 1}, **settings)
     return run_root, start_judge(run_root, spec)
 
 
@@ -69,7 +69,12 @@ def test_auto_cordon_fences_the_node_and_starts_the_spare_from_its_kept_spec(tmp
     n1.send({"k": "event", "what": "worker_failed", "rank": 1, "exit_code": 1})  # again
     outcome = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "surgery"
                                      and e.get("action") == "outcome"], 60, "the outcome")[0]
-    assert outcome["outcome"] == "done" and outcome["who"] == "judge", outcome
+    # the spare here is a sleep, no trainer: it never steps, and the cordon says so (the
+    # sequence's join step, agent/rules/cordon.py), never "done"
+    assert outcome["outcome"].startswith("shrank: node1 fenced, but spare node2 is not "
+                                         "stepping after 1 s") and outcome["who"] == "judge", \
+        outcome
+    assert outcome["fenced"] is True
     assert (outcome["out"], outcome["in"], outcome["gpu"]) == ("node1", "node2", "no GPU")
     assert n1.asked == ["fence"] and "--auto-cordon" in n1.fenced["why"] and "fence" \
         not in n0.asked
@@ -99,7 +104,8 @@ def test_auto_cordon_of_a_hung_node_kills_the_workers_stalled_with_it(tmp_path, 
         n.send(*({"k": "metric", "f": 1, "step": step, "step_time": 0.1} for step in range(3)))
     outcome = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "surgery"
                                      and e.get("action") == "outcome"], 60, "the outcome")[0]
-    assert (outcome["out"], outcome["in"], outcome["outcome"]) == ("node1", "node2", "done")
+    assert (outcome["out"], outcome["in"]) == ("node1", "node2")
+    assert outcome["outcome"].startswith("shrank: "), outcome  # a sleep never steps
     assert n0.asked.count("drop_workers") == 1 and "fence" not in n0.asked, n0.asked
     assert "drop_workers" not in n1.asked, n1.asked
 
@@ -202,7 +208,8 @@ def test_a_gpu_xid_is_journaled_by_the_node_and_its_judge_cordons_the_node(
     n1.send(*errors)
     outcome = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "surgery"
                                      and e.get("action") == "outcome"], 60, "the outcome")[0]
-    assert (outcome["out"], outcome["in"], outcome["outcome"]) == ("node1", "node2", "done")
+    assert (outcome["out"], outcome["in"]) == ("node1", "node2")
+    assert outcome["outcome"].startswith("shrank: "), outcome  # a sleep never steps
     proposed = [e for e in events(run_root) if e["what"] == "cordon proposed"]
     assert [e["text"] for e in proposed] == [
         "node1 proposed for cordon: GPU 1 reported Xid 79",
@@ -225,7 +232,7 @@ def test_auto_cordon_through_a_real_supervisor_fences_it_and_nothing_of_it_is_le
     os.makedirs(jdir)
     stopped_after.append(run_root)  # stops the spare's supervisor (no judge process to stop)
     judge = Judge({"token": TOKEN, "nodes": ["node1"], "auto_cordon": True,
-                   "spares": ["node2"], "nnodes_min": 1}, jdir)
+                   "spares": ["node2"], "nnodes_min": 1, "cordon_join_s": 1}, jdir)
     sock = listen_socket("127.0.0.1", 0)
     threading.Thread(target=judge.run, args=(sock,), daemon=True).start()
     judge_ref = {"addr": "127.0.0.1", "port": sock.getsockname()[1], "token": TOKEN}
@@ -248,7 +255,8 @@ def test_auto_cordon_through_a_real_supervisor_fences_it_and_nothing_of_it_is_le
         judge.write(event("cordon proposed", "node1", reason="the verdict names rank 1 (x)"))
         outcome = wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "surgery"
                                          and e.get("action") == "outcome"], 60, "outcome")[0]
-        assert (outcome["outcome"], outcome["left"], outcome["gpu"]) == ("done", [], "no GPU")
+        assert (outcome["left"], outcome["gpu"]) == ([], "no GPU")
+        assert outcome["outcome"].startswith("shrank: "), outcome  # a sleep never steps
         ended = node.node_state(os.path.join(run_root, "node1"))
         assert ended["state"] == "stopped" and not ended["alive"], ended
         assert ended["kill"]["killed"] == worker  # SIGKILLed, not waited for

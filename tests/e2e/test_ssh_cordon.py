@@ -50,6 +50,19 @@ def steps(hosts, work: str, run_id: str, node: str) -> list[int]:
             if m.get("k") == "metric" and isinstance(m.get("step"), int)]
 
 
+def new_world(run_id: str, hung: str) -> bool:
+    """`rankdeck status RUN --json` after a cordon of ``hung`` with a spare: world 4, each
+    rank 0-3 listed once and stepping past step 8, one on node4, none on ``hung``."""
+    out = rankdeck("status", run_id, "--json")
+    doc = json.loads(out.stdout)
+    ranks = [(n["name"], r["rank"], r["state"], r["step"]) for n in doc["nodes"]
+             for r in n["ranks"]]
+    print("status:", doc.get("world_size"), ranks)
+    return (doc.get("world_size") == 4 and sorted(r for _n, r, _s, _t in ranks) == [0, 1, 2, 3]
+            and all(s == "running" and (t or 0) > 8 for _n, _r, s, t in ranks)
+            and "node4" in {n for n, *_ in ranks} and hung not in {n for n, *_ in ranks})
+
+
 async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
         five_hosts, clean_home, tmp_path, secret, host_workdir, project):
     (clean_home / ".ssh").mkdir(exist_ok=True)
@@ -84,6 +97,11 @@ async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
         out = rankdeck("cordon", run_id, "--node", hung, "--yes")
         assert out.returncode == 0, out.stdout + out.stderr
         assert "node4 (spare" in out.stdout and "done" in out.stdout, out.stdout
+        # `done` only once the spare steps (agent/rules/cordon.py, the join step): at once,
+        # the spare has its rank, running, and the cordoned node none (no stale rank of it)
+        now = json.loads(rankdeck("status", run_id, "--json").stdout)
+        ranks = {n["name"]: [(r["rank"], r["state"]) for r in n["ranks"]] for n in now["nodes"]}
+        assert [s for _r, s in ranks["node4"]] == ["running"] and not ranks[hung], ranks
         assert not of_node(run_id, hung), of_node(run_id, hung)
         fenced = five_hosts.local_path(hung, "%s/.rankdeck/runs/%s/%s/fenced.json"
                                        % (work, run_id, hung))
@@ -113,6 +131,11 @@ async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
         wait_for_sync(lambda: max(steps(five_hosts, work, run_id, "node4") or [0]) > 8 and
                       all(max(steps(five_hosts, work, run_id, n)) > 8 for n in others),
                       TIMEOUT, "every rank past step 8, one on node4", every=1.0)
+        # ... and `status --json` shows the new world: every rank once, stepping, one of
+        # them on the spare, none left of the cordoned node (no stale rank of the old world)
+        wait_for_sync(lambda: new_world(run_id, hung), 90,
+                      "status --json: 4 ranks stepping, one on node4, none on %s" % hung,
+                      every=2.0)
         out = rankdeck("stop", run_id)
         assert out.returncode == 0, out.stdout + out.stderr
         stopped = True
