@@ -122,3 +122,30 @@ def test_ranks_resumed_apart_are_named_in_the_verdict_and_no_restart_repeats_it(
                                      if e.get("action") == "none"], 30, "the refusal")
     assert refused[0]["text"] == "--on-hang restart: node1 not restarted: " + words
     assert "restart" not in n0.asked + n1.asked
+
+
+def test_on_hang_restart_is_not_taken_a_fourth_time_into_the_same_hang(judge):
+    """The judge's own restarts count: rank 1 hangs at step 6 after each of its 3 restarts
+    (each resumed from step 4); the fourth is the loop, and the run stops instead."""
+    run_root, port = judge(("node0", "node1"), on_hang="restart", stall_after=1.0)
+    n0 = FakeNode(port, "node0", {"ranks": [
+        {"pid": 10, "rank": 0, "stack": stack("wait"), "fr": fr(5, False)}]})
+    n1 = FakeNode(port, "node1", {"ranks": [
+        {"pid": 11, "rank": 1, "stack": stack("sleep"), "fr": fr(4, True)}]})
+    for restart in range(4):
+        first = 1 if restart == 0 else 5
+        for n, rank in ((n0, 0), (n1, 1)):
+            n.send({"k": "file", "f": restart + 1, "rank": rank},
+                   *[{"k": "metric", "f": restart + 1, "step": s, "step_time": 0.01}
+                     for s in range(first, 6)])
+        if restart == 3:
+            break
+        wait_for_sync(lambda: n1.asked.count("restart") > restart, 60,
+                      "the judge's restart %d" % (restart + 1))
+        n1.send({"k": "event", "what": "restarting"}, {"k": "event", "what": "launched"})
+    stopped = wait_for_sync(lambda: [e for e in of(run_root, "policy")
+                                     if e.get("action") == "none"], 60, "the refusal")
+    assert stopped[0]["text"] == "--on-hang restart: node1 not restarted: " + WORDS
+    assert of(run_root, "loop")[0]["text"] == "node1: %s: stopping the run" % WORDS
+    wait_for_sync(lambda: "stop" in n0.asked and "stop" in n1.asked, 30, "the stops")
+    assert n1.asked.count("restart") == 3
