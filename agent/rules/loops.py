@@ -27,6 +27,10 @@ Standard library only; Python >= 3.9.
 DEFAULT_AFTER = 3  # restarts without progress before the loop is declared (launch --loop-restarts)
 SHARED_HINT = "is the checkpoint folder shared by every node?"
 KEPT_FAILURES = 64  # failures remembered per node (a loop needs `after` + 1 of them)
+# a resume step read from a rank's first step is only as good as how often it prints one (the
+# first after resuming from step 150 may be 151 or 160): so read, ranks that resumed this few
+# steps apart are taken to agree (lockstep ranks that print every 10 steps, or only some do)
+SLACK_STEPS = 50
 
 
 class NodeLoop:
@@ -50,6 +54,7 @@ class Loops:
         self.fresh = set()  # (node, fid) of workers started since the run's last restart
         self.resumed = {}  # rank -> step it resumed from (None: from nothing) since then
         self.last_resumed = {}  # the same, of the restart before (what a loop resumed from)
+        self.exact = set()  # ranks whose resume step is their resume line's, not a first step's
         self.told = None  # the mismatch words said for this restart (said once)
         self.looped = set()  # nodes whose loop was said (said once, until progress)
 
@@ -76,11 +81,13 @@ class Loops:
             if rank is not None and (node, fid) in self.fresh and rank not in self.resumed:
                 # no resume line before its first step: from the step before it, or nothing
                 self.resumed[rank] = meta["step"] - 1 if meta["step"] > 1 else None
+                self.exact.discard(rank)
         elif kind == "resumed":
             rank = self.files.get((node, fid))
             step = meta.get("step")
             if rank is not None and (node, fid) in self.fresh and _whole(step):
                 self.resumed[rank] = step or None
+                self.exact.add(rank)
         elif kind == "event" and meta.get("what") == "worker_failed":
             nl = self.node(node)
             attempt = meta.get("attempt")
@@ -132,13 +139,18 @@ class Loops:
             self.last_resumed = self.resumed
         self.fresh = set()
         self.resumed = {}
+        self.exact = set()
         self.told = None
 
     def mismatch(self, ranks):
         """The words of :func:`resume_mismatch` for ``ranks`` (every rank the run has), once
-        per restart, when each of them has said what it resumed from; else None."""
+        per restart, when each of them has said what it resumed from; else None. Steps read
+        from first steps (no resume line) less than :data:`SLACK_STEPS` apart agree."""
         if self.told is not None or not ranks or any(r not in self.resumed for r in ranks):
             return None
+        steps = [self.resumed[r] or 0 for r in ranks]
+        if not all(r in self.exact for r in ranks) and max(steps) - min(steps) < SLACK_STEPS:
+            return None  # read from first steps, this close: as good as agreeing
         words = resume_mismatch({r: self.resumed[r] for r in ranks})
         if words:
             self.told = words

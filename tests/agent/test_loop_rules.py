@@ -106,3 +106,20 @@ def test_after_a_restart_each_rank_says_where_it_resumed_from_its_line_or_first_
     assert loops.mismatch([0, 1, 2]) == words
     assert loops.mismatch([0, 1, 2]) is None  # said once a restart
     assert loops.told == words
+
+
+def test_ranks_that_print_steps_at_different_rates_are_not_a_mismatch():
+    # rank 1 prints every 10th step: its first step after the same resume is 10 later
+    loops = Loops()
+    for node, f, rank, first in (("node0", 1, 0, 1), ("node1", 1, 1, 10)):
+        loops.apply(node, {"k": "file", "f": f, "rank": rank})
+        loops.apply(node, {"k": "metric", "f": f, "step": first})
+    assert loops.resumed == {0: None, 1: 9} and loops.mismatch([0, 1]) is None
+    # but resume lines that say so are believed at any distance
+    loops.restart()
+    for node, f, rank, step in (("node0", 2, 0, 150), ("node1", 2, 1, 140)):
+        loops.apply(node, {"k": "file", "f": f, "rank": rank})
+        loops.apply(node, {"k": "resumed", "f": f, "step": step})
+    assert loops.mismatch([0, 1]) == (
+        "rank 0 resumed from step 150, rank 1 from step 140: is the checkpoint folder shared "
+        "by every node?")
