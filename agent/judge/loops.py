@@ -26,6 +26,7 @@ import threading
 from ..wire import judge as judge_wire
 from ..rules.judge import event
 from ..rules.loops import DEFAULT_AFTER, Loops
+from ..surgery.static_world import STATIC_WORLDS
 
 ON_LOOP = ("warn", "stop", "rollback")
 ACTION_TIMEOUT = 180.0
@@ -59,8 +60,10 @@ class LoopPolicy:
         return out
 
     def _loop_event(self, node, words):
+        # DeepSpeed's static world restarts as one (agent/surgery/static_world.py): it stops
         action = "warn" if self.on_loop == "warn" else (
-            "rollback" if self.on_loop == "rollback" and self.rolled_back is None else "stop")
+            "rollback" if self.on_loop == "rollback" and self.rolled_back is None
+            and self.spec.get("launcher") not in STATIC_WORLDS else "stop")
         self.loop_due.append((node, words, action))
         return event("loop", node, restarts=self.loops.after, action=action,
                      text="%s: %s%s" % (node, words, {

@@ -12,8 +12,9 @@ What counts as a restart (one count per failure of the node's workers):
 * torchrun's own restart of its workers (``--max-restarts``): a ``worker_failed`` event, once
   per ``attempt`` (every rank of the failed worker group may report one);
 * rankdeck's restart of the node (the judge's ``--on-hang restart``, a console's `restart`):
-  the supervisor's ``restarting`` event, or the judge's own decision to restart it
-  (:meth:`Loops.failure`), which the ``restarting`` that follows does not count again.
+  the supervisor's ``restarting`` event (not a Slurm requeue's, which has a ``cause``), or the
+  judge's own decision to restart it (:meth:`Loops.failure`), which the ``restarting`` that
+  follows does not count again.
 
 A failure is "at step S" when the node's ranks' newest step since the last failure was S - 1
 (the step the ranks were in: a fault injected before step 120 fails at step 120). A failure
@@ -98,7 +99,8 @@ class Loops:
             return self.failure(node)
         elif kind == "event" and meta.get("what") == "launched":
             self.node(node).attempts = set()  # a new torchrun counts its attempts from 0
-        elif kind == "event" and meta.get("what") == "restarting":
+        elif kind == "event" and meta.get("what") == "restarting" and not meta.get("cause"):
+            # (one with a cause is a Slurm job's requeue, agent/slurm/job.py: no failure)
             nl = self.node(node)
             if nl.pending:
                 nl.pending = False

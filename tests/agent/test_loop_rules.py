@@ -123,3 +123,11 @@ def test_ranks_that_print_steps_at_different_rates_are_not_a_mismatch():
     assert loops.mismatch([0, 1]) == (
         "rank 0 resumed from step 150, rank 1 from step 140: is the checkpoint folder shared "
         "by every node?")
+
+
+def test_a_slurm_requeue_is_no_failure():
+    loops = Loops(1)
+    for _ in range(3):
+        assert loops.apply("node0", {"k": "event", "what": "restarting",
+                                     "cause": {"message": "Slurm job 7 requeued"}}) is None
+    assert "node0" not in loops.nodes or loops.nodes["node0"].failed_at == []
