@@ -97,7 +97,7 @@ async def to_verdict(kind: str, stall: float, pg_timeout: float) -> tuple[float,
                            "stall", every=0.05)
             stalled = time.monotonic()
             # the first look may name nobody (ranks still entering collectives on a loaded
-            # machine); the console looks again while the stall lasts (console/judgement/liveness.py)
+            # machine); the console looks again while the stall lasts (agent/rules/judge.py verdict_again_due)
             await wait_for(lambda: (ctl.state.verdict or {}).get("kind") == kind, 300, "verdict",
                            every=0.05)
             done = time.monotonic()

@@ -57,3 +57,23 @@ def is_loopback(addr: str) -> bool:
         return ipaddress.IPv4Address(addr) in _LOOPBACK
     except ValueError:
         return False
+
+
+def listen_address(text: str) -> tuple[str | None, int]:
+    """``PORT``, ``ADDR:PORT`` or ``[IPv6]:PORT`` (``launch --prometheus``, the inventory's
+    ``prometheus:``) as ``(addr or None, port)``; ValueError saying what to write."""
+    text = text.strip()
+    addr, colon, port = text.rpartition(":")
+    if addr.startswith("[") and addr.endswith("]"):
+        addr = addr[1:-1]
+        try:
+            ipaddress.IPv6Address(addr)
+        except ValueError:
+            raise ValueError(f"{text!r}: {addr!r} in brackets is not an IPv6 address") from None
+    elif colon and (":" in addr or not addr or addr_problem(addr)):
+        raise ValueError(f"{text!r}: write PORT, ADDR:PORT or [IPv6]:PORT with ADDR one "
+                         "hostname or IP address")
+    if not DIGITS.match(port) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{text!r}: the port must be a number from 1 to 65535; write PORT, "
+                         "ADDR:PORT or [IPv6]:PORT")
+    return (addr or None), int(port)

@@ -8,11 +8,12 @@ import difflib
 import os
 from typing import Any, NoReturn
 
-from .addresses import DIGITS, HOST_NAME, addr_problem, is_loopback, ssh_host
+from .addresses import DIGITS, HOST_NAME, addr_problem, is_loopback, listen_address, ssh_host
 from .interpolate import ENV_NAME, expand
 from .model import LAUNCHERS, EnvValue, Host, Inventory, InventoryError
 
-TOP_KEYS = ("defaults", "hosts", "launcher", "name", "notify", "store", "transport")
+TOP_KEYS = ("defaults", "hosts", "launcher", "name", "notify", "prometheus", "store",
+            "transport")
 HOST_KEYS = ("addr", "env", "gpus", "name", "python", "slots", "spare", "ssh", "workdir")
 DEFAULT_KEYS = ("env", "gpus", "python", "slots", "sync", "workdir")
 ENV_FORM_KEYS = ("secret", "value")
@@ -93,8 +94,25 @@ class Reader:
         return Inventory(path=self.path, hosts=hosts, transport=transport, name=name,
                          sync=self.sync_dir(top.get("defaults")),
                          notify=self.text(top, (), "notify", "notify"),
+                         prometheus=self.prometheus(top),
                          launcher=self.launcher(top),
                          store=self.store_host(top, by_name))
+
+    def prometheus(self, top: dict) -> str | None:
+        """``prometheus: PORT`` or ``ADDR:PORT``: where the run's judge serves metrics."""
+        value = top.get("prometheus")
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str):
+            self.fail(("prometheus",), "prometheus must be a port or ADDR:PORT (9400, "
+                      f"'0.0.0.0:9400'), got {_show(value, self.doc.raw(('prometheus',)))}")
+        try:
+            listen_address(value)
+        except ValueError as exc:
+            self.fail(("prometheus",), f"prometheus: {exc}")
+        return value.strip()
 
     def store_host(self, top: dict, by_name: dict) -> str | None:
         """``store: NAME``: the host of the rendezvous store and the judge, one of the hosts."""

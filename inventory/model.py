@@ -60,6 +60,9 @@ class Inventory:
     # a shell command the run's judge runs on its host for each event (docs/JUDGE.md);
     # `launch --notify` overrides it
     notify: str | None = None
+    # `[ADDR:]PORT` where the run's judge serves Prometheus metrics (docs/PROMETHEUS.md);
+    # `launch --prometheus` overrides it
+    prometheus: str | None = None
     # launcher: what starts each node's ranks (LAUNCHERS); `launch --launcher` overrides it
     launcher: str = "torchrun"
     # the host of the run's rendezvous store and judge, by name (docs/SURGERY.md: it must

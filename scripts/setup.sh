@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Make .venv with rankdeck (editable), the reference trainer's torch (pinned: an unpinned
 # torch pulls GBs of CUDA packages) and, with --test, what the test suite needs: Debian's
-# openssh-server, pdsh, tmux, iproute2, rsync, python3-venv and Slurm with munge (as root), and
-# the Python test tools.
+# openssh-server, pdsh, tmux, iproute2, rsync, python3-venv, prometheus and Slurm with munge
+# (as root), and the Python test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
@@ -22,6 +22,13 @@ if [ "$want_test" = 1 ] && [ "$(id -u)" = 0 ]; then
     echo "installing ${missing[*]} ..."
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  # a real Prometheus and its promtool scrape a run's --prometheus
+  # (tests/spine/test_prometheus.py); not its node exporter (recommended), no service started
+  if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    echo "installing prometheus ..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   fi
   # a real Slurm for tests/slurm (tests/slurm/slurmcluster.py starts its own daemons; the
   # packages' init scripts do nothing without /etc/slurm/slurm.conf)

@@ -15,8 +15,8 @@ import time
 from ..slurm import host_step
 from . import notify as judge_notify
 from ..wire import judge as judge_wire
-from ..host import procs
-from ..host.runfiles import log_tail, read_json
+from ..host import detach, procs
+from ..host.runfiles import read_json
 from ..node.fence import drop_standbys
 
 
@@ -35,27 +35,16 @@ def start_judge(run_root, spec, timeout=30.0):
     jdir = judge_dir(run_root)
     os.makedirs(jdir, 0o700, exist_ok=True)
     judge_wire.keep_token(run_root, spec["token"])
-    path = os.path.join(jdir, "state.json")
-    if os.path.exists(path):
-        os.unlink(path)
     from ..node.folder import agent_env  # here: node imports much the judge process does not need
     # the token and secrets through its stdin: never a command line (on a proctrack/cgroup
     # Slurm site the job's rankdeck-host step starts it: agent/slurm/host_step.py)
-    proc = host_step.spawn([sys.executable, "-m", "agent", "judge", run_root],
-                           json.dumps(spec).encode(), os.path.join(jdir, "judge.log"),
-                           agent_env(), jdir)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = running_judge(run_root)
-        if info and info.get("pid") == proc.pid:
-            threading.Thread(target=proc.wait, daemon=True).start()  # reaped if it ends
-            return info
-        if proc.poll() is not None:
-            raise RuntimeError("the judge exited with code %s: %s" % (
-                proc.returncode, log_tail(os.path.join(jdir, "judge.log"))))
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the judge did not start within %.0f s" % timeout)
+    info, proc = detach.start(
+        [sys.executable, "-m", "agent", "judge", run_root], os.path.join(jdir, "state.json"),
+        "the judge", data=json.dumps(spec).encode(), out=os.path.join(jdir, "judge.log"),
+        env=agent_env(), cwd=jdir, timeout=timeout, spawn=host_step.spawn,
+        ready=lambda info, proc: info.get("pid") == proc.pid and running_judge(run_root))
+    threading.Thread(target=proc.wait, daemon=True).start()  # reaped if it ends
+    return running_judge(run_root) or info
 
 
 def stop_judge(run_root, wait=judge_notify.TIMEOUT_S + 15):

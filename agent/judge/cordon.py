@@ -225,16 +225,18 @@ class AutoCordon:
     def expel_dead(self, node, member):
         """``node``'s old torchrun, gone after the judge's restart (``member``: who it was in
         the rendezvous, from the node's link), taken out of the rendezvous by the store
-        beside this judge: the new one's round need not wait for its entry to expire."""
+        beside this judge: the new one's round need not wait for its entry to expire. What the
+        store said (``done``, ``not done: why``), or None when nothing was asked."""
         try:
             member = expel.checked(member)
         except ValueError:  # none named (gone too late, no c10d torchrun, an older node)
-            return
+            return None
         said = self._expelled(expel.ask(self.run_root, member))
         self.judge.write(event("policy", node, action="expel", text=(
             "%s's old torchrun %s" % (node, "taken out of the rendezvous at once"
                                       if said == "done" else "left to expire in the "
                                       "rendezvous (%s)" % said))))
+        return said
 
     def _expelled(self, asked):
         """What the store said of request ``asked`` (None: nothing was asked)."""

@@ -40,10 +40,12 @@ import time
 from . import notify as judge_notify
 from ..host import procs
 from .cordon import AutoCordon
+from .figures import RunFigures
 from ..host.journal import JournalWriter
 from .listen import Listener
 from .loops import LoopPolicy
 from .policy import Policies
+from .prometheus import prometheus_said, serve_metrics
 from ..rules.judge import (
     CORDON_WITHIN_S, RULES, check_stalls, check_waiting, ends_due, event, run_over,
     verdict_again_due
@@ -91,6 +93,8 @@ class Judge(Listener, Sampler, Policies, LoopPolicy):
         self.over = None
         self.stop = threading.Event()
         self.surgeon = AutoCordon(self, spec)  # --auto-cordon (agent/judge/cordon.py)
+        self.figures = RunFigures()  # --prometheus (agent/judge/prometheus.py), fed with the view
+        self.prometheus = None  # its url, or why it could not listen
 
     # -- the journal -----------------------------------------------------------------------
     def write(self, rec):
@@ -150,9 +154,10 @@ class Judge(Listener, Sampler, Policies, LoopPolicy):
                          on_loop=self.on_loop, loop_restarts=self.loops.after,
                          notify=bool(self.spec.get("notify")), rules=list(RULES),
                          cordon_within_s=self.view.cordon_within_s,
-                         auto_cordon=self.surgeon.on,
+                         auto_cordon=self.surgeon.on, prometheus=self.prometheus,
                          text="the judge watches the run on this host (stall after %.0f s, "
-                         "on hang: %s)" % (self.view.stall_after, self.on_hang)))
+                         "on hang: %s)%s" % (self.view.stall_after, self.on_hang,
+                                             prometheus_said(self.prometheus))))
         ended_at, settled = None, False
         alone_since = time.monotonic()  # no node connected since (none yet, at the start)
         while not self.stop.is_set():
@@ -208,9 +213,11 @@ def main(run_root):
     from ..store.tcpstore import listen_socket  # here: only the judge needs it
     sock = listen_socket(spec["addr"], int(spec.get("port") or 0))
     judge = Judge(spec, jdir)
+    metrics = serve_metrics(judge, run_root)  # --prometheus: None without
     me = procs.stat(os.getpid())
     state = {"state": "running", "pid": os.getpid(), "starttime": me.starttime,
-             "addr": spec["addr"], "port": sock.getsockname()[1], "started": judge.started}
+             "addr": spec["addr"], "port": sock.getsockname()[1], "started": judge.started,
+             "prometheus": judge.prometheus}
     write_json_atomic(os.path.join(jdir, "state.json"), state)
 
     def stop(_signum, _frame):
@@ -222,6 +229,8 @@ def main(run_root):
         judge.run(sock)
     finally:
         sock.close()
+        if metrics is not None:
+            metrics.close()
         state.update(state="exited", ended=time.time())
         write_json_atomic(os.path.join(jdir, "state.json"), state)
     return 0

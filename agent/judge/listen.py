@@ -126,8 +126,10 @@ class Listener:
                             self.write(ev)
                             if ev.get("what") == "diverged":
                                 diverged.append(ev)
+                        self.figures.apply(nl.node, meta, self.view)  # --prometheus
             elif kind == "state":
                 self.surgeon.node_state(nl.node, msg.get("state"))
+                self.figures.apply_state(nl.node, msg.get("state"))
                 for ev in self.view.apply_state(nl.node, msg.get("state"), self.now(),
                                                 stopping=self.ending):
                     self.write(ev)

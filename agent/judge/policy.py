@@ -13,12 +13,30 @@ Standard library only; Python >= 3.9.
 
 import os
 import threading
+import time
 
 from ..wire import judge as judge_wire
 from ..rules.judge import event
 from ..surgery.static_world import STATIC_WORLDS
 
 ACTION_TIMEOUT = 180.0
+LOG_TIMEOUT = 30.0  # a line written in the node's action log
+
+
+def log_expel(nl, member, expelled, asked):
+    """The judge's expel of a restarted node's old torchrun (``member``; ``expelled``: what the
+    store said, at ``asked``) kept in that node's action log, through its link
+    (agent/supervisor/judge_link.py ``log_expel``): the judge's own host may run no node of the
+    run, and the node it was done for is where a console's `rankdeck actions` reads it. A node
+    whose supervisor is older (it answers ``unknown request``) or gone keeps none; the judge's
+    journal has it either way."""
+    try:
+        nl.request("log_expel", {"pid": member.get("pid"), "at": asked,
+                                 "expelled": expelled == "done",
+                                 "why": expelled[len("not done: "):] if expelled != "done"
+                                 else None}, LOG_TIMEOUT)
+    except judge_wire.WireError:
+        pass
 
 
 class Policies:
@@ -69,7 +87,11 @@ class Policies:
                 if nl is None:
                     raise judge_wire.WireError("%s is not connected to the judge" % node)
                 said = nl.request("restart", {}, ACTION_TIMEOUT)
-                self.surgeon.expel_dead(node, said.get("member"))  # its old torchrun
+                asked = time.time()
+                member = said.get("member")
+                expelled = self.surgeon.expel_dead(node, member)  # its old torchrun
+                if expelled is not None:
+                    log_expel(nl, member, expelled, asked)
                 self.write(event("restarted", node, reason="on-hang",
                                  text="%s restarted by the judge (--on-hang restart)" % node))
             except judge_wire.WireError as exc:

@@ -141,13 +141,23 @@ def put_in(ndir, state, spec):
     return now if now.get("alive") and now.get("state") == "running" else None
 
 
-def stop(args):
-    """Stop the node's run and confirm none of its processes is left (``left``)."""
+def stop(args, wait=True):
+    """Stop the node's run and confirm none of its processes is left (``left``).
+
+    ``wait`` False: the stop asked of the supervisor by its own link to the judge
+    (agent/node/door.py), which cannot wait for its own end: the ``end`` is left for it and the
+    node's state answered at once, nothing signalled; the link sends its process SIGTERM once
+    it has answered, and the supervisor's last state says what the stop left."""
     ndir = node.node_dir(args)
     timeout = float(args.get("timeout", 90))
     end = os.path.join(ndir, STOP_END)
     if isinstance(args.get("end"), dict):  # read by the supervisor on SIGTERM (stop_end)
         write_json_atomic(end, args["end"])
+    if not wait:
+        state = node.node_state(ndir)
+        if not state:
+            raise RequestError("no such run or node here: %s" % ndir, "missing")
+        return state
     try:
         state = signal_and_wait(ndir, signal.SIGTERM, lambda old, new: not new["alive"], timeout)
     finally:  # not read (no supervisor was alive): no later stop may take it

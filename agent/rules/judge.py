@@ -1,16 +1,17 @@
-"""The rules the run's judge applies (plain data, no I/O, no threads).
+"""The run's rules, one copy: the judge applies them, and so does a console with no judge
+(plain data, no I/O, no threads).
 
 The judge (agent/judge/judge.py) feeds a RunView (agent/rules/judge_view.py) with what each node's
 supervisor forwards of its journal and of its state.json; these functions read it and say
-what happened. They are the console's rules
-(console/judgement/liveness.py, console/judgement/finish.py) over the judge's smaller view, so a run with no console
-attached is judged as an attached console judges it:
+what happened. A console with no judge (an older agent, or the judge gone) applies the same
+functions to its own RunState, shown to them as a view (console/judgement/local_judge.py), so
+a run is judged the same with a judge or without (docs/DESIGN-NOTES.md, "One judgement"):
 
 * :func:`check_stalls`: a rank that printed steps stalls after no step for longer than its
   threshold (the run's ``stall_after``, or 5x its median step time); a rank that prints no
-  steps stalls with the run's newest stepping rank; in a run where no rank prints steps, every
-  rank stalls once no rank's CPU has advanced for that long (agent/rules/rankcpu.py, from the
-  nodes' samples); a step, or in such a run a rank's CPU advancing, brings each back;
+  steps stalls with the run's newest stepping rank (:func:`step_stalls`); in a run where no
+  rank prints steps, every rank whose CPU has advanced stalls once no rank's has for that long
+  (:func:`cpu_stalls`; agent/rules/rankcpu.py, from the nodes' samples); a step, or in such a run a rank's CPU advancing, brings each back;
 * :func:`check_waiting`: a rendezvous waited in for longer than ``stall_after``, and the
   nodes it waits for (agent/rules/rendezvous.py, from each node's torchrun phase in its state.json);
 * :func:`cordon_proposal`: a node in trouble again (a verdict names it, a worker of it fails,
@@ -44,8 +45,10 @@ CORDON_WITHIN_S = 600.0  # trouble again this soon after a restart: the node, no
 # process: every fence has one), 68 video processor exception
 JOB_XIDS = (13, 31, 43, 45, 68)
 # what this judge applies, in its `judge` event: a console applies itself what is not listed
-# (console/judgement/liveness.py beside_judge: a judge older than these rules)
+# (console/judgement/local_judge.py beside_judge: a judge older than these rules)
 RULES = ("stalls", "cpu", "waiting", "verdict", "finish", "stragglers", "cordon")
+# what every judge applied, also one older than the `rules` list in its `judge` event
+FIRST_RULES = ("stalls", "verdict", "finish")
 
 
 def event(what, node, rank=None, **fields):
@@ -85,7 +88,15 @@ def stall_threshold(rs, minimum):
 
 
 def check_stalls(view, now):
-    """Mark ranks with no progress for longer than their threshold ``stalled``; the events."""
+    """Mark ranks with no progress for longer than their threshold ``stalled``; the events
+    (the ``stalls`` rule, :func:`step_stalls`, and the ``cpu`` rule, :func:`cpu_stalls`)."""
+    return step_stalls(view, now) + cpu_stalls(view, now)
+
+
+def step_stalls(view, now):
+    """A rank that printed steps stalls after no step for longer than its threshold; a rank
+    that prints no steps stalls with the run's newest stepping rank. Ranks of ended nodes
+    do not stall."""
     out = []
     for rs in view.ranks.values():
         if rs.state != "running" or rs.last_progress is None or view.nodes[rs.node].ended:
@@ -108,10 +119,10 @@ def check_stalls(view, now):
                                      idle_s=round(idle, 1),
                                      text="rank %d stalled: it prints no steps and the run has "
                                      "made none for %.0f s" % (rs.rank, idle)))
-    return out + _cpu_stalls(view, now)
+    return out
 
 
-def _cpu_stalls(view, now):
+def cpu_stalls(view, now):
     """A run where no rank prints steps: every rank whose CPU has advanced stalls once no
     rank's has for longer than ``stall_after`` (agent/rules/rankcpu.py says why not one alone)."""
     idle = rankcpu.silent_run_idle_s(view.ranks, view.rank_cpu, view.stall_after)
@@ -226,9 +237,9 @@ def _finished(ns):
     return ns.state == "exited" or (not ns.ended and (ns.phase or {}).get("name") == "finished")
 
 
-def ends_due(view):
-    """``{node: {"state", "cause", "text"}}``: live nodes to stop and how each ends (the
-    console's console/judgement/finish.py, over the judge's view)."""
+def ends_due(view, by="the judge"):
+    """``{node: {"state", "cause", "text"}}``: live nodes to stop and how each ends; ``by``:
+    who stops them, in the cause (a console with no judge: ``rankdeck``)."""
     finished = {n.name for n in view.nodes.values() if _finished(n)}
     out = {}
     last = max((r.step for r in view.ranks.values() if r.step is not None), default=None)
@@ -246,8 +257,8 @@ def ends_due(view):
         how = how_it_ended(failure.get("exit_code"))
         out[ns.name] = {"state": "failed", "cause": {
             "message": "rank %s %s after its last step%s, while the other nodes had finished; "
-                       "torchrun restarted it into a run that was over, so the judge stopped %s"
-                       % (rank, how, step, ns.name), "rank": rank},
+                       "torchrun restarted it into a run that was over, so %s stopped %s"
+                       % (rank, how, step, by, ns.name), "rank": rank},
             "text": "rank %s %s after its last step%s and the other nodes have finished: "
                     "stopping %s" % (rank, how, step, ns.name)}
     waiting = [ns for ns in view.nodes.values() if not ns.ended and ns.name in finished]

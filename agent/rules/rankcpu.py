@@ -1,6 +1,6 @@
 """Is a rank that prints nothing working? Its worker's CPU time, from the supervisors'
 periodic samples (agent/supervisor/ranksample.py). Plain data; one rule, applied by the run's judge
-(agent/rules/judge.py, in its own clock) and by a console with no judge (console/judgement/liveness.py,
+(agent/rules/judge.py, in its own clock) and by a console with no judge (console/judgement/local_judge.py,
 console/model/ranks.py). Standard library only; Python >= 3.9.
 
 The rule (docs/STATUS.md, ``ranks[].silent``):

@@ -12,7 +12,7 @@ its join timeout (600 s, torch's default; rankdeck's ``--rdzv-conf`` leaves it),
 whose torchrun has ended never joins. Nothing steps and nothing fails for ten minutes.
 
 One rule, two appliers: the run's judge (agent/rules/judge.py, over its RunView of
-agent/rules/judge_view.py, in its own clock) and a console with no judge (console/judgement/liveness.py, over
+agent/rules/judge_view.py, in its own clock) and a console with no judge (console/judgement/local_judge.py, over
 RunState). Plain functions on node and rank objects, duck-typed: a node has ``name``, ``state``
 and ``phase``, a rank ``node`` and ``last_progress``, all times in one clock. Phases come from
 a host and are untrusted: :func:`phase_of` keeps only known names and numbers, and cleans the

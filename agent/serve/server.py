@@ -10,8 +10,9 @@ up the log stream; every message goes through one writer lock.
 A console says who it is in its first request (``hello``: docs/PROTOCOL.md); one that says
 ``watch`` makes its connection read-only for good: this serve then refuses every request not
 in ``READ_ONLY_OPS`` (kind ``read-only``), whatever the client is. Each request that changes a
-run (agent/host/actions.py ``CHANGES``), done or refused, is appended to the node's action log.
-What that does and does not promise: docs/SECURITY.md, "Read-only consoles".
+run (agent/host/actions.py ``CHANGES``), done or refused, is appended to the node's action log
+by the writer the judge's link uses too; the node operations themselves are the ones the
+judge's link runs (agent/node/door.py, one door for both). What that does and does not promise: docs/SECURITY.md, "Read-only consoles".
 """
 
 import fcntl
@@ -25,7 +26,7 @@ import time
 from ..host import actions
 from ..surgery import expel
 from ..slurm import host_step
-from ..node import folder as node, fence as node_fence, ops as node_ops
+from ..node import door, folder as node
 from ..wire import protocol
 from ..host.paths import host_path, host_python
 from ..host.journal import read_back
@@ -112,43 +113,12 @@ class Server:
             return not isinstance(args, dict) or args.get("ask") not in READ_ONLY_ASKS
         return op not in READ_ONLY_OPS
 
-    @staticmethod
-    def answer(fn, args):
-        """The answer to one request, without its id."""
-        try:
-            data = fn(args)
-        except RequestError as exc:
-            return {"ok": False, "kind": exc.kind, "error": str(exc)}
-        except Exception as exc:  # report, never die: other runs' streams go on
-            return {"ok": False, "kind": "error", "error": "%s: %s" % (type(exc).__name__, exc)}
-        return {"ok": True, "data": data}
+    answer = staticmethod(door.answer)  # the answer to one request, without its id
 
     def log_action(self, op, args, started, reply):
-        """The request in the node's action log (agent/host/actions.py); one without a run folder
-        named (a sync before any run) is not logged."""
-        if not isinstance(args, dict) or not args.get("run_root") or not args.get("node"):
-            return
-        result = "ok" if reply["ok"] else "%s: %s" % (reply.get("kind"), reply.get("error"))
-        data = reply.get("data")
-        if isinstance(data, dict) and data.get("expelled") is False:  # asked, not done
-            result = "not done: %s" % data.get("why")
-        end = args.get("end")
-        detail = args.get("detail") or (
-            "the run is over: %s" % end.get("state") if isinstance(end, dict) else None)
-        try:  # a read-only connection's: a node of a run folder (docs/SECURITY.md)
-            ndir = node.node_dir(node.read_only_args(args) if self.read_only else args)
-        except (TypeError, ValueError, RequestError):
-            return
-        # a sync comes before the run: it makes the node's folder; the others need one
-        if not (op == "sync_commit" and not self.read_only or os.path.isdir(ndir)):
-            return
-        if reply.get("kind") == "read-only":  # a watcher's loop is a few lines, not a flood
-            keep, before = self.refusals.take(ndir, actions.CHANGES[op], args["node"])
-            if not keep:
-                return
-            detail = actions.left_out(before) if before else detail
-        actions.record(ndir, actions.entry(actions.CHANGES[op], args["node"], self.console,
-                                           started, result, detail))
+        """The request in the node's action log, through the writer the judge's link uses
+        too (agent/node/door.py ``log_action``)."""
+        door.log_action(op, args, self.console, started, reply, self.read_only, self.refusals)
 
     def op_hello(self, args):
         """The console says who it is (``who``: user@laptop, ``console``: its id), its
@@ -284,24 +254,24 @@ class Server:
     def op_sync_abort(self, args):
         return self._sync("sync_abort", args)
 
-    # -- the node's run (agent/node/folder.py, node_ops.py, node_fence.py) -------------------------
+    # -- the node's run: the one door the judge's link goes through too (agent/node/door.py) --
     def op_start(self, args):
-        return node_ops.start(args)
+        return door.OPS["start"](args)
 
     def op_stop(self, args):
-        return node_ops.stop(args)
+        return door.OPS["stop"](args)
 
     def op_restart(self, args):
-        return node_ops.restart(args)
+        return door.OPS["restart"](args)
 
     def op_fence(self, args):
-        return node_fence.fence(args, node_ops.stop)
+        return door.OPS["fence"](args)
 
     def op_unfence(self, args):
-        return node_fence.unfence(args)
+        return door.OPS["unfence"](args)
 
     def op_drop_workers(self, args):
-        return node_fence.drop_workers(args)
+        return door.OPS["drop_workers"](args)
 
     def op_host_up(self, args):
         """Whether this Slurm job's rankdeck-host step answers on this node (the console
@@ -309,7 +279,7 @@ class Server:
         return {"up": host_step.up()}
 
     def op_standby(self, args):
-        return node_fence.standby(args)
+        return door.OPS["standby"](args)
 
     def op_state(self, args):
         return node.state_of(args)

@@ -24,11 +24,10 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 
-from ..host import procs
+from ..host import detach, procs
 
 JOB_ENV = "RANKDECK_SLURM_JOB"
 IDLE_S = 5.0  # no child for this long once it had one: it ends (the run was stopped)
@@ -118,22 +117,7 @@ def spawn(argv, data=None, out=None, env=None, cwd=None):
             return Spawned(int(answer["pid"]), answer.get("starttime"))
         except HostAbsent:
             pass
-    return _start(argv, data, out, env, cwd)
-
-
-def _start(argv, data, out, env, cwd):
-    sink = open(out, "ab") if out else subprocess.DEVNULL
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else
-                                subprocess.DEVNULL, stdout=sink, stderr=sink,
-                                start_new_session=True, env=env, cwd=cwd)
-    finally:
-        if out:
-            sink.close()
-    if data is not None:
-        proc.stdin.write(data)
-        proc.stdin.close()
-    return proc
+    return detach.spawn(argv, data, out, env, cwd)
 
 
 # -- the host itself ------------------------------------------------------------------------
@@ -199,7 +183,7 @@ def _answer(conn, children):
     if env is not None and not (isinstance(env, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise ValueError("env is an object of strings")
-    proc = _start(argv, request.get("stdin", "").encode("utf-8"), request.get("out"), env,
+    proc = detach.spawn(argv, request.get("stdin", "").encode("utf-8"), request.get("out"), env,
                   request.get("cwd"))
     children[proc.pid] = proc
     info = procs.stat(proc.pid)

@@ -23,8 +23,8 @@ import time
 from ..surgery import expel
 from ..slurm import host_step
 from ..node import folder as node
-from ..host import procs
-from ..host.runfiles import log_tail, read_json, write_json_atomic
+from ..host import detach, procs
+from ..host.runfiles import read_json, write_json_atomic
 
 STORE_SCRIPT = "import sys; from agent.store.tcpstore import store_main; sys.exit(store_main(sys.argv[1:]))"
 SETTLE = 15.0  # seconds the run must look ended before the store stops (covers a restart)
@@ -176,28 +176,18 @@ def start_store(run_root, addr, python, port=0, timeout=120.0):
         return info
     os.makedirs(run_root, exist_ok=True)
     path = store_path(run_root)
-    if os.path.exists(path):
-        os.unlink(path)
     # (on a proctrack/cgroup Slurm site the job's rankdeck-host step starts it:
-    # agent/slurm/host_step.py)
-    proc = host_step.spawn([python or sys.executable, "-c", STORE_SCRIPT, addr, str(port), path],
-                           None, os.path.join(run_root, "store.log"), node.agent_env(), run_root)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = read_json(path)
-        if info:
-            info["starttime"] = procs.stat(info["pid"]).starttime
-            info["python"] = python  # a fresh store (fresh_store) starts with the same
-            write_json_atomic(path, info)
-            # Popen object is dropped: the store is a session leader of its own; the
-            # serve process reaps it only if it ends while serve lives.
-            return info
-        if proc.poll() is not None:
-            raise RuntimeError("rendezvous store failed to start (exit %s): %s" % (
-                proc.returncode, log_tail(os.path.join(run_root, "store.log"))))
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("rendezvous store did not start within %d s" % timeout)
+    # agent/slurm/host_step.py). The Popen is dropped: the store is a session leader of its
+    # own; the serve process reaps it only if it ends while serve lives.
+    info, _proc = detach.start(
+        [python or sys.executable, "-c", STORE_SCRIPT, addr, str(port), path], path,
+        "the rendezvous store", out=os.path.join(run_root, "store.log"), env=node.agent_env(),
+        cwd=run_root, timeout=timeout, spawn=host_step.spawn)
+    info["starttime"] = procs.stat(info["pid"]).starttime
+    info["python"] = python  # a fresh store (fresh_store) starts with the same
+    write_json_atomic(path, info)
+    os.chmod(path, 0o600)  # owner-only, as detach.start left it, whatever this umask
+    return info
 
 
 def fresh_store(run_root, addr, python, timeout=120.0):

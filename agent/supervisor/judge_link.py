@@ -12,9 +12,10 @@ seconds; the node's run never waits for it.
 Requests are answered on the link's own threads: ``why`` runs agent/torchrun/fr_dump.py's node report
 (masked with the run's secrets before it leaves the host; with ``args.signals`` false, a
 read-only watcher's verdict, the ranks get no signal: py-spy alone takes their stacks);
-``restart`` and ``stop`` signal the supervisor itself (SIGUSR1, SIGTERM after writing how the
-node ends), exactly as a console's request through ``serve`` does, and are kept in the node's
-action log as the judge's (``who`` ``judge``), as serve keeps a console's.
+``restart``, ``stop``, ``fence`` and ``drop_workers`` go through the door a console's request
+through ``serve`` goes through (agent/node/door.py: the same operation, the same action-log
+writer), as the judge's (``who`` ``judge``); ``log_expel`` keeps the judge's expel of this
+node's old torchrun in the node's action log.
 
 Standard library only; Python >= 3.9.
 """
@@ -24,20 +25,20 @@ import signal
 import threading
 import time
 
-from ..host import actions
-from ..surgery import expel
+from ..node import door
 from ..wire import judge as judge_wire
 from ..host.journal import JournalReader
-from ..node.fence import drop_workers, fenced_end, mark_fenced
-from ..node.ops import STOP_END, restart
-from ..host.runfiles import read_json, write_json_atomic
+from ..host.runfiles import read_json
 
-FORWARD = ("file", "metric", "event", "sample")  # steps, ranks, events; samples: stragglers
+# steps, ranks, events; samples: stragglers; telemetry (every 10 s) and ckpt_done: the
+# judge's --prometheus GPU and checkpoint figures (agent/judge/figures.py), its view reads neither
+FORWARD = ("file", "metric", "event", "sample", "telemetry", "ckpt_done")
 POLL = 0.5
 DRAIN_READS = 256  # reads of the journal (of a MiB each) one turn makes at most
 BACKOFF = (1.0, 2.0, 5.0)
 RESTART_WAIT = 180.0
 MAX_ASKS = 8  # the judge's requests answered at once (a thread each); more are refused
+NODE_OPS = ("restart", "stop", "fence", "drop_workers")  # the judge's, through agent/node/door.py
 JUDGE = {"who": "judge", "console": "judge"}  # who the action log names for the judge's asks
 
 
@@ -188,82 +189,85 @@ class JudgeLink:
 
     def _answer(self, line, msg):
         op, req_id = msg.get("op"), msg.get("id")
+        args = msg.get("args") if isinstance(msg.get("args"), dict) else {}
+        if op in NODE_OPS:  # the node operations serve runs (agent/node/door.py)
+            return self._node_op(line, op, req_id, args)
+        if op == "log_expel":
+            return self._log_expel(line, req_id, args)
         try:
             if op == "why":  # signals False: a watcher's verdict, none to the ranks
-                args = msg.get("args") if isinstance(msg.get("args"), dict) else {}
                 data = self.why(signals=args.get("signals") is not False)
-            elif op == "restart":
-                master_port = (msg.get("args") or {}).get("master_port")
-                data = self._logged("restart", lambda: self._restart(master_port))
-            elif op == "stop":
-                end = (msg.get("args") or {}).get("end")
-                detail = "the run is over: %s" % end.get("state") if isinstance(end, dict) \
-                    else None
-                data = self._logged("stop", lambda: self._stop(end), detail)
-            elif op == "fence":
-                args = msg.get("args") or {}
-                data = self._logged("fence", lambda: self._fence(args),
-                                    str(args.get("why") or "")[:200] or None)
-            elif op == "drop_workers":  # the judge cordons a hung node: ours wait for it
-                data = self._logged("drop_workers", lambda: drop_workers({
-                    "run_root": os.path.dirname(self.node_dir.rstrip(os.sep)),
-                    "node": os.path.basename(self.node_dir.rstrip(os.sep))}))
             else:
                 raise ValueError("unknown request %r" % (op,))
             line.send({"t": "res", "id": req_id, "ok": True, "data": data})
         except judge_wire.WireError:
             return
         except Exception as exc:  # an answer, never a dead link
-            try:
-                line.send({"t": "res", "id": req_id, "ok": False, "error": str(exc)[:300]})
-            except judge_wire.WireError:
-                return
+            self._send_error(line, req_id, str(exc))
 
-    def _logged(self, op, do, detail=None):
-        """``do()``, kept in the node's action log as the judge's with its outcome (a stop is
-        logged before its SIGTERM, a fence too: the supervisor may be gone before a later write)."""
+    def _node_op(self, line, op, req_id, args):
+        """The judge's ``op`` done through the door serve's requests go through
+        (agent/node/door.py): the same operation, kept in the node's action log by the same
+        writer, as the judge's (``who`` ``judge``). A stop or a fence of this very node is
+        answered, and logged, before this process sends itself SIGTERM: it cannot wait for its
+        own end (its last state says what the stop left)."""
         started = time.time()
-        node = os.path.basename(self.node_dir.rstrip(os.sep))
-
-        def log(result):
-            actions.record(self.node_dir, actions.entry(actions.CHANGES[op], node, JUDGE,
-                                                        started, result, detail))
-        if op in ("stop", "fence"):
-            log("ok")
-            return do()
+        node_args = self._node_args(op, args)
+        inside = op in ("stop", "fence")
+        reply = door.answer(lambda a: door.OPS[op](a, inside) if inside else door.OPS[op](a),
+                            node_args)
+        door.log_action(op, node_args, JUDGE, started, reply)
+        data = reply.get("data")
+        if reply["ok"] and op == "fence":  # what the judge reads of it (agent/judge/cordon.py)
+            data = {"member": data.get("member"), "fenced": True}
+        elif reply["ok"] and op == "stop":
+            data = {}
         try:
-            data = do()
-        except Exception as exc:
-            log("error: %s" % exc)
-            raise
-        log("ok")
-        return data
+            if reply["ok"]:
+                line.send({"t": "res", "id": req_id, "ok": True, "data": data})
+            else:
+                self._send_error(line, req_id, reply.get("error") or "")
+        except judge_wire.WireError:
+            pass  # the judge went: the stop it asked for happens all the same
+        finally:
+            if reply["ok"] and inside:
+                os.kill(os.getpid(), signal.SIGTERM)
 
-    def _restart(self, master_port=None):
-        """Restart the node (``master_port``: on that port, a static world's restart) through
-        the node operation serve's ``restart`` runs (agent/node/ops.py), one door for both: it
-        answers once the new torchrun started and the old one is gone, with ``member``, the old
-        torchrun in the c10d rendezvous (agent/surgery/expel.py: the judge has it taken out).
-        The link's own copy waited only for ``running`` and answered with no member while the
-        old torchrun was still exiting, so the judge's restart skipped the expel."""
+    def _node_args(self, op, args):
+        """The judge's request ``args`` as serve's request for ``op`` has them."""
         node_dir = self.node_dir.rstrip(os.sep)
-        return restart({"run_root": os.path.dirname(node_dir), "node": os.path.basename(node_dir),
-                        "master_port": master_port, "timeout": RESTART_WAIT})
+        out = {"run_root": os.path.dirname(node_dir), "node": os.path.basename(node_dir)}
+        if op == "restart":  # ``master_port``: a static world's restart on that port
+            out.update(master_port=args.get("master_port"), timeout=RESTART_WAIT)
+        elif op == "stop":
+            out["end"] = args.get("end") if isinstance(args.get("end"), dict) else None
+        elif op == "fence":  # the judge's cordon (--auto-cordon): fenced, then stopped
+            out.update(fence={"who": str(args.get("who") or "the judge")[:200],
+                              "why": str(args.get("why") or "cordoned by the judge")[:300]},
+                       grace=args.get("grace"))
+        return out
 
-    def _fence(self, args):
-        """The judge's cordon (--auto-cordon): fenced first, as `fence` from a console does
-        (agent/node/fence.py), then stopped; the stop's kill report (``left``: what survived it)
-        reaches the judge in the node's last state. ``member``: its torchrun in the c10d
-        rendezvous, read before the stop (agent/surgery/expel.py), or None."""
-        why = str(args.get("why") or "cordoned by the judge")
-        mark_fenced(self.node_dir, {"who": str(args.get("who") or "the judge")[:200],
-                                    "why": why[:300]})
-        st = read_json(os.path.join(self.node_dir, "state.json")) or {}
-        member = expel.member(st.get("torchrun_pid"))
-        return dict(self._stop(fenced_end(why, args.get("grace"), 500)), member=member)
+    def _log_expel(self, line, req_id, args):
+        """The judge had the store beside it take this node's old torchrun out of the
+        rendezvous (after its restart: agent/judge/policy.py): kept in this node's action log,
+        the node it was done for (the judge's host may run no node of the run). ``expelled``,
+        ``why``: the store's answer; ``pid``: the old torchrun's."""
+        pid = args.get("pid") if isinstance(args.get("pid"), int) else "?"
+        node_args = dict(self._node_args("expel", args), detail=(
+            "the judge had the store on its host take this node's old torchrun, pid %s, out "
+            "of the rendezvous after its restart" % pid))
+        started = args.get("at") if isinstance(args.get("at"), (int, float)) else time.time()
+        door.log_action("expel", node_args, JUDGE, started, {"ok": True, "data": {
+            "expelled": args.get("expelled") is True,
+            "why": str(args.get("why") or "no reason given")[:200]}})
+        try:
+            line.send({"t": "res", "id": req_id, "ok": True, "data": {}})
+        except judge_wire.WireError:
+            pass
 
-    def _stop(self, end):
-        if isinstance(end, dict):
-            write_json_atomic(os.path.join(self.node_dir, STOP_END), end)
-        os.kill(os.getpid(), signal.SIGTERM)
-        return {}
+    @staticmethod
+    def _send_error(line, req_id, error):
+        try:
+            line.send({"t": "res", "id": req_id, "ok": False, "error": str(error)[:300]})
+        except judge_wire.WireError:
+            pass

@@ -297,7 +297,7 @@ class Supervisor(LauncherProcess):
     def stop_end(self):
         """How this stop ends the node: ``stopped``, or what the console found the node's run
         had come to (a ``stop`` with ``end``, which agent/node/ops.py leaves in STOP_END before
-        it signals; console/judgement/finish.py says when and why), or ``stopped`` with the reason the
+        it signals; agent/rules/judge.py ``ends_due`` says when and why), or ``stopped`` with the reason the
         run's judge stopped it (``--max-wall``, ``--on-nan stop``)."""
         path = os.path.join(self.node_dir, STOP_END)
         end = read_json(path, None)

@@ -8,7 +8,7 @@ elastic/multiprocessing/api.py, ``SubprocessContext._poll``)::
 and then, with restarts left, restarts the worker group. The supervisor journals each as a
 ``worker_failed`` event naming the rank and the exit code, so that the console can tell a run
 that is over from one that is not: a worker that aborted in its interpreter's teardown after
-its last step gets restarted into a rendezvous no peer will join (console/judgement/finish.py).
+its last step gets restarted into a rendezvous no peer will join (agent/rules/judge.py ``ends_due``).
 Standard library only; runs on Python >= 3.8.
 """
 

@@ -2,12 +2,13 @@
 into its own journal on the rendezvous host; every console reads that journal as it reads a
 node's (the rendezvous host's link subscribes to it as ``judge``) and shows the same thing.
 
-With a judge the console only looks: its own stall, rendezvous-wait, verdict and finish rules
-are off (RunController's housekeeping asks :func:`judged`; a judge older than some of them
-says which it applies: :func:`judge_applies`), `w` and `why` ask the judge for a fresh
-verdict; the run's wait (``waiting``: what its rendezvous waits for) comes from the judge's
-``waiting`` and ``waiting over`` events. Without one (an agent older than the judge, or the judge gone) the console judges
-as before and says so once (``judge`` event).
+With a judge the console only looks: it applies none of the judge's rules (RunController's
+housekeeping asks :func:`judged`), or only those a judge older than some of them does not
+list (:func:`judge_applies`); `w` and `why` ask the judge for a fresh verdict; the run's wait
+(``waiting``: what its rendezvous waits for) comes from the judge's ``waiting`` and ``waiting
+over`` events. Without one (an agent older than the judge, or the judge gone) the console
+applies the same rules itself (console/judgement/local_judge.py), whose events come in here
+too (:func:`apply_event`), and says once that it judges the run (``judge`` event).
 
 Records: ``event`` metas with ``what`` in JUDGE_EVENTS (docs/PROTOCOL.md "The judge"), checked
 by console/run/messages.py before they arrive here. Plain code: no asyncio, no Textual.
@@ -44,7 +45,7 @@ def apply_judge_records(state: RunState, recs: list, end: int, host: str) -> Non
     for rec in recs:
         meta = rec[0]
         if meta.get("k") == "event" and meta.get("what") in JUDGE_EVENTS:
-            _event(state, meta)
+            apply_event(state, meta)
     state.judge_offset = end
     state.changed(host)
 
@@ -58,7 +59,10 @@ def settle(state: RunState) -> None:
             rs.state = "stalled"
 
 
-def _event(state: RunState, meta: dict) -> None:
+def apply_event(state: RunState, meta: dict, by_judge: bool = True) -> None:
+    """One event of the judge's rules into RunState: the judge's (from its journal), or
+    ``by_judge=False`` this console's own, when it applies the same rules to RunState
+    (console/judgement/local_judge.py: the rule marked the rank and kept the wait itself)."""
     what, node, rank = meta["what"], meta.get("node"), meta.get("rank")
     node = node if node in state.nodes else None
     text = clean(meta.get("text") or what, limit=600)
@@ -75,6 +79,9 @@ def _event(state: RunState, meta: dict) -> None:
     elif what == "verdict" and isinstance(meta.get("verdict"), dict):
         state.set_verdict(clean_tree(meta["verdict"]))
         return  # set_verdict says it, once when it is news
+    elif what == "stalled" and isinstance(rank, int) and not by_judge:
+        if rs is not None and not rs.reports:
+            state.silent_waiting.add(rank)  # the run's next step wakes it (console/model/ranks.py)
     elif what == "stalled" and isinstance(rank, int):
         state.judge_stalled.add(rank)
         settle(state)
@@ -83,9 +90,9 @@ def _event(state: RunState, meta: dict) -> None:
         if rs is not None and rs.state == "stalled":
             rs.state = "running"
             state.silent_waiting.discard(rs.rank)
-    elif what == "waiting":
+    elif what == "waiting" and by_judge:
         state.waiting = _wait(meta, text)
-    elif what == "waiting over":
+    elif what == "waiting over" and by_judge:
         state.waiting = None
     elif what == "surgery" and meta.get("who") == "judge" and meta.get("action") == "outcome":
         _judge_surgery(state, meta, text)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from agent.rules.notify import KINDS as NOTIFY_KINDS
+from inventory.addresses import listen_address
 from inventory.model import Inventory
 from ..errors import UsageError
 
@@ -61,6 +62,12 @@ def judge_settings(args, inv: Inventory) -> dict:
         if unknown:
             raise UsageError("--notify-on: unknown kind(s) %s; choose from %s"
                              % (", ".join(unknown), ", ".join(NOTIFY_KINDS)))
+    prometheus = getattr(args, "prometheus", None) or getattr(inv, "prometheus", None)
+    if prometheus is not None:
+        try:
+            listen_address(prometheus)
+        except ValueError as exc:
+            raise UsageError("--prometheus %s" % exc) from None
     return {"stall_after": args.stall_after or 60.0,
             "on_hang": getattr(args, "on_hang", "warn"),
             "on_nan": getattr(args, "on_nan", "warn"),
@@ -70,7 +77,8 @@ def judge_settings(args, inv: Inventory) -> dict:
             "notify": getattr(args, "notify", None) or getattr(inv, "notify", None),
             "notify_on": kinds,
             "auto_cordon": bool(getattr(args, "auto_cordon", False)),
-            "cordon_within": getattr(args, "cordon_within", 600.0)}
+            "cordon_within": getattr(args, "cordon_within", 600.0),
+            "prometheus": prometheus}
 
 
 def check_nnodes(nnodes: str, hosts: int, inventory: str) -> None:

@@ -56,6 +56,9 @@ class LaunchSpec:
     # trouble again this soon after its restart is proposed (0: never)
     auto_cordon: bool = False
     cordon_within: float = 600.0
+    # `[ADDR:]PORT`: the run's judge serves Prometheus metrics there (docs/PROMETHEUS.md);
+    # ADDR defaults to the rendezvous host's address
+    prometheus: str | None = None
     # on Slurm (docs/SLURM.md): ask for a checkpoint this many seconds before the job's time
     # limit; ``requeue``: then requeue the job and resume the run when it runs again
     signal_before: float | None = None

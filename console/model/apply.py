@@ -137,7 +137,7 @@ def _supervisor_event(run, ns: NodeState, meta: dict) -> None:
             bad = run.ranks.get(cause["rank"])
             if bad:
                 bad.state = "failed"
-        known = ns.exit_code is not None  # a node rankdeck ended has none (console/judgement/finish.py)
+        known = ns.exit_code is not None  # a node rankdeck ended has none (agent/rules/judge.py ends_due)
         text = {"exited": "exited %s" % ns.exit_code if known else "exited",
                 "stopped": "stopped: %s" % ns.cause if ns.cause else "stopped"}.get(
             state, "failed%s: %s" % (" (exit %s)" % ns.exit_code if known else "", ns.cause))

@@ -71,6 +71,7 @@ class RankState:
     nan_streak: int = 0  # its metric records in a row with such a loss (agent/rules/judge.py)
     last_progress: float | None = None
     reports: bool = False  # it has printed a metric; a silent one steps with the run's ranks
+    busy: bool = False  # its worker's CPU has advanced (a CPU stall stalls only such ranks)
     started: float | None = None  # when its newest worker's file appeared
     step_times: deque = field(default_factory=lambda: deque(maxlen=64))
     points: Series = field(default_factory=Series)

@@ -137,6 +137,9 @@ def sample(run, ns: NodeState, meta: dict) -> None:
         node = run.ranks[rank].node if rank in run.ranks else ns.name
         run.add_event(node, kind, text, rank, meta.get("ts"))
     moved = run.rank_cpu.add(meta)
+    for rank in moved:
+        if rank in run.ranks:
+            run.ranks[rank].busy = True  # as the judge's view marks it (agent/rules/judge_view.py)
     wake = [r for r in moved if r in run.ranks and run.ranks[r].state == "starting"
             and not run.ranks[r].reports]
     if moved and not any(r.reports for r in run.ranks.values()):

@@ -5,7 +5,7 @@ states from every node (``apply_records``, ``apply_supervisor_state``: the reduc
 console/model/apply.py and console/model/ranks.py); the headless printer and the TUI read it
 and subscribe to :class:`~console.model.nodes.LineBatch` callbacks. Its nodes, ranks, files
 and events are console/model/nodes.py's records. What time alone changes (stalls, a
-rendezvous that waits, asking again who is stuck) is ruled in console/judgement/liveness.py. Every
+rendezvous that waits, asking again who is stuck) is ruled by the judge's rules (agent/rules/judge.py), applied here by console/judgement/local_judge.py when the run has no judge. Every
 buffer is bounded (lines and loss points per rank in console/model/buffers.py, events here).
 """
 
@@ -26,7 +26,7 @@ from .nodes import ENDED, LINES_PER_NODE, LINES_PER_RANK, Event, LineBatch, Node
 from .telemetry import hardware_events, hardware_of, node_row
 
 EVENTS = 2000
-STALL_MIN_S = 60.0  # --stall-after's default (the rules: console/judgement/liveness.py)
+STALL_MIN_S = 60.0  # --stall-after's default (the rules: agent/rules/judge.py)
 
 RUN_ENDED = ("succeeded", "failed", "stopped", "gone")  # a run's end states (RunState.run_state)
 
@@ -61,7 +61,7 @@ class RunState:
         self.record_listeners: list[Callable[[str, dict], None]] = []
         self.total_lines = 0
         self.world_size: int | None = None
-        self.waiting: dict | None = None  # the rendezvous waited in too long (liveness.py)
+        self.waiting: dict | None = None  # the rendezvous waited in too long (agent/rules/judge.py check_waiting)
         # a Slurm run's job now (console/slurm/slurm.py job_now), ``at`` when asked: the header's
         # time left
         self.slurm: dict | None = None
@@ -72,7 +72,7 @@ class RunState:
         self.silent_waiting: set[int] = set()  # silent ranks the run's next step wakes
         self.verdict: dict | None = None  # who is stuck (agent/rules/verdict.py), while stalled
         self.verdict_at = 0.0  # when it was taken
-        self.verdict_tries = 0  # looks again at an unknown verdict (console/judgement/liveness.py)
+        self.verdict_tries = 0  # looks again at an unknown verdict (agent/rules/judge.py)
         self.judge: dict | None = None  # the judge on the hosts, its settings (console/judgement/judged.py)
         self.judge_offset = 0  # in the judge's journal
         self.stall_min_given = False  # `--stall-after` given to this console: it wins

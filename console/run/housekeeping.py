@@ -1,7 +1,7 @@
 """The RunController's round, once a second while it follows a run (console/run/attach.py
 starts it): the judge's rulings followed when the run has a judge (console/judgement/judged.py), else
-this console's own rules (stalls and who is stuck: console/judgement/liveness.py; nodes stopped once
-the run is over: console/judgement/finish.py); the run's status saved for `ls` and later consoles.
+the judge's rules applied here (console/judgement/local_judge.py: stalls and who is stuck; nodes
+stopped once the run is over); the run's status saved for `ls` and later consoles.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import time
 
 from ..surgery.autocordon import follow_judge
 from ..errors import AgentError
-from ..judgement.finish import ends_due
 from ..judgement.judged import judged, settle
 from .link import NodeLink
-from ..judgement.liveness import beside_judge, check_stalls, verdict_again_due
+from ..judgement.local_judge import beside_judge, ends_due, judge_locally
 from ..model.state import RUN_ENDED
 
 
@@ -24,7 +23,7 @@ class Housekeeping:
 
     def __init__(self, ctl):
         self.ctl = ctl
-        self.ending: set[str] = set()  # nodes being stopped by console/judgement/finish.py's rules
+        self.ending: set[str] = set()  # nodes being stopped by the run's end rules
         self.ending_stops: list[asyncio.Task] = []  # their stop requests
         self.verdict_task: asyncio.Task | None = None
 
@@ -39,7 +38,8 @@ class Housekeeping:
                 if beside_judge(ctl.state):  # the rules an older judge does not apply
                     self.start_verdict()
             else:
-                if check_stalls(ctl.state) or verdict_again_due(ctl.state):
+                stalled, again = judge_locally(ctl.state)
+                if stalled or again:
                     self.start_verdict()
                 if not ctl.me.read_only:
                     self.end_finished_nodes()
@@ -50,7 +50,7 @@ class Housekeeping:
 
     def end_finished_nodes(self) -> None:
         """Stop, once each, the nodes whose torchrun waits for what cannot come now that the
-        run is over (console/judgement/finish.py), telling each node how it ended."""
+        run is over (agent/rules/judge.py ``ends_due``), telling each node how it ended."""
         for name, end in ends_due(self.ctl.state).items():
             link = self.ctl.links.get(name)
             if name in self.ending or link is None or link.stream is None:

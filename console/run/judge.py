@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import secrets as _secrets
 
+from inventory.addresses import listen_address
 from inventory.model import Host
 from ..slurm import slurm
 from ..errors import AgentError
@@ -35,7 +36,9 @@ async def start_judge(ctl, rdzv: Host, hosts: list[Host], spec: LaunchSpec) -> N
                 "nnodes_min": nnodes_range(spec.nnodes, len(hosts))[0],
                 # a job `submit` made ends with the run (docs/SLURM.md)
                 "release_job": slurm.job_of(ctl.inventory.transport or "")
-                if spec.release_job else None}
+                if spec.release_job else None,
+                # --prometheus (agent/judge/prometheus.py): where, and each node's address
+                "prometheus": prometheus_spec(spec.prometheus, rdzv, ctl.inventory.hosts)}
     try:
         info = await ctl.links[rdzv.name].request(
             "judge_start", run_root=ctl.root_of(rdzv.name), spec=settings, timeout=60)
@@ -46,7 +49,23 @@ async def start_judge(ctl, rdzv: Host, hosts: list[Host], spec: LaunchSpec) -> N
                             "judges the run, only while it is attached" % why)
         return
     ctl.record["judge"] = {"host": rdzv.name, "addr": rdzv.addr, "port": info.get("port")}
+    served = info.get("prometheus") if isinstance(info.get("prometheus"), dict) else {}
+    if spec.prometheus and isinstance(served.get("url"), str):
+        ctl.record["judge"]["prometheus"] = served["url"]
+    elif spec.prometheus:  # the run goes on; the judge's own event says so too
+        ctl.state.add_event(rdzv.name, "judge", "no Prometheus metrics: %s" % (
+            served.get("error") or "the judge on %s serves none (an older agent)" % rdzv.name))
     ctl.judge_ref = {"addr": rdzv.addr, "port": info.get("port"), "token": token}
+
+
+def prometheus_spec(given: str | None, rdzv: Host, hosts: list[Host]) -> dict | None:
+    """``--prometheus [ADDR:]PORT`` as the judge's spec takes it: ADDR (default: the
+    rendezvous host's, where the judge listens), PORT and every host's address by name (the
+    ``host`` label; spares too, which may join)."""
+    if not given:
+        return None
+    addr, port = listen_address(given)
+    return {"addr": addr or rdzv.addr, "port": port, "hosts": {h.name: h.addr for h in hosts}}
 
 
 async def why(ctl) -> dict:

@@ -275,7 +275,7 @@ class RunController:
     async def wait_done(self) -> str:
         """Wait for the run to end; its end state (one of RUN_ENDED)."""
         await self.until(lambda: self.state.run_state() in RUN_ENDED)
-        # A node the end rules stop (console/judgement/finish.py) counts as ended once its supervisor
+        # A node the end rules stop (agent/rules/judge.py ends_due) counts as ended once its supervisor
         # says so, a moment before that process is gone; its stop request returns only when
         # nothing of the node is left, so the run is over when those stops are too.
         pending = [t for t in self.housekeeping.ending_stops if not t.done()]

@@ -161,7 +161,8 @@ async def job_inventory(inv: Inventory, job_id: str, transport) -> Inventory:
     hosts = [replace(login, name=n, addr=resolved[0] if n == names[0] and resolved
                      else addrs.get(n, n), env=dict(login.env)) for n in names]
     return Inventory(path=inv.path, hosts=hosts, transport=TRANSPORT_PREFIX + job.job_id,
-                     name=inv.name, sync=inv.sync, notify=inv.notify)
+                     name=inv.name, sync=inv.sync, notify=inv.notify,
+                     prometheus=inv.prometheus)
 
 
 CGROUP_WARNING = (

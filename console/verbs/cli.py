@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: the inventory's notify:; docs/JUDGE.md)")
     la.add_argument("--notify-on", metavar="KINDS", help="comma-separated: stall, verdict, "
                     "failed, succeeded, stopped, restarted, diverged, cordon, loop (default: all)")
+    la.add_argument("--prometheus", metavar="[ADDR:]PORT", help="the run's judge serves "
+                    "Prometheus metrics at http://ADDR:PORT/metrics while the run lives, "
+                    "console or not; ADDR defaults to the rendezvous host's address; no "
+                    "authentication (default: the inventory's prometheus:; "
+                    "docs/PROMETHEUS.md)")
     la.add_argument("--launcher", choices=LAUNCHERS, default=None,
                     help="what starts each node's ranks (default: the inventory's launcher:, "
                     "else torchrun; docs/LAUNCHERS.md)")

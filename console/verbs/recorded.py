@@ -19,7 +19,7 @@ from ..records.history import History, seen_text, state_dir
 from ..run.hosted_record import known_or_fetched
 from ..judgement.judged import judged, settle
 from .launch import cmd_launch
-from ..judgement.liveness import beside_judge, check_stalls
+from ..judgement.local_judge import beside_judge, check_stalls
 from ..records.report import RunReport
 from ..launch.dryrun import recorded_lines
 from ..run.run import RunController

@@ -15,6 +15,7 @@ import types
 
 import pytest
 
+from agent.host import procs
 from agent.node import folder as node, fence as node_fence, ops as node_ops
 from agent.judge.control import running_judge, start_judge, stop_judge
 from tests.agent.test_judge import TOKEN, FakeNode, events, fr, rank_1_hangs, stack
@@ -128,25 +129,37 @@ def test_auto_cordon_without_a_spare_or_room_to_shrink_does_nothing_and_says_why
 
 
 def test_a_nodes_link_fences_it_before_it_stops(tmp_path, monkeypatch):
-    """The judge's ``fence`` through a node's own link (agent/supervisor/judge_link.py): fenced.json
-    first (no start or restart from then on), then the supervisor's stop (its own SIGTERM,
-    caught here), ending ``stopped`` with the judge's reason."""
+    """The judge's ``fence`` through a node's own link (agent/supervisor/judge_link.py), the
+    fence serve runs (agent/node/door.py): fenced.json first (no start or restart from then
+    on), then the supervisor's stop (its own SIGTERM, caught here), sent once the judge has
+    its answer, ending ``stopped`` with the judge's reason; in the node's action log as the
+    judge's, with its reason."""
     from agent.supervisor import judge_link
-    from agent.host.runfiles import read_json
+    from agent.host import actions
+    from agent.host.runfiles import read_json, write_json_atomic
     ndir = tmp_path / "run" / "node1"
     ndir.mkdir(parents=True)
+    # this process stands for the node's supervisor, whose link answers the judge
+    write_json_atomic(str(ndir / "state.json"), {"state": "running", "pid": os.getpid(),
+                                                 "starttime": procs.stat(os.getpid()).starttime,
+                                                 "run_id": "r1", "node": "node1"})
     link = judge_link.JudgeLink({}, "node1", str(ndir), dict, dict, lambda _t: None)
     sent = []
     monkeypatch.setattr(judge_link.os, "kill", lambda pid, sig: sent.append((pid, sig)))
-    assert link._fence({"who": "judge", "why": "cordoned by the judge (--auto-cordon): x",
-                        "grace": 0}) == {"member": None}  # no torchrun ran here
-    assert sent == [(os.getpid(), signal.SIGTERM)]
+    link._answer(types.SimpleNamespace(send=sent.append), {"op": "fence", "id": 4, "args": {
+        "who": "judge", "why": "cordoned by the judge (--auto-cordon): x", "grace": 0}})
+    # no torchrun ran here: no member; the answer first, then the SIGTERM
+    assert sent == [{"t": "res", "id": 4, "ok": True, "data": {"member": None, "fenced": True}},
+                    (os.getpid(), signal.SIGTERM)]
     assert read_json(str(ndir / node_fence.FENCE))["who"] == "judge"
     # grace 0: a node the verdict named is hung, killed at once (Supervisor.stop_end)
     assert read_json(str(ndir / node_ops.STOP_END)) == {"state": "stopped", "grace": 0, "cause": {
         "message": "cordoned by the judge (--auto-cordon): x"}}
     with pytest.raises(Exception, match="cordoned"):
         node_fence.refuse_if_fenced(str(ndir))
+    logged = actions.read(str(ndir))[0]
+    assert [(a["action"], a["who"], a["result"], a["detail"]) for a in logged] == [
+        ("cordon", "judge", "ok", "cordoned by the judge (--auto-cordon): x")]
 
 
 def test_a_gpu_xid_is_journaled_by_the_node_and_its_judge_cordons_the_node(

@@ -13,7 +13,7 @@ import time
 import pytest
 from rich.cells import cell_len
 
-import console.judgement.liveness
+import console.judgement.local_judge
 import console.run.preflight
 import console.run.attach
 import console.run.control
@@ -52,7 +52,7 @@ class FrozenTime:
 
 @pytest.fixture(autouse=True)
 def frozen(monkeypatch, tmp_path):
-    for module in (console.model.state, console.model.ranks, console.judgement.liveness, console.run.launch,
+    for module in (console.model.state, console.model.ranks, console.judgement.local_judge, console.run.launch,
                    console.run.attach, console.run.control, console.run.housekeeping,
                    console.run.preflight):
         monkeypatch.setattr(module, "time", FrozenTime(NOW))

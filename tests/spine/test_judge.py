@@ -120,10 +120,22 @@ def test_on_hang_restart_restarts_the_named_node_and_every_rank_steps_again(tmp_
         assert "taken out of the rendezvous at once" in expelled[0]["text"], expelled
         policy = [e for e in judge_events(workdir, run_id) if e["what"] == "policy"]
         assert any("restarting %s" % node in e["text"] for e in policy), policy
-        # kept in the node's action log as the judge's, beside the consoles' (`rankdeck actions`)
-        logged = json.loads(rankdeck("actions", run_id, "--json", env=UNBUFFERED).stdout)
+        # kept in the node's action log as the judge's, beside the consoles' (`rankdeck actions`):
+        # the restart and the expel of its old torchrun, both written by the writer serve uses
+        # (agent/node/door.py), the expel in the log of the node it was done for. "at once": the
+        # store found the dead entry still there and removed it, so the survivors' round did
+        # not wait for it to expire (a late expel says it was out of the rendezvous already)
+        logged: list = []
+
+        def in_the_log() -> bool:
+            logged[:] = json.loads(rankdeck("actions", run_id, "--json", env=UNBUFFERED).stdout)
+            return any(a["action"] == "expel" and a["node"] == node for a in logged)
+        wait_for_sync(in_the_log, 60, lambda: "the judge's expel in the action log: %s" % logged)
         assert any(a["action"] == "restart" and a["node"] == node and a["who"] == "judge"
                    and a["result"] == "ok" for a in logged), logged
+        expel = [a for a in logged if a["action"] == "expel" and a["node"] == node]
+        assert [(a["who"], a["result"]) for a in expel] == [("judge", "ok")], expel
+        assert "old torchrun" in expel[0]["detail"], expel
         # every rank steps again past the hang
         steps: list = []
 

@@ -11,7 +11,10 @@ import os
 
 import pytest
 
+from agent.rules.rankcpu import stall_text
+from console.errors import AgentError
 from console.records.history import History
+from console.run.link import NodeLink
 from console.run.run import LaunchSpec, RunController
 from console.transport.local import LocalTransport
 
@@ -69,3 +72,40 @@ def test_a_detached_run_that_prints_nothing_is_stalled_by_its_judge(tmp_path):
         assert [r["state"] for n in status["nodes"] for r in n["ranks"]] == ["stalled"] * 2
     finally:
         stop(run_id)
+
+
+async def test_with_no_judge_the_console_stalls_the_run_by_the_judges_rule(tmp_path, monkeypatch):
+    """An agent older than the judge answers ``judge_start`` as an unknown request (agent/serve/
+    server.py). The console says once that it judges the run, and applies the judge's own
+    rules (agent/rules/judge.py, through console/judgement/local_judge.py): both silent ranks
+    stall when their CPU stops, in the judge's words; `status` from a new shell, which
+    replays the journals (every record at once) and finds no judge, says the same."""
+    follow = NodeLink.request
+
+    async def older_agent(link, op, timeout=120.0, **args):
+        if op == "judge_start":
+            raise AgentError("unknown request 'judge_start' (agent 0.1)", "usage")
+        return await follow(link, op, timeout=timeout, **args)
+
+    monkeypatch.setattr(NodeLink, "request", older_agent)
+    ctl = RunController(local_inventory(tmp_path / "work", n=2), LocalTransport(), History())
+    await ctl.launch(LaunchSpec(script=SILENT, max_restarts=0, grace=3, stall_after=8.0,
+                                env={"RANKDECK_SAMPLE_S": "1", "BUSY_S": "12"}), preflight=False)
+    ranks = ctl.state.ranks
+    try:
+        await wait_for(lambda: len(ranks) == 2 and all(r.state == "running" for r in ranks.values()),
+                       TIMEOUT, "both silent ranks running")
+        await wait_for(lambda: all(r.state == "stalled" for r in ranks.values()),
+                       TIMEOUT, "both ranks stalled by this console once their CPU stopped")
+        assert ctl.state.judge is None and not ctl.judge_host()
+        said = [e.text for e in ctl.state.events if e.kind == "judge"]
+        assert len(said) == 1 and "this console judges the run" in said[0], said
+        stalls = [e for e in ctl.state.events if e.kind == "stalled"]
+        assert sorted(e.rank for e in stalls) == [0, 1], stalls
+        idle = [float(e.text.rsplit(" for ", 1)[1].split()[0]) for e in stalls]
+        assert [e.text for e in stalls] == [stall_text(e.rank, i) for e, i in zip(stalls, idle)]
+        status = json.loads(rankdeck("status", ctl.run_id, "--json", env=UNBUFFERED).stdout)
+        assert [r["state"] for n in status["nodes"] for r in n["ranks"]] == ["stalled"] * 2
+    finally:
+        left = await wind_down(ctl)
+    assert left == [], "processes left behind: %s" % left

@@ -221,7 +221,7 @@ CATALOGUE = [
      "key = \"value\""),
     ("unknown-top", "inv.yaml", "host:\n  - name: node0\n",
      "inv.yaml:1: unknown key 'host' at the top level; did you mean 'hosts'? Allowed: "
-     "defaults, hosts, launcher, name, notify, store, transport"),
+     "defaults, hosts, launcher, name, notify, prometheus, store, transport"),
     ("unknown-defaults", "inv.yaml", "defaults:\n  slot: 8\n" + HOST,
      "inv.yaml:2: unknown key 'slot' in defaults; did you mean 'slots'? Allowed: env, gpus, "
      "python, slots, sync, workdir"),

@@ -4,7 +4,7 @@ agents feed it: supervisor states with the torchrun phase a host reported."""
 from __future__ import annotations
 
 from console.model import rendezvous
-from console.judgement.liveness import check_waiting
+from console.judgement.local_judge import check_waiting
 from console.lines.sanitize import masker_for
 from console.model.state import RunState
 
@@ -64,7 +64,7 @@ def test_a_restart_waits_for_a_young_rendezvous_but_not_for_an_old_one_or_a_dead
 def test_beside_a_judge_the_console_says_the_wait_only_when_that_judge_does_not():
     """The judge applies the rule and lists it in its `judge` event (console/judgement/judged.py); a
     console beside an older judge, which lists no rules, applies it itself."""
-    from console.judgement.liveness import beside_judge
+    from console.judgement.local_judge import beside_judge
     phases = {"node0": {"name": "rendezvous", "round": 3, "note": "waiting", "since": T0},
               "node1": {"name": "workers running", "round": 2, "since": T0 - 100}}
     for rules, said in ((["stalls", "waiting", "cpu"], 0), ([], 1)):

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import io
 
-from console.judgement.finish import ends_due
 from console.verbs.headless import HeadlessPrinter
-from console.judgement.liveness import check_stalls
+from console.judgement.local_judge import check_stalls, ends_due
 from console.model.state import RunState
 from console.model.summary import status_table
 from console.lines.timeorder import TimeOrder

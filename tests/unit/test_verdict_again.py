@@ -1,9 +1,10 @@
-"""A verdict that named nobody is taken again while the stall goes on (console/judgement/liveness.py
-``verdict_again_due``): on a loaded host the first two samples may still see ranks entering
+"""A verdict that named nobody is taken again while the stall goes on (agent/rules/judge.py
+``verdict_again_due``, applied to RunState by console/judgement/local_judge.py): on a loaded host the first two samples may still see ranks entering
 collectives ("no hang"), and a verdict taken once at the stall's start would then say
 nothing for the whole hang. Events only when the verdict changes."""
 
-from console.judgement.liveness import VERDICT_AGAIN_MAX_S, VERDICT_AGAIN_S, verdict_again_due
+from agent.rules.judge import VERDICT_AGAIN_MAX_S, VERDICT_AGAIN_S
+from console.judgement.local_judge import verdict_again_due
 from console.model.state import RunState
 from console.model.nodes import RankState
 
