@@ -5,7 +5,9 @@ A fault fires at most once per run: when it fires, the firing rank drops a marke
 ``<ckpt-dir>/.fault-fired-<kind>-<step>-<rank>``. After a restart every rank reports whether it
 sees a marker and the fault stays disarmed if any does, so a restarted job (where global rank R
 may now live on another host) recovers instead of failing the same way again. A run that
-resumes from a checkpoint at or past the step never reaches it either.
+resumes from a checkpoint at or past the step never reaches it either. A fault made
+``always`` (``--crash-always``) fires each time its step is reached, after every restart: a
+restart loop (docs/JUDGE.md, "Restart loops").
 """
 
 from __future__ import annotations
@@ -24,18 +26,20 @@ class Fault:
     kind: str
     step: int
     rank: int
+    always: bool = False  # fires after every restart that reaches its step again
 
     def marker(self, ckpt_dir: Path) -> Path:
         return ckpt_dir / f".fault-fired-{self.kind}-{self.step}-{self.rank}"
 
 
 def configured(hang_at: int | None, hang_rank: int, crash_at: int | None, crash_rank: int,
-               mismatch_at: int | None = None, mismatch_rank: int = 0) -> list[Fault]:
+               mismatch_at: int | None = None, mismatch_rank: int = 0,
+               crash_always: bool = False) -> list[Fault]:
     faults = []
     if hang_at is not None:
         faults.append(Fault("hang", hang_at, hang_rank))
     if crash_at is not None:
-        faults.append(Fault("crash", crash_at, crash_rank))
+        faults.append(Fault("crash", crash_at, crash_rank, crash_always))
     if mismatch_at is not None:
         faults.append(Fault("mismatch", mismatch_at, mismatch_rank))
     return faults
@@ -48,7 +52,7 @@ def fired_markers(faults: list[Fault], ckpt_dir: Path) -> set[Fault]:
 
 def armed(faults: list[Fault], fired_anywhere: set[Fault], resumed_step: int) -> list[Fault]:
     """Faults still to fire: not fired on any rank, and not already behind the resumed step."""
-    return [f for f in faults if f not in fired_anywhere and resumed_step < f.step]
+    return [f for f in faults if (f.always or f not in fired_anywhere) and resumed_step < f.step]
 
 
 def fire_if_due(faults: list[Fault], step: int, rank: int, ckpt_dir: Path) -> None:

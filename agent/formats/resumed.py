@@ -5,6 +5,8 @@
   ``Resuming training from checkpoint with epoch 1 and global step 500`` (transformers 5;
   4.x printed ``Continuing training from global step 500``)
 - PyTorch Lightning: ``Restored all states from the checkpoint at /ckpt/epoch=2-step=25.ckpt``
+- a script that passes ``resume_from_checkpoint`` to a Hugging Face Trainer and says so first
+  (as transformers' examples do): ``Resuming from checkpoint out/checkpoint-150``
 
 Each gives a ``resumed`` record with the ``step``, the ``path`` or both; the console joins a
 node's two Hugging Face lines. Standard library only; runs on Python >= 3.8.
@@ -16,7 +18,8 @@ from .plain import step_from_path
 from .values import to_int
 
 _LOADING = "Loading model from "
-_KEYWORDS = ("resumed step=", _LOADING, "global step ", "Restored all states")
+_KEYWORDS = ("resumed step=", _LOADING, "global step ", "Restored all states",
+             "Resuming from checkpoint")
 _PATTERNS = (
     re.compile(r"\bresumed step=(?P<step>[0-9]{1,12}) from=(?P<path>\S{1,4096})", re.ASCII),
     re.compile(r"\bLoading model from (?P<path>\S.{0,4095}?)\.?\s*$", re.MULTILINE),
@@ -24,6 +27,7 @@ _PATTERNS = (
                r"global step (?P<step>[0-9]{1,12})", re.ASCII),
     re.compile(r"\bRestored all states from the checkpoint at (?P<path>\S.{0,4095}?)\s*$",
                re.MULTILINE),
+    re.compile(r"\bResuming from checkpoint:? (?P<path>\S{1,4096}?)[.,]?(?=\s|$)"),
 )
 
 

@@ -43,6 +43,7 @@ from .cordon import AutoCordon
 from .figures import RunFigures
 from ..host.journal import JournalWriter
 from .listen import Listener
+from .loops import LoopPolicy
 from .policy import Policies
 from .prometheus import prometheus_said, serve_metrics
 from ..rules.judge import (
@@ -61,7 +62,7 @@ SETTLE = 5.0  # after the run ended: the last events reach the journal, then the
 ALONE_END = 300.0  # no supervisor connected for this long (from the start, too): the judge ends
 
 
-class Judge(Listener, Sampler, Policies):
+class Judge(Listener, Sampler, Policies, LoopPolicy):
     """The run's judge: its connections (agent/judge/listen.py), its verdicts
     (agent/judge/sample.py) and its policies (agent/judge/policy.py) over one view, one set of
     lines and one journal; here the journal, the rules every second and the judge's life."""
@@ -78,6 +79,7 @@ class Judge(Listener, Sampler, Policies):
         self.max_wall = spec.get("max_wall")
         self.max_restarts = int(spec.get("max_restarts") or 0)
         self.restarts = {}  # node -> restarts the judge asked for
+        self.loops_init(spec)  # --on-loop, --loop-restarts (agent/judge/loops.py)
         self.masker = Masker(spec.get("secrets") or [])
         self.notifier = judge_notify.Notifier(spec.get("notify"), spec.get("notify_on"),
                                               self.masker, self.write)
@@ -97,7 +99,7 @@ class Judge(Listener, Sampler, Policies):
     # -- the journal -----------------------------------------------------------------------
     def write(self, rec):
         # every string: a waiting event's phases carry notes from torchrun's own records
-        rec = self.masker.mask_tree(dict(rec, ts=time.time()))
+        rec = self.masker.mask_tree(dict(self.loop_verdict(rec), ts=time.time()))
         with self.lock:
             self.journal.append(rec)
         self.notifier.consider(rec)
@@ -149,6 +151,7 @@ class Judge(Listener, Sampler, Policies):
         threading.Thread(target=self.serve, args=(sock,), daemon=True).start()
         self.write(event("judge", None, action="started", stall_after=self.view.stall_after,
                          on_hang=self.on_hang, on_nan=self.on_nan, max_wall=self.max_wall,
+                         on_loop=self.on_loop, loop_restarts=self.loops.after,
                          notify=bool(self.spec.get("notify")), rules=list(RULES),
                          cordon_within_s=self.view.cordon_within_s,
                          auto_cordon=self.surgeon.on, prometheus=self.prometheus,

@@ -121,7 +121,8 @@ class Listener:
                 now = self.now()
                 for meta in msg["recs"]:
                     if isinstance(meta, dict):
-                        for ev in self.view.apply(nl.node, meta, now):
+                        for ev in self.view.apply(nl.node, meta, now) + \
+                                self.loop_news(nl.node, meta):
                             self.write(ev)
                             if ev.get("what") == "diverged":
                                 diverged.append(ev)
@@ -134,6 +135,7 @@ class Listener:
                     self.write(ev)
         if diverged and self.on_nan == "stop":
             self.act_on_nan(diverged[0])
+        self.loop_act()  # --on-loop (agent/judge/loops.py)
 
     def console(self, line):
         """A console's request through the rendezvous host's agent: a fresh verdict now."""

@@ -8,7 +8,8 @@ on. Commands run one at a time, in the order of the events (a queue and one thre
 
 Kinds: ``stall`` (once per stall, at its first stalled rank), ``verdict``, ``failed``,
 ``succeeded``, ``stopped``, ``restarted`` (by the judge's policy), ``diverged``, ``cordon``
-(a node proposed for cordon).
+(a node proposed for cordon), ``loop`` (a restart loop, or ranks that resumed from different
+steps: agent/judge/loops.py).
 docs/JUDGE.md has a webhook example.
 
 Standard library only; Python >= 3.9.

@@ -67,6 +67,11 @@ class Policies:
             return self.restart_world(who)
         for node in nodes:
             used = self.restarts.get(node, 0)
+            refused = self.loop_refuses(node)  # agent/judge/loops.py
+            if refused:
+                self.write(event("policy", node, action="none", cause=refused,
+                                 text="--on-hang restart: %s not restarted: %s" % (node, refused)))
+                continue
             if used >= self.max_restarts:
                 self.write(event("policy", node, action="none",
                                  text="--on-hang restart: %s not restarted, its restart budget "

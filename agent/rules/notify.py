@@ -2,7 +2,8 @@
 on both sides: the judge notifies by them (agent/judge/notify.py), the console checks a
 launch's ``--notify-on`` against them."""
 
-KINDS = ("stall", "verdict", "failed", "succeeded", "stopped", "restarted", "diverged", "cordon")
+KINDS = ("stall", "verdict", "failed", "succeeded", "stopped", "restarted", "diverged", "cordon",
+         "loop")
 ASKED = "asked by a console"  # a verdict's reason when `w` or `why` asked for it
 
 
@@ -19,4 +20,6 @@ def kind_of(rec):
         return what
     if what == "cordon proposed":
         return "cordon"
+    if what in ("loop", "resume mismatch"):  # a restart loop, and why one happens
+        return "loop"
     return None

@@ -19,6 +19,7 @@ from ..host.gpu_fields import gpu_pids_memory
 from ..node.folder import job_env
 from ..slurm.job import REQUEST_ENV
 from ..host.tail import rank_files
+from . import resume_hint
 from ..torchrun.log import RANK_RECORD, with_rank_record
 
 
@@ -58,6 +59,7 @@ class LauncherProcess:
         env["RANKDECK_NODE_DIR"] = self.node_dir
         env["RANKDECK_LOG_DIR"] = self.log_dir
         env.setdefault("RANKDECK_CKPT_DIR", os.path.join(self.node_dir, "ckpt"))
+        resume_hint.take(self.node_dir, env)  # --on-loop rollback's word, for this start only
         if self.slurm_job is not None:  # asked to save before the job's time limit
             self.slurm_job.new_run()
             env[REQUEST_ENV] = self.slurm_job.request

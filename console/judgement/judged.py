@@ -23,7 +23,8 @@ from ..model.state import RunState
 
 JUDGE_EVENTS = ("judge", "stalled", "stepping", "verdict", "policy", "restarted", "ending",
                 "notify_failed", "judge_error", "run_ended", "diverged", "straggler",
-                "straggler cleared", "surgery", "waiting", "waiting over", "cordon proposed")
+                "straggler cleared", "surgery", "waiting", "waiting over", "cordon proposed",
+                "loop", "resume mismatch")
 
 
 def judged(state: RunState) -> bool:

@@ -71,6 +71,8 @@ def judge_settings(args, inv: Inventory) -> dict:
     return {"stall_after": args.stall_after or 60.0,
             "on_hang": getattr(args, "on_hang", "warn"),
             "on_nan": getattr(args, "on_nan", "warn"),
+            "on_loop": getattr(args, "on_loop", "stop"),
+            "loop_restarts": getattr(args, "loop_restarts", 3),
             "max_wall": getattr(args, "max_wall", None),
             "notify": getattr(args, "notify", None) or getattr(inv, "notify", None),
             "notify_on": kinds,

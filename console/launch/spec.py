@@ -46,6 +46,9 @@ class LaunchSpec:
     stall_after: float = 60.0  # a rank stalls after max(this, 5 x its median step time)
     on_hang: str = "warn"  # warn | restart (the node the verdict names) | stop (the run)
     on_nan: str = "warn"  # warn | stop (the run, at a rank's first inf or NaN loss)
+    # a restart loop (agent/judge/loops.py): stop | rollback | warn, after this many restarts
+    on_loop: str = "stop"
+    loop_restarts: int = 3
     max_wall: float | None = None  # seconds: the judge stops the run after this long
     notify: str | None = None  # a shell command run on the judge's host, an event on stdin
     notify_on: list[str] | None = None  # the kinds of events notified (None: all)

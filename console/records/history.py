@@ -160,6 +160,7 @@ SPEC_FIELDS = {
     "sync": (_TEXT, _NONE), "sync_include": (_LIST, _NONE), "launcher": (_LIST, _NONE),
     "launch_with": (_TEXT, _NONE), "checkpoint_dir": (_TEXT, _NONE),
     "stall_after": (_NUM, _NONE), "on_hang": (_TEXT, _NONE), "on_nan": (_TEXT, _NONE),
+    "on_loop": (_TEXT, _NONE), "loop_restarts": (_WHOLE, _NONE),
     "max_wall": (_NUM, _NONE),
     "notify": (_TEXT, _NONE), "notify_on": (_LIST, _NONE),
     "auto_cordon": (bool, _NONE), "cordon_within": (_NUM, _NONE), "prometheus": (_TEXT, _NONE),

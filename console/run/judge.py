@@ -25,6 +25,7 @@ async def start_judge(ctl, rdzv: Host, hosts: list[Host], spec: LaunchSpec) -> N
     settings = {"addr": rdzv.addr, "token": token, "nodes": [h.name for h in hosts],
                 "stall_after": spec.stall_after, "on_hang": spec.on_hang,
                 "on_nan": spec.on_nan,
+                "on_loop": spec.on_loop, "loop_restarts": spec.loop_restarts,
                 "max_wall": spec.max_wall, "notify": spec.notify,
                 "notify_on": spec.notify_on, "max_restarts": spec.max_restarts,
                 "launcher": spec.launch_with,  # DeepSpeed's --on-hang restart: every node

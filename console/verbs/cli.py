@@ -87,13 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="what the run's judge does when a rank's loss turns inf or NaN: warn "
                     "(default: an event, the rank marked) or stop the run; a metric line with a "
                     "step, or two in a row without (docs/METRICS.md)")
+    la.add_argument("--on-loop", choices=("warn", "stop", "rollback"), default="stop",
+                    help="what the run's judge does when a node restarted --loop-restarts "
+                    "times in a row never passes the step it failed at: stop the run "
+                    "(default), rollback (every node restarts from the checkpoint before the "
+                    "newest, once; docs/JUDGE.md) or warn")
+    la.add_argument("--loop-restarts", type=bounded(int, 0), metavar="N", default=3,
+                    help="restarts without progress that make a loop (default 3; 0: never)")
     la.add_argument("--max-wall", type=SECONDS, metavar="SECONDS",
                     help="the judge stops the run after this long")
     la.add_argument("--notify", metavar="CMD", help="a shell command the judge runs on its "
                     "host for each event picked by --notify-on, the event as JSON on stdin "
                     "(default: the inventory's notify:; docs/JUDGE.md)")
     la.add_argument("--notify-on", metavar="KINDS", help="comma-separated: stall, verdict, "
-                    "failed, succeeded, stopped, restarted, diverged, cordon (default: all)")
+                    "failed, succeeded, stopped, restarted, diverged, cordon, loop (default: all)")
     la.add_argument("--prometheus", metavar="[ADDR:]PORT", help="the run's judge serves "
                     "Prometheus metrics at http://ADDR:PORT/metrics while the run lives, "
                     "console or not; ADDR defaults to the rendezvous host's address; no "
