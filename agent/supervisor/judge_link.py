@@ -29,10 +29,12 @@ from ..node import door
 from ..wire import judge as judge_wire
 from ..host.journal import JournalReader
 from ..host.runfiles import read_json
+from . import resume_hint
 
 # steps, ranks, events; samples: stragglers; telemetry (every 10 s) and ckpt_done: the
-# judge's --prometheus GPU and checkpoint figures (agent/judge/figures.py), its view reads neither
-FORWARD = ("file", "metric", "event", "sample", "telemetry", "ckpt_done")
+# judge's --prometheus GPU and checkpoint figures (agent/judge/figures.py), its view reads neither;
+# resumed: where each rank resumed from after a restart (agent/judge/loops.py)
+FORWARD = ("file", "metric", "event", "sample", "telemetry", "ckpt_done", "resumed")
 POLL = 0.5
 DRAIN_READS = 256  # reads of the journal (of a MiB each) one turn makes at most
 BACKOFF = (1.0, 2.0, 5.0)
@@ -213,6 +215,14 @@ class JudgeLink:
         own end (its last state says what the stop left)."""
         started = time.time()
         node_args = self._node_args(op, args)
+        if op == "restart" and "resume_before" in args:  # --on-loop rollback (resume_hint.py)
+            try:
+                resume_hint.leave(self.node_dir, args["resume_before"])
+            except ValueError as exc:
+                try:
+                    return self._send_error(line, req_id, str(exc))
+                except judge_wire.WireError:
+                    return
         inside = op in ("stop", "fence")
         reply = door.answer(lambda a: door.OPS[op](a, inside) if inside else door.OPS[op](a),
                             node_args)

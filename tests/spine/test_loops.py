@@ -92,3 +92,30 @@ def test_a_rollbacks_word_makes_the_next_start_resume_from_the_checkpoint_before
                                                resume_hint.ASKED))
     finally:
         stop(run_id)
+
+
+def test_on_loop_rollback_restarts_from_the_checkpoint_before_then_a_second_loop_stops(tmp_path):
+    """The judge's rollback end to end: its restart carries ``resume_before`` to the node's
+    link (agent/supervisor/judge_link.py), whose next start names it to the trainer: the ranks
+    that resumed from step 4 three times resume from step 2; crashing at 6 again, the run
+    loops again and, its one rollback spent, stops."""
+    run_id, workdir = launch_detached(tmp_path, LOOPING, "--nproc-per-node", "1",
+                                      "--max-restarts", "6", "--on-loop", "rollback", nodes=1)
+    ended = False
+    try:
+        over = wait_for_event(workdir, run_id, lambda e: e["what"] == "run_ended",
+                              "the run's end")
+        ended = True
+        events = judge_events(workdir, run_id)
+        actions = [e.get("action") for e in events if e["what"] == "loop"]
+        assert actions == ["rollback", "stop"], [e["text"] for e in events
+                                                 if e["what"] in ("loop", "policy")]
+        rolled = [e for e in events if e["what"] == "policy" and e.get("action") == "rollback"]
+        assert rolled and rolled[0]["resume_before"] == 4, rolled
+        resumed = rank_lines(workdir, run_id, "resumed step=")
+        assert any(r.startswith("resumed step=2 ") for r in resumed), resumed
+        assert over[0]["state"] == "failed", over
+    finally:
+        if not ended:
+            stop(run_id)
+        all_ended(run_id)
