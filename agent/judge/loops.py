@@ -23,13 +23,11 @@ Standard library only; Python >= 3.9.
 
 import threading
 
-from ..wire import judge as judge_wire
 from ..rules.judge import event
 from ..rules.loops import DEFAULT_AFTER, Loops
 from ..surgery.static_world import STATIC_WORLDS
 
 ON_LOOP = ("warn", "stop", "rollback")
-ACTION_TIMEOUT = 180.0
 
 
 class LoopPolicy:
@@ -121,19 +119,9 @@ class LoopPolicy:
                          text="--on-loop rollback: restarting every node from the checkpoint "
                          "before %s (%s: %s)" % ("step %d" % before if before is not None
                                                  else "the newest", node, words)))
-        for n in nodes:
-            try:
-                with self.lock:
-                    nl = self.lines.get(n)
-                if nl is None:
-                    raise judge_wire.WireError("%s is not connected to the judge" % n)
-                nl.request("restart", {"resume_before": before if before is not None
-                                       else "newest"}, ACTION_TIMEOUT)
-                self.write(event("restarted", n, reason="on-loop",
-                                 text="%s restarted by the judge (--on-loop rollback)" % n))
-            except judge_wire.WireError as exc:
-                self.write(event("policy", n, action="failed",
-                                 text="--on-loop rollback of %s failed: %s" % (n, exc)))
+        for n in nodes:  # as --on-hang restarts one: its old torchrun expelled too
+            self.restart_node(n, {"resume_before": before if before is not None else "newest"},
+                              "on-loop", "--on-loop rollback")
 
     def loop_verdict(self, rec):
         """A verdict's event with the resume mismatch that stands, as its cause."""

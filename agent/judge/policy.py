@@ -81,22 +81,29 @@ class Policies:
             self.write(event("policy", node, action="restart",
                              text="--on-hang restart: restarting %s (the verdict names %s; "
                              "restart %d of %d)" % (node, who, used + 1, self.max_restarts)))
-            try:
-                with self.lock:
-                    nl = self.lines.get(node)
-                if nl is None:
-                    raise judge_wire.WireError("%s is not connected to the judge" % node)
-                said = nl.request("restart", {}, ACTION_TIMEOUT)
-                asked = time.time()
-                member = said.get("member")
-                expelled = self.surgeon.expel_dead(node, member)  # its old torchrun
-                if expelled is not None:
-                    log_expel(nl, member, expelled, asked)
-                self.write(event("restarted", node, reason="on-hang",
-                                 text="%s restarted by the judge (--on-hang restart)" % node))
-            except judge_wire.WireError as exc:
-                self.write(event("policy", node, action="failed",
-                                 text="--on-hang restart of %s failed: %s" % (node, exc)))
+            self.restart_node(node, {}, "on-hang", "--on-hang restart")
+
+    def restart_node(self, node, args, reason, words):
+        """The judge's restart of one node (``args``: the restart's), written once for each
+        policy that restarts one: through the node's line (the door serve's restart goes
+        through, agent/node/door.py), then its old torchrun taken out of the rendezvous and
+        that kept in the node's action log, then said (``restarted``, or the failure)."""
+        try:
+            with self.lock:
+                nl = self.lines.get(node)
+            if nl is None:
+                raise judge_wire.WireError("%s is not connected to the judge" % node)
+            said = nl.request("restart", args, ACTION_TIMEOUT)
+            asked = time.time()
+            member = said.get("member")
+            expelled = self.surgeon.expel_dead(node, member)  # its old torchrun
+            if expelled is not None:
+                log_expel(nl, member, expelled, asked)
+            self.write(event("restarted", node, reason=reason,
+                             text="%s restarted by the judge (%s)" % (node, words)))
+        except judge_wire.WireError as exc:
+            self.write(event("policy", node, action="failed",
+                             text="%s of %s failed: %s" % (words, node, exc)))
 
     def restart_world(self, who):
         """--on-hang restart of a static world (DeepSpeed's launcher): every node restarts
