@@ -1,9 +1,9 @@
 """No restart loops, with real torchrun and the reference trainer on CPU: a rank that crashes
 at the same step after every restart (``--crash-always``; torchrun's own ``--max-restarts``
 restarts its workers, each resuming from the newest checkpoint) makes the run's judge stop the
-run after 3 restarts, in words that say so; ``--on-loop rollback``'s word to a node
-(agent/supervisor/resume_hint.py) makes its next start resume from the checkpoint before the
-newest. The rules alone: tests/agent/test_loop_rules.py; the judge alone:
+run after 3 restarts, in words that say so; with ``--on-loop rollback`` the judge's word to
+every node (agent/supervisor/resume_hint.py) makes its next start resume from the checkpoint
+before the newest. The rules alone: tests/agent/test_loop_rules.py; the judge alone:
 tests/agent/test_judge_loops.py."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from agent.host.journal import JournalReader
 from agent.supervisor import resume_hint
 
 from tests.cli import UNBUFFERED, rankdeck
-from tests.waits import wait_for_sync
 
 from .helpers import all_ended, node_dir
 from .test_judge import TIMEOUT, judge_events, launch_detached, stop, wait_for_event
@@ -72,28 +71,6 @@ def test_a_rank_that_crashes_at_the_same_step_after_every_restart_is_stopped_aft
         all_ended(run_id)
 
 
-def test_a_rollbacks_word_makes_the_next_start_resume_from_the_checkpoint_before(tmp_path):
-    # the ranks hang at step 6 (once) after saving steps 2 and 4; the judge's word for the
-    # node's next start, then a restart: its ranks skip step 4's checkpoint
-    run_id, workdir = launch_detached(
-        tmp_path, ["--steps", "100000", "--ckpt-every", "2", "--hang-at-step", "6",
-                   "--pg-timeout", "600"],
-        "--nproc-per-node", "1", "--max-restarts", "0", "--stall-after", "4", nodes=1)
-    try:
-        wait_for_event(workdir, run_id, lambda e: e["what"] == "stalled", "the hang")
-        resume_hint.leave(node_dir(workdir, run_id, "node0"), "newest")
-        out = rankdeck("restart", run_id, "--node", "node0", env=UNBUFFERED)
-        assert out.returncode == 0, out.stdout + out.stderr
-        resumed = wait_for_sync(lambda: rank_lines(workdir, run_id, "resumed step="), TIMEOUT,
-                                "the ranks' resume lines", every=1.0)
-        assert resumed[0].startswith("resumed step=2 from="), resumed
-        # the word was for that start only
-        assert not os.path.exists(os.path.join(node_dir(workdir, run_id, "node0"),
-                                               resume_hint.ASKED))
-    finally:
-        stop(run_id)
-
-
 def test_on_loop_rollback_restarts_from_the_checkpoint_before_then_a_second_loop_stops(tmp_path):
     """The judge's rollback end to end: its restart carries ``resume_before`` to the node's
     link (agent/supervisor/judge_link.py), whose next start names it to the trainer: the ranks
@@ -114,6 +91,9 @@ def test_on_loop_rollback_restarts_from_the_checkpoint_before_then_a_second_loop
         assert rolled and rolled[0]["resume_before"] == 4, rolled
         resumed = rank_lines(workdir, run_id, "resumed step=")
         assert any(r.startswith("resumed step=2 ") for r in resumed), resumed
+        # the word was for that start only: taken by it, none left for a later one
+        assert not os.path.exists(os.path.join(node_dir(workdir, run_id, "node0"),
+                                               resume_hint.ASKED))
         assert over[0]["state"] == "failed", over
     finally:
         if not ended:
