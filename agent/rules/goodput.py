@@ -24,6 +24,7 @@ BUCKETS = ("start-up", "productive", "rendezvous", "checkpoint", "stalled", "rec
 PRIORITY = ("start-up", "end", "stalled", "recovery", "redone", "rendezvous", "checkpoint")
 ACTIONS = ("restart", "stop", "restart_all", "cordon")  # a judge `policy` event that acts
 ACTED = ("restarted", "surgery", "ending")  # judge events that are an action themselves
+STEP_MOST = 1 << 62  # a step beyond this is a host's nonsense (and no 64-bit slot holds 2**70)
 
 
 class _Rank:
@@ -63,7 +64,7 @@ class Goodput:
             step = meta.get("step")
             fid = meta.get("f")
             rank = self.files.get((node, fid))
-            if not (_num(ts) and isinstance(step, int)) or rank is None:
+            if not (_num(ts) and _step(step)) or rank is None:
                 return
             rs = self.ranks.get(rank)
             if rs is None or rs.node != node:
@@ -322,6 +323,12 @@ def _name(value):
 
 def _int(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _step(value):
+    """A step a rank's record may carry: a whole number its array holds (a host's JSON may
+    hold any integer: 2**70 would not fit a 64-bit slot)."""
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < STEP_MOST
 
 
 def _num(value):

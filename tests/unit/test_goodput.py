@@ -190,6 +190,7 @@ def test_a_hosts_odd_values_are_left_out():
         run.node("node0", {"k": "metric", "step": 12, "f": 2, "ts": bad})
         run.judge("stalled", 35.0, node={"x": 1}, rank="1\x1b[31m", step=bad, idle_s=bad)
     run.node("node0", {"k": "metric", "step": "13", "f": 2, "ts": 22.0})
+    run.node("node0", {"k": "metric", "step": 2 ** 70, "f": 2, "ts": 22.5})  # no OverflowError
     run.end(25.0)
     out = run.report()
     assert out["buckets"]["start-up"] == 10.0 and out["buckets"]["end"] == 5.0
