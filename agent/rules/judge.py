@@ -11,7 +11,8 @@ a run is judged the same with a judge or without (docs/DESIGN-NOTES.md, "One jud
   threshold (the run's ``stall_after``, or 5x its median step time); a rank that prints no
   steps stalls with the run's newest stepping rank (:func:`step_stalls`); in a run where no
   rank prints steps, every rank whose CPU has advanced stalls once no rank's has for that long
-  (:func:`cpu_stalls`; agent/rules/rankcpu.py, from the nodes' samples); a step, or in such a run a rank's CPU advancing, brings each back;
+  (:func:`cpu_stalls`; agent/rules/rankcpu.py, from the nodes' samples); a step, or in such
+  a run a rank's CPU advancing, brings each back;
 * :func:`check_waiting`: a rendezvous waited in for longer than ``stall_after``, and the
   nodes it waits for (agent/rules/rendezvous.py, from each node's torchrun phase in its state.json);
 * :func:`cordon_proposal`: a node in trouble again (a verdict names it, a worker of it fails,

@@ -12,7 +12,8 @@ A console says who it is in its first request (``hello``: docs/PROTOCOL.md); one
 in ``READ_ONLY_OPS`` (kind ``read-only``), whatever the client is. Each request that changes a
 run (agent/host/actions.py ``CHANGES``), done or refused, is appended to the node's action log
 by the writer the judge's link uses too; the node operations themselves are the ones the
-judge's link runs (agent/node/door.py, one door for both). What that does and does not promise: docs/SECURITY.md, "Read-only consoles".
+judge's link runs (agent/node/door.py, one door for both). What that does and does not
+promise: docs/SECURITY.md, "Read-only consoles".
 """
 
 import fcntl

@@ -5,8 +5,9 @@ states from every node (``apply_records``, ``apply_supervisor_state``: the reduc
 console/model/apply.py and console/model/ranks.py); the headless printer and the TUI read it
 and subscribe to :class:`~console.model.nodes.LineBatch` callbacks. Its nodes, ranks, files
 and events are console/model/nodes.py's records. What time alone changes (stalls, a
-rendezvous that waits, asking again who is stuck) is ruled by the judge's rules (agent/rules/judge.py), applied here by console/judgement/local_judge.py when the run has no judge. Every
-buffer is bounded (lines and loss points per rank in console/model/buffers.py, events here).
+rendezvous that waits, asking again who is stuck) is ruled by the judge's rules
+(agent/rules/judge.py), applied here by console/judgement/local_judge.py when the run has no
+judge. Every buffer is bounded (lines and loss points per rank in console/model/buffers.py, events here).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Built from a RunState the nodes' journals were replayed into (as `export` and `status` do):
 the per node table (state, restarts, step, GPU utilisation and memory, network, step time,
 tokens/s, CPU: console/model/telemetry.py), the checkpoints (complete or not, the last complete one,
-what each node resumed from), the run's goodput (console/records/goodput.py), restarts, stalls and verdicts (the run's events), and the loss
-of every rank by step. Everything a host sent is untrusted: it is cleaned and its secrets
+what each node resumed from), the run's goodput (console/records/goodput.py), restarts,
+stalls and verdicts (the run's events), and the loss of every rank by step. Everything a host sent is untrusted: it is cleaned and its secrets
 masked (console/lines/sanitize.py) and then escaped, so no host text becomes Markdown, HTML or SVG.
 The SVG is written by hand (no plotting dependency).
 """

@@ -1,7 +1,8 @@
 """rankdeck's command line: launch, submit, demo, attach, watch, status, export, logs, stop, restart,
-cordon, uncordon, stacks, why, actions, goodput, check, ls. Only the arguments and the exit code of an error live here; what a verb does is in
-the modules commands.py (the verb table) names, the exit codes in errors.py (0 success, 1 the run
-failed, 2 bad input or usage, 3 could not reach a host).
+cordon, uncordon, stacks, why, actions, goodput, check, ls. Only the arguments and the exit
+code of an error live here; what a verb does is in the modules commands.py (the verb table)
+names, the exit codes in errors.py (0 success, 1 the run failed, 2 bad input or usage, 3 could
+not reach a host).
 """
 
 from __future__ import annotations
