@@ -30,10 +30,16 @@ TIMEOUT = 300
 SILENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "silent_worker.py")
 
 
-async def test_a_run_that_prints_nothing_runs_then_stalls_when_its_cpu_stops(tmp_path):
+async def launch_silent(tmp_path) -> RunController:
+    """Two local nodes of one silent rank each, busy 12 s then idle; a stall after 8 s."""
     ctl = RunController(local_inventory(tmp_path / "work", n=2), LocalTransport(), History())
     await ctl.launch(LaunchSpec(script=SILENT, max_restarts=0, grace=3, stall_after=8.0,
                                 env={"RANKDECK_SAMPLE_S": "1", "BUSY_S": "12"}), preflight=False)
+    return ctl
+
+
+async def test_a_run_that_prints_nothing_runs_then_stalls_when_its_cpu_stops(tmp_path):
+    ctl = await launch_silent(tmp_path)
     ranks = ctl.state.ranks
     try:
         await wait_for(lambda: len(ranks) == 2 and all(r.state == "running" for r in ranks.values()),
@@ -88,9 +94,7 @@ async def test_with_no_judge_the_console_stalls_the_run_by_the_judges_rule(tmp_p
         return await follow(link, op, timeout=timeout, **args)
 
     monkeypatch.setattr(NodeLink, "request", older_agent)
-    ctl = RunController(local_inventory(tmp_path / "work", n=2), LocalTransport(), History())
-    await ctl.launch(LaunchSpec(script=SILENT, max_restarts=0, grace=3, stall_after=8.0,
-                                env={"RANKDECK_SAMPLE_S": "1", "BUSY_S": "12"}), preflight=False)
+    ctl = await launch_silent(tmp_path)
     ranks = ctl.state.ranks
     try:
         await wait_for(lambda: len(ranks) == 2 and all(r.state == "running" for r in ranks.values()),
