@@ -33,6 +33,21 @@ STALL_MIN_S = 60.0  # --stall-after's default (the rules: agent/rules/judge.py)
 RUN_ENDED = ("succeeded", "failed", "stopped", "gone")  # a run's end states (RunState.run_state)
 
 
+def ended_run_state(states) -> str | None:
+    """How a run whose active nodes are in ``states`` ended (one of RUN_ENDED), or None while
+    one of them lives. A node whose supervisor died without an end (`lost`: killed, the host
+    rebooted, a Slurm step's cgroup ended under it) runs no more: with every other node ended,
+    the run failed. Nor does a node nothing of which is left (`gone`: no state, no process):
+    with no live node the run is not running, and how it ended is not known."""
+    if not all(s in ENDED or s in ("lost", "gone") for s in states):
+        return None
+    if all(s == "exited" for s in states):
+        return "succeeded"
+    if any(s in ("failed", "lost") for s in states):
+        return "failed"
+    return "gone" if "gone" in states else "stopped"
+
+
 class RunState:
     """Everything known about one run; fed by the controller, read by the views."""
 
@@ -162,17 +177,9 @@ class RunState:
 
     # -- reading ---------------------------------------------------------------------------
     def run_state(self) -> str:
-        states = [n.state for n in self.nodes.values() if n.role == "active"]
-        # a node whose supervisor died without an end (`lost`: killed, the host rebooted, a
-        # Slurm step's cgroup ended under it) runs no more: with every other node ended, the
-        # run failed. Nor does a node nothing of which is left (`gone`: no state, no process):
-        # with no live node the run is not running, and how it ended is not known
-        if all(s in ENDED or s in ("lost", "gone") for s in states):
-            if all(s == "exited" for s in states):
-                return "succeeded"
-            if any(s in ("failed", "lost") for s in states):
-                return "failed"
-            return "gone" if "gone" in states else "stopped"
+        ended = ended_run_state([n.state for n in self.nodes.values() if n.role == "active"])
+        if ended:
+            return ended
         # once a rank stepped, ranks that exit first (their node done) or a restart do not
         # make the run `starting` again
         if self.ran or any(r.state in ("running", "stalled") for r in self.ranks.values()):

@@ -12,6 +12,7 @@ import time
 
 from inventory.model import Host
 from ..model import rendezvous
+from ..model.state import ended_run_state
 from ..surgery.autocordon import spares_running
 from ..errors import EXIT_FAILED, AgentError, LaunchError
 from ..surgery.expel import expel
@@ -29,7 +30,27 @@ async def stop(ctl, node: str | None = None) -> dict:
                                   timeout=ctl.stop_timeout()), names)
     if node is None:
         await stop_store(ctl)
+        record_end(ctl, results)
     return results
+
+
+def record_end(ctl, results: dict) -> None:
+    """After the whole run's stop, its record says how it ended (`rankdeck ls`), from what
+    every active node answered, without waiting for a console to replay its journals; the
+    status saved last is kept. A node out of reach or still alive leaves the record as it was."""
+    if not ctl.record:
+        return
+    states = []
+    for name, role in ctl.roles().items():
+        res = results.get(name)
+        if role == ACTIVE:
+            if not isinstance(res, dict):
+                return
+            states.append(res.get("state"))
+    ended = ended_run_state(states)
+    if ended and states:
+        ctl.record["state"] = ended
+        ctl.history.save(ctl.record)
 
 
 async def stop_store(ctl) -> None:

@@ -135,5 +135,7 @@ async def test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing(c
     assert all(not isinstance(r, BaseException) for r in results.values()), results
     assert all(r["state"] == "stopped" and r["left"] == [] for r in results.values()), results
     assert processes_of(ctl.run_id) == []
+    # `rankdeck ls` says so at once, with no console left to save the run's status
+    assert History().load(ctl.run_id)["state"] == "stopped"
     again = await ctl.stop()  # harmless
     assert all(r["state"] == "stopped" for r in again.values()), again
