@@ -60,7 +60,8 @@ class Policies:
                              text="--on-hang stop: stopping the run (the verdict names %s)"
                              % who))
             self.stop_nodes({n: {"state": "failed", "cause": {
-                "message": "stopped by --on-hang stop: %s" % verdict.get("summary")}}
+                "message": "stopped by --on-hang stop: %s" % verdict.get("summary"),
+                "named": n in nodes}}  # the host's record (agent/rules/fleet.py)
                 for n in self.view.nodes})
             return
         if self.spec.get("launcher") in STATIC_WORLDS:
