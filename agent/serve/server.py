@@ -291,6 +291,17 @@ class Server:
     def op_record(self, args):
         return node.record_of(args)
 
+    # -- the host itself: `rankdeck hosts` (agent/serve/hosts.py) ------------------------------
+    def op_hosts(self, args):
+        """Load, GPU memory and who holds it, strays, the host's record of runs and incidents."""
+        from . import hosts  # as for sync: not needed to start
+        return hosts.report(args)
+
+    def op_kill_strays(self, args):
+        """The login user's strays named by pid and start time, stopped and checked gone."""
+        from . import hosts
+        return hosts.kill_strays(args)
+
     # -- journals (pushed by agent/serve/streams.py) ----------------------------------------
     def op_subscribe(self, args):
         ndir = node.node_dir(args)
