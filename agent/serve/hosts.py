@@ -9,8 +9,8 @@ A training process is torchrun itself (``torchrun``, ``-m torch.distributed.run`
 torchrun started (``LOCAL_RANK`` or ``TORCHELASTIC_*`` in it), and on a GPU host any process
 holding GPU memory. Another user's process is seen only through /proc/PID/cmdline and status
 (its user, pid, command, GPU memory). Ours are the live supervisors of the run folders under
-``runs_dir`` and every process below them; a process that carries a run's marker but whose
-supervisor is gone is a stray (left behind). ``kill_strays`` stops only the login user's
+``runs_dir`` (and any other rankdeck supervisor on the host) and every process below them; a
+process that carries a run's marker but whose supervisor is gone is a stray (left behind). ``kill_strays`` stops only the login user's
 strays, each named by pid and start time, so a pid reused since is never hit.
 """
 
@@ -96,9 +96,24 @@ def is_worker(env):
     return "LOCAL_RANK" in env or any(k.startswith("TORCHELASTIC_") for k in env)
 
 
+def supervisor_pids(table):
+    """Pids of every rankdeck supervisor on this host (``python -m agent supervisor DIR``),
+    whatever its workdir or user: a run of another inventory is no stray either."""
+    out = []
+    for pid in table:
+        argv = cmdline(pid)
+        if len(argv) >= 4 and argv[1:3] == ["-m", "agent"] and argv[3] == "supervisor":
+            out.append(pid)
+    return out
+
+
 def ours(runs_dir, table):
-    """Pids of the live rankdeck runs under ``runs_dir``: each live supervisor and all below it."""
+    """Pids of the live rankdeck runs: each live supervisor (those of the run folders under
+    ``runs_dir``, and any other rankdeck supervisor here) and all below it."""
     out = set()
+    for pid in supervisor_pids(table):
+        out.add(pid)
+        out.update(procs.descendants(pid, table))
     try:
         run_ids = os.listdir(runs_dir)
     except OSError:
@@ -152,7 +167,7 @@ def strays(runs_dir, held=None):
 
 def report(args):
     """serve's ``hosts``: ``{"hostname", "load", "cpus", "gpus", "strays", "runs",
-    "incidents", "flagged"}`` (docs/PROTOCOL.md)."""
+    "incidents", "flagged", "record"}`` (docs/PROTOCOL.md)."""
     runs_dir = host_path(args["runs_dir"])
     gpus, held = [], {}
     if args.get("gpu", True):
@@ -170,7 +185,8 @@ def report(args):
         load = list(os.getloadavg())
     except OSError:
         load = None
-    return dict(judged, hostname=os.uname().nodename, load=load, cpus=os.cpu_count(),
+    return dict(judged, record={"runs": record["runs"][-rules.KEEP_RUNS:]},
+                hostname=os.uname().nodename, load=load, cpus=os.cpu_count(),
                 gpus=gpus, strays=strays(runs_dir, held))
 
 

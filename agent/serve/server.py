@@ -45,7 +45,8 @@ F_SETPIPE_SZ = 1031  # Linux's fcntl, named in Python's fcntl from 3.10 on (a ho
 # `stacks` and `why` are answered without signalling the ranks (agent/torchrun/stacks.py), and
 # so is `judge` `why`: the judge asks every node for a report without signals.
 READ_ONLY_OPS = frozenset(("ping", "hello", "subscribe", "unsubscribe", "state", "runs",
-                           "scrollback", "stacks", "why", "judge", "actions", "record"))
+                           "scrollback", "stacks", "why", "judge", "actions", "record",
+                           "hosts"))
 READ_ONLY_ASKS = ("why", "ping")  # of the judge (op_judge): not node surgery
 ROLES = ("drive", "watch")
 

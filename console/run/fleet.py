@@ -1,0 +1,118 @@
+"""The hosts of an inventory as a fleet: `rankdeck hosts` (console/verbs/hosts.py) asks every
+host at once (one connection each, in parallel) what it is doing and has been through: its
+load, its GPUs' memory and who holds it, its strays, its last runs, its incidents and whether
+it is flagged (the agent's ``hosts`` request: agent/serve/hosts.py; the flag rule:
+agent/rules/fleet.py). What this laptop's history saw of a host (a cordon it did) is added to
+the host's own record. ``kill_strays`` asks each host to stop the login user's strays.
+
+A host's answer is untrusted: every string in it is cleaned (console/lines/sanitize.py) and
+each list bounded before anything is shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+
+from agent.rules import fleet as rules
+from inventory.model import Host, Inventory
+from ..lines.sanitize import clean_tree
+from ..records.history import History
+from ..errors import AgentError
+from ..transport.base import HostUnreachable
+from .run import RunController
+
+MAX_LIST = 64
+ASK_TIMEOUT = 30.0
+
+
+def runs_dir(host: Host) -> str:
+    return os.path.join(host.workdir or "~", ".rankdeck", "runs")
+
+
+def laptop_runs(records: list[dict], name: str) -> list[dict]:
+    """The runs this laptop recorded on host ``name``, in the record's form: a node it
+    cordoned there is an incident of that run (agent/rules/fleet.py)."""
+    out = []
+    for rec in records:
+        hosts = [h.get("name") for h in rec.get("hosts") or [] if isinstance(h, dict)]
+        if name not in hosts:
+            continue
+        roles = rec.get("roles") or {}
+        incidents = [rules.incident("cordoned", "cordoned (this laptop's record)")] \
+            if roles.get(name) == "cordoned" else []
+        out.append({"run_id": rec.get("run_id"), "ended": rec.get("updated") or rec.get("created"),
+                    "nodes": {name: {"state": str(rec.get("state")), "incidents": incidents}}})
+    return out
+
+
+def row(name: str, answer: dict | None, error: str | None, laptop: list[dict]) -> dict:
+    """One host's line of `rankdeck hosts`, from its answer (cleaned) and this laptop's runs."""
+    if answer is None:
+        judged = rules.judged(rules.merged([], laptop))
+        return dict(judged, name=name, reachable=False, error=error, load=None, gpus=[],
+                    strays=[])
+    answer = clean_tree(answer)
+    host_runs = (answer.get("record") or {}).get("runs") if isinstance(
+        answer.get("record"), dict) else None
+    if not isinstance(host_runs, list):  # an agent that sends only its judgement
+        host_runs = [{"run_id": r, "nodes": {}} for r in answer.get("runs") or []
+                     if isinstance(r, str)]
+    judged = rules.judged(rules.merged(host_runs[-rules.KEEP_RUNS:], laptop))
+    own = rules.judged([r for r in host_runs if isinstance(r, dict)])
+    load = answer.get("load")
+    return dict(judged, name=name, reachable=True, error=None,
+                load=load[0] if isinstance(load, list) and load and
+                isinstance(load[0], (int, float)) else None,
+                gpus=[g for g in answer.get("gpus") or [] if isinstance(g, dict)][:MAX_LIST],
+                strays=[s for s in answer.get("strays") or [] if isinstance(s, dict)][:MAX_LIST],
+                flagged=judged["flagged"] or own["flagged"] or answer.get("flagged") is True,
+                incidents=judged["incidents"] or [i for i in answer.get("incidents") or []
+                                                  if isinstance(i, dict)][:MAX_LIST])
+
+
+async def ask_hosts(inv: Inventory, transport, history: History | None = None,
+                    gpu: bool = True) -> list[dict]:
+    """Every host's row (:func:`row`), in the inventory's order."""
+    records = (history or History()).list(warn=lambda _text: None)
+    async with RunController(inv, transport) as ctl:
+        ctl.me.read_only = True
+        failed = await ctl.connect_all(reconnect=False)
+
+        async def one(h: Host):
+            if h.name in failed:
+                return None, "unreachable: %s" % failed[h.name]
+            try:
+                return await ctl.links[h.name].request("hosts", timeout=ASK_TIMEOUT,
+                                                       runs_dir=runs_dir(h), gpu=gpu), None
+            except (AgentError, HostUnreachable, OSError) as exc:
+                return None, str(exc)
+        got = await asyncio.gather(*(one(h) for h in inv.hosts))
+    return [row(h.name, ans, err, laptop_runs(records, h.name))
+            for h, (ans, err) in zip(inv.hosts, got)]
+
+
+async def kill_strays(inv: Inventory, transport, rows: list[dict]) -> dict[str, dict]:
+    """Ask each host to stop its login user's strays listed in ``rows`` (by pid and start
+    time); {host: the agent's answer, or {"error": ...}}."""
+    todo = {r["name"]: [[s.get("pid"), s.get("starttime")] for s in r["strays"] if s.get("own")]
+            for r in rows if r["reachable"]}
+    todo = {name: pids for name, pids in todo.items() if pids}
+    hosts = [h for h in inv.hosts if h.name in todo]
+    if not hosts:
+        return {}
+    async with RunController(dataclasses.replace(inv, hosts=hosts), transport) as ctl:
+        failed = await ctl.connect_all(reconnect=False)
+
+        async def one(h: Host):
+            if h.name in failed:
+                return {"error": "unreachable: %s" % failed[h.name]}
+            try:
+                return clean_tree(await ctl.links[h.name].request(
+                    "kill_strays", timeout=ASK_TIMEOUT + 60, runs_dir=runs_dir(h),
+                    pids=todo[h.name]))
+            except (AgentError, HostUnreachable, OSError) as exc:
+                return {"error": str(exc)}
+        got = await asyncio.gather(*(one(h) for h in hosts))
+    return {h.name: answer for h, answer in zip(hosts, got)}

@@ -1,0 +1,102 @@
+"""`rankdeck hosts -i INVENTORY [--json] [--kill-strays [--yes]]`: every host of an inventory
+at once, one line each: reachable, load, GPU memory in use, its strays (training processes of
+no live rankdeck run), its last runs, its incidents and whether it is flagged (incidents in 2
+of its last 5 runs: agent/rules/fleet.py). ``--kill-strays`` lists the login user's strays,
+asks ``y`` (``--yes`` for scripts) and has each host stop them; another user's are shown,
+never touched. What is asked of the hosts: console/run/fleet.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from inventory.loader import load_inventory
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from ..run import fleet
+from ..transport import make_transport
+from .output import print_json
+
+MiB = 1 << 20
+
+
+def gpu_words(row: dict) -> str:
+    used = [g.get("mem_used") for g in row["gpus"] if isinstance(g.get("mem_used"), int)]
+    total = [g.get("mem_total") for g in row["gpus"] if isinstance(g.get("mem_total"), int)]
+    if not row["gpus"]:
+        return "no GPU"
+    return "%d GPU %d/%d MiB" % (len(row["gpus"]), sum(used) // MiB, sum(total) // MiB)
+
+
+def stray_words(s: dict) -> str:
+    mem = " %d MiB" % (s["gpu_mem"] // MiB) if isinstance(s.get("gpu_mem"), int) else ""
+    return "%s pid %s%s: %s" % (s.get("user"), s.get("pid"), mem, s.get("cmd"))
+
+
+def lines(rows: list[dict]) -> list[str]:
+    """The table: a line per host, then its strays and incidents indented under it."""
+    out = []
+    for r in rows:
+        if not r["reachable"]:
+            out.append("%s  unreachable: %s%s" % (r["name"], r.get("error"),
+                                                   "  FLAGGED" if r["flagged"] else ""))
+        else:
+            load = "%.2f" % r["load"] if isinstance(r["load"], (int, float)) else "n/a"
+            out.append("%s  load %s  %s  strays %d  runs %s%s" % (
+                r["name"], load, gpu_words(r), len(r["strays"]),
+                ",".join(r["runs"][-5:]) or "none", "  FLAGGED" if r["flagged"] else ""))
+        out += ["    stray %s" % stray_words(s) for s in r["strays"]]
+        out += ["    incident %s %s on %s: %s" % (i.get("run_id"), i.get("kind"), i.get("node"),
+                                                  i.get("text")) for i in r["incidents"]]
+    return out
+
+
+def confirmed(prompt: str) -> bool:
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
+
+
+async def cmd_hosts(args) -> int:
+    """0 every host answered (and every stray asked to stop is gone), 1 a stray was left,
+    3 a host could not be reached."""
+    inv = load_inventory(os.path.abspath(args.inventory)).resolve_local(os.getcwd())
+    transport = make_transport(inv.transport, args.accept_new_host_keys)
+    rows = await fleet.ask_hosts(inv, transport)
+    unreachable = any(not r["reachable"] for r in rows)
+    if not args.kill_strays:
+        if args.json:
+            print_json(rows)
+        else:
+            print("\n".join(lines(rows)))
+        return EXIT_UNREACHABLE if unreachable else EXIT_OK
+    print("\n".join(lines(rows)))
+    own = [(r["name"], s) for r in rows for s in r["strays"] if s.get("own")]
+    others = [(r["name"], s) for r in rows for s in r["strays"] if not s.get("own")]
+    for name, s in others:
+        print("left alone (not the login user's): %s %s" % (name, stray_words(s)))
+    if not own:
+        print("no stray of the login user to stop")
+        return EXIT_UNREACHABLE if unreachable else EXIT_OK
+    print("to stop (SIGTERM, then SIGKILL):")
+    for name, s in own:
+        print("  %s %s" % (name, stray_words(s)))
+    if not args.yes and not confirmed("stop these %d process(es)? [y/N] " % len(own)):
+        print("nothing stopped")
+        return EXIT_OK
+    done = await fleet.kill_strays(inv, transport, rows)
+    left = False
+    for name, answer in done.items():
+        if answer.get("error"):
+            left = True
+            print("%s: %s" % (name, answer["error"]))
+            continue
+        for pid in answer.get("killed") or []:
+            print("%s: stopped pid %s" % (name, pid))
+        for pid in answer.get("left") or []:
+            left = True
+            print("%s: pid %s is still there" % (name, pid))
+        for ref in answer.get("refused") or []:
+            print("%s: pid %s not stopped: %s" % (name, ref.get("pid"), ref.get("why")))
+    return EXIT_FAILED if left else (EXIT_UNREACHABLE if unreachable else EXIT_OK)
