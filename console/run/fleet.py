@@ -116,3 +116,32 @@ async def kill_strays(inv: Inventory, transport, rows: list[dict]) -> dict[str, 
                 return {"error": str(exc)}
         got = await asyncio.gather(*(one(h) for h in hosts))
     return {h.name: answer for h, answer in zip(hosts, got)}
+
+
+def flagged_words(r: dict) -> str:
+    """A flagged host's warning: its incidents, newest last, at most three."""
+    seen = ["%s %s: %s" % (i.get("run_id"), i.get("kind"), i.get("text"))
+            for i in r["incidents"][-3:]]
+    return "%s is flagged (incidents in %d of its last %d runs): %s" % (
+        r["name"], len({i.get("run_id") for i in r["incidents"]}), len(r["runs"]),
+        "; ".join(seen))
+
+
+def spares_for_flagged(inv: Inventory, rows: list[dict]) -> list[tuple[str, str | None]]:
+    """``[(flagged active host, the spare that could take its place or None)]``: a spare
+    that answered and is not flagged itself, each spare offered once, in inventory order."""
+    by_name = {r["name"]: r for r in rows}
+    free = [h.name for h in inv.spares if by_name.get(h.name, {}).get("reachable")
+            and not by_name[h.name]["flagged"]]
+    return [(h.name, free.pop(0) if free else None) for h in inv.active
+            if by_name.get(h.name, {}).get("flagged")]
+
+
+def swapped(inv: Inventory, pairs: list[tuple[str, str | None]]) -> Inventory:
+    """``inv`` with each flagged host of ``pairs`` left out and its spare in its place."""
+    out = dataclasses.replace(inv, hosts=[dataclasses.replace(h) for h in inv.hosts
+                                          if h.name not in {f for f, s in pairs if s}])
+    for _flagged, spare in pairs:
+        if spare:
+            out.host(spare).spare = False
+    return out

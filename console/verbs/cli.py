@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--spares", metavar="NODES", help="comma-separated hosts of the inventory "
                     "that wait as spares (as `spare: true`): agent, preflight and code, no "
                     "torchrun until `rankdeck cordon` puts one in")
+    la.add_argument("--avoid-flagged", action="store_true", help="a flagged host (incidents "
+                    "in 2 of its last 5 runs, `rankdeck hosts`) gives its place to a spare of "
+                    "the inventory without asking")
     la.add_argument("--auto-cordon", action="store_true",
                     help="the run's judge cordons a node proposed for cordon itself (a node in "
                     "trouble again soon after its restart, a GPU's Xid or ECC error): the spare "

@@ -63,6 +63,13 @@ async def cmd_hosts(args) -> int:
     3 a host could not be reached."""
     inv = load_inventory(os.path.abspath(args.inventory)).resolve_local(os.getcwd())
     transport = make_transport(inv.transport, args.accept_new_host_keys)
+    try:
+        return await hosts_table(args, inv, transport)
+    finally:
+        await transport.close()
+
+
+async def hosts_table(args, inv, transport) -> int:
     rows = await fleet.ask_hosts(inv, transport)
     unreachable = any(not r["reachable"] for r in rows)
     if not args.kill_strays:
@@ -100,3 +107,36 @@ async def cmd_hosts(args) -> int:
         for ref in answer.get("refused") or []:
             print("%s: pid %s not stopped: %s" % (name, ref.get("pid"), ref.get("why")))
     return EXIT_FAILED if left else (EXIT_UNREACHABLE if unreachable else EXIT_OK)
+
+
+async def flags_at_launch(inv, args):
+    """Before a launch: each flagged host of the run warned with its incidents; where the
+    inventory has a spare, it is offered in the flagged host's place (taken without asking
+    under ``--avoid-flagged``; asked on a terminal; else said how). The inventory to launch."""
+    transport = make_transport(inv.transport, getattr(args, "accept_new_host_keys", False))
+    try:
+        rows = await fleet.ask_hosts(inv, transport, gpu=False)
+    finally:
+        await transport.close()
+    pairs = fleet.spares_for_flagged(inv, rows)
+    flagged = {name for name, _spare in pairs}
+    for r in rows:
+        if r["name"] in flagged:
+            print("rankdeck: warning: %s" % fleet.flagged_words(r), file=sys.stderr)
+    take = [(name, spare) for name, spare in pairs if spare]
+    if take and not getattr(args, "avoid_flagged", False):
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            take = [(n, s) for n, s in take
+                    if confirmed("put spare %s in flagged %s's place? [y/N] " % (s, n))]
+        else:
+            for name, spare in take:
+                print("rankdeck: `launch --avoid-flagged` puts spare %s in %s's place"
+                      % (spare, name), file=sys.stderr)
+            take = []
+    for name, spare in pairs:
+        if spare is None:
+            print("rankdeck: no spare to take flagged %s's place: it runs" % name,
+                  file=sys.stderr)
+    for name, spare in take:
+        print("rankdeck: spare %s takes flagged %s's place" % (spare, name), file=sys.stderr)
+    return fleet.swapped(inv, take) if take else inv
