@@ -61,7 +61,8 @@ def add_run(record, run_id, node, entry, keep=KEEP_RUNS):
         runs.append(found)
     found["ended"] = entry.get("ended")
     found["nodes"][str(node)[:255]] = {"state": str(entry.get("state"))[:40],
-                                       "incidents": list(entry.get("incidents") or [])}
+                                       "incidents": list(entry.get("incidents") or [])[
+                                           :MAX_INCIDENTS]}
     runs.sort(key=lambda r: r.get("ended") or 0)
     return {"version": 1, "runs": runs[-keep:]}
 
