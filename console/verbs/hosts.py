@@ -139,4 +139,6 @@ async def flags_at_launch(inv, args):
                   file=sys.stderr)
     for name, spare in take:
         print("rankdeck: spare %s takes flagged %s's place" % (spare, name), file=sys.stderr)
+    # those that stay in the run: the judge proposes them for cordon on a first trouble
+    args.flagged_hosts = sorted(flagged - {name for name, _spare in take})
     return fleet.swapped(inv, take) if take else inv

@@ -90,6 +90,7 @@ async def cmd_launch(args) -> int:
                       checkpoint_dir=args.checkpoint_dir,
                       **slurm_limit(args),
                       launch_with=launcher,
+                      flagged=getattr(args, "flagged_hosts", None) or None,
                       **judge_settings(args, inv))
     if spec.auto_cordon and (spec.launch_with != "torchrun" or spec.launcher):
         # the judge starts a spare from a command made at launch: only torchrun's

@@ -50,3 +50,19 @@ def test_the_record_keeps_twenty_runs_and_two_nodes_of_one_run_together():
     # the laptop's history adds a run the host's record lacks
     laptop = [run("r99", 99, [("verdict", "named")])]
     assert [r["run_id"] for r in fleet.merged(record["runs"], laptop)][-1] == "r99"
+
+
+def test_a_flagged_hosts_node_is_proposed_for_cordon_on_its_first_trouble_of_the_run():
+    """--auto-cordon counts the host's record: a node of a flagged host is proposed (and so
+    cordoned by the judge) on its first trouble, with no restart before it; another node only
+    when in trouble again soon after its restart (agent/rules/judge.py cordon_proposal)."""
+    from agent.rules.judge import verdict_proposals
+    from agent.rules.judge_view import RunView
+    view = RunView(["node0", "node1"], 60.0, 600.0, flagged=["node1", "nodeX"])
+    verdict = {"kind": "stuck-in-python", "suspects": [{"node": "node0", "rank": 0},
+                                                       {"node": "node1", "rank": 1}]}
+    got = verdict_proposals(view, verdict, 100.0)
+    assert [(e["node"], e["flagged"]) for e in got] == [("node1", True)]
+    assert "its host is flagged" in got[0]["text"]
+    assert verdict_proposals(view, verdict, 101.0) == []  # once a run
+    assert verdict_proposals(RunView(["node1"], 60.0, 0, flagged=["node1"]), verdict, 1) == []
