@@ -24,6 +24,40 @@ from ..transport.base import HostUnreachable
 from .run import RunController
 
 MAX_LIST = 64
+MiB = 1 << 20
+
+
+def gpu_words(row: dict) -> str:
+    used = [g.get("mem_used") for g in row["gpus"] if isinstance(g.get("mem_used"), int)]
+    total = [g.get("mem_total") for g in row["gpus"] if isinstance(g.get("mem_total"), int)]
+    if not row["gpus"]:
+        return "no GPU"
+    return "%d GPU %d/%d MiB" % (len(row["gpus"]), sum(used) // MiB, sum(total) // MiB)
+
+
+def stray_words(s: dict) -> str:
+    mem = " %d MiB" % (s["gpu_mem"] // MiB) if isinstance(s.get("gpu_mem"), int) else ""
+    return "%s pid %s%s: %s" % (s.get("user"), s.get("pid"), mem, s.get("cmd"))
+
+
+def lines(rows: list[dict]) -> list[str]:
+    """The table: a line per host, then its strays and incidents indented under it."""
+    out = []
+    for r in rows:
+        if not r["reachable"]:
+            out.append("%s  unreachable: %s%s" % (r["name"], r.get("error"),
+                                                   "  FLAGGED" if r["flagged"] else ""))
+        else:
+            load = "%.2f" % r["load"] if isinstance(r["load"], (int, float)) else "n/a"
+            out.append("%s  load %s  %s  strays %d  runs %s%s" % (
+                r["name"], load, gpu_words(r), len(r["strays"]),
+                ",".join(r["runs"][-5:]) or "none", "  FLAGGED" if r["flagged"] else ""))
+        out += ["    stray %s" % stray_words(s) for s in r["strays"]]
+        out += ["    incident %s %s on %s: %s" % (i.get("run_id"), i.get("kind"), i.get("node"),
+                                                  i.get("text")) for i in r["incidents"]]
+    return out
+
+
 ASK_TIMEOUT = 30.0
 
 
@@ -145,3 +179,21 @@ def swapped(inv: Inventory, pairs: list[tuple[str, str | None]]) -> Inventory:
         if spare:
             out.host(spare).spare = False
     return out
+
+
+async def ask_links(ctl) -> list[dict]:
+    """Every host's row from a live run's connected links (the view's hosts screen)."""
+    records = History().list(warn=lambda _text: None)
+
+    async def one(h: Host):
+        link = ctl.links.get(h.name)
+        if link is None or link.stream is None:
+            return None, "not connected"
+        try:
+            return await link.request("hosts", timeout=ASK_TIMEOUT, runs_dir=runs_dir(h)), None
+        except (AgentError, HostUnreachable, OSError) as exc:
+            return None, str(exc)
+    hosts = list(ctl.inventory.hosts)
+    got = await asyncio.gather(*(one(h) for h in hosts))
+    return [row(h.name, ans, err, laptop_runs(records, h.name))
+            for h, (ans, err) in zip(hosts, got)]

@@ -17,39 +17,7 @@ from ..run import fleet
 from ..transport import make_transport
 from .output import print_json
 
-MiB = 1 << 20
-
-
-def gpu_words(row: dict) -> str:
-    used = [g.get("mem_used") for g in row["gpus"] if isinstance(g.get("mem_used"), int)]
-    total = [g.get("mem_total") for g in row["gpus"] if isinstance(g.get("mem_total"), int)]
-    if not row["gpus"]:
-        return "no GPU"
-    return "%d GPU %d/%d MiB" % (len(row["gpus"]), sum(used) // MiB, sum(total) // MiB)
-
-
-def stray_words(s: dict) -> str:
-    mem = " %d MiB" % (s["gpu_mem"] // MiB) if isinstance(s.get("gpu_mem"), int) else ""
-    return "%s pid %s%s: %s" % (s.get("user"), s.get("pid"), mem, s.get("cmd"))
-
-
-def lines(rows: list[dict]) -> list[str]:
-    """The table: a line per host, then its strays and incidents indented under it."""
-    out = []
-    for r in rows:
-        if not r["reachable"]:
-            out.append("%s  unreachable: %s%s" % (r["name"], r.get("error"),
-                                                   "  FLAGGED" if r["flagged"] else ""))
-        else:
-            load = "%.2f" % r["load"] if isinstance(r["load"], (int, float)) else "n/a"
-            out.append("%s  load %s  %s  strays %d  runs %s%s" % (
-                r["name"], load, gpu_words(r), len(r["strays"]),
-                ",".join(r["runs"][-5:]) or "none", "  FLAGGED" if r["flagged"] else ""))
-        out += ["    stray %s" % stray_words(s) for s in r["strays"]]
-        out += ["    incident %s %s on %s: %s" % (i.get("run_id"), i.get("kind"), i.get("node"),
-                                                  i.get("text")) for i in r["incidents"]]
-    return out
-
+lines, stray_words = fleet.lines, fleet.stray_words
 
 def confirmed(prompt: str) -> bool:
     sys.stdout.write(prompt)
