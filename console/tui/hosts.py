@@ -69,6 +69,8 @@ class HostsScreen(ModalScreen[None]):
             body.update(Text("hosts failed: %s" % clean(str(exc)), "bold red"))
             return
         body.update(hosts_text(self.rows))
+        # the nodes table marks what the hosts said now
+        self.ctl.state.flagged_hosts = {r["name"] for r in self.rows if r["flagged"]}
 
     def action_close(self) -> None:
         self.dismiss(None)

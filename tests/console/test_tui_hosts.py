@@ -1,6 +1,7 @@
 """The view's hosts screen (``H``, console/tui/hosts.py): the run's hosts asked through its own
 links (real agents, the local transport), a flagged host (its record: agent/host/fleet.py's
-writer) marked FLAGGED with its incidents; the key is in the help."""
+writer) marked FLAGGED with its incidents, and marked in the nodes table; the key is in the
+help."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from console.transport.local import LocalTransport
 from console.tui.app import RankdeckApp
 from console.tui.help import HelpScreen
 from console.tui.hosts import HostsScreen
+from console.tui.nodes import FLAG_MARK
 from tests.console.test_tui import help_rows
 from tests.local_nodes import local_inventory
 from tests.waits import wait_until
@@ -44,5 +46,9 @@ async def test_h_shows_the_hosts_and_marks_the_flagged_one(tmp_path):
             assert rows["node1"]["flagged"] and not rows["node0"]["flagged"]
             body = str(app.screen.query_one("#hosts-body").content)
             assert "node1" in body and "FLAGGED" in body and "CUDA error 2" in body, body
+            # the nodes table marks the flagged host, and only it
+            await pilot.press("escape")
+            assert app.nodes.row_values("n:node1")[0].endswith("node1" + FLAG_MARK)
+            assert app.nodes.row_values("n:node0")[0].endswith("node0")
     finally:
         await ctl.close()
