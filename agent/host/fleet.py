@@ -3,7 +3,8 @@ fleet.json`` (run folders are ``<workdir>/.rankdeck/runs/<run id>/<node>``).
 
 Written by the supervisor of each node on this host when the node's run ends there (agent/
 supervisor/supervisor.py ``finish``), read by `serve`'s ``hosts`` request (agent/serve/
-hosts.py). The user's alone (0600), written whole through one rename under a lock (two nodes
+hosts.py). A verdict that named a node while it ran (the judge's ``--on-hang restart``) waits
+in the node's ``named.json`` until then. The user's alone (0600), written whole through one rename under a lock (two nodes
 of one run on a host end at once), bounded (agent/rules/fleet.py ``KEEP_RUNS``). What an
 entry holds and when a host is flagged: agent/rules/fleet.py.
 """
@@ -36,6 +37,24 @@ def read(runs_dir):
     if not isinstance(record, dict) or not isinstance(record.get("runs"), list):
         return {"runs": []}
     return record
+
+
+NAMED = "named.json"  # in a node's folder: the verdicts that named it in this run
+
+
+def note_named(node_dir, text):
+    """A verdict named this node (the judge restarts it: ``--on-hang restart``); its end
+    puts it in the host's record (:func:`named_in`)."""
+    path = os.path.join(node_dir, NAMED)
+    texts = named_in(node_dir)
+    if len(texts) < rules.MAX_INCIDENTS:
+        write_json_atomic(path, texts + [str(text)[:rules.MAX_TEXT]])
+
+
+def named_in(node_dir):
+    """The texts :func:`note_named` kept for this node's run."""
+    texts = read_json(os.path.join(node_dir, NAMED), [])
+    return [t for t in texts if isinstance(t, str)] if isinstance(texts, list) else []
 
 
 def note_end(node_dir, run_id, node, state, incidents, ended=None):

@@ -25,17 +25,20 @@ def incident(kind, text):
     return {"kind": kind if kind in KINDS else "crashed", "text": text[:MAX_TEXT]}
 
 
-def node_incidents(state, cause=None, fenced=None, gpu_errors=()):
+def node_incidents(state, cause=None, fenced=None, gpu_errors=(), named=()):
     """The incidents of one node's run, from how its supervisor saw it end: ``state`` (its
     end: exited, failed, stopped), ``cause`` (state.json's), ``fenced`` (fenced.json's content
     when the node was cordoned, else None), ``gpu_errors`` (texts of the Xid and ECC errors
-    its GPUs reported during the run). A node fails too when a peer fails; only a failure of
+    its GPUs reported during the run), ``named`` (the verdicts that named it while it ran, for
+    which the judge restarted it). A node fails too when a peer fails; only a failure of
     one of its own ranks (the cause names a local rank) or of its supervisor is its crash,
     and a stop that a verdict asked is an incident only for the node(s) the verdict named
     (the cause's ``named``)."""
     out = []
     cause = cause if isinstance(cause, dict) else {}
     message = cause.get("message") if isinstance(cause.get("message"), str) else ""
+    for text in list(named)[:MAX_INCIDENTS]:
+        out.append(incident("verdict", text or "named by the verdict"))
     if cause.get("named") is True:
         out.append(incident("verdict", message or "named by the verdict"))
     elif state == "failed" and (cause.get("local_rank") is not None

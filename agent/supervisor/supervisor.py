@@ -347,7 +347,8 @@ class Supervisor(LauncherProcess):
             fleet.note_end(self.node_dir, self.spec["run_id"], self.spec["node"],
                            self.state["state"], fleet_rules.node_incidents(
                                self.state["state"], self.state.get("cause"),
-                               read_json(os.path.join(self.node_dir, FENCE)), errors))
+                               read_json(os.path.join(self.node_dir, FENCE)), errors,
+                               fleet.named_in(self.node_dir)))
         except (OSError, ValueError, TypeError) as exc:  # the run's end stands without it
             self.log("the host's record not written: %s" % exc)
 

@@ -79,13 +79,16 @@ async def test_a_node_named_then_cordoned_is_flagged_and_strays_are_killed_by_pi
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert hosts.report({"runs_dir": runs_dir})["flagged"] is False
 
-    # run 2: cordoned
+    # run 2: the judge's --on-hang restart named it (agent/judge/policy.py), then cordoned
     second = start(tmp_path, "r2")
+    await running(second)
+    node_ops.restart(dict(second, named="rank 0 stuck in python", timeout=60))
     await running(second)
     node_fence.fence(dict(second, fence={"who": "alice@laptop", "why": "cordoned by alice"}),
                      node_ops.stop)
     got = hosts.report({"runs_dir": runs_dir, "gpu": False})
     assert got["flagged"] is True and got["runs"] == ["r1", "r2"]
     assert [(i["run_id"], i["kind"]) for i in got["incidents"]] == \
-        [("r1", "verdict"), ("r2", "cordoned")]
+        [("r1", "verdict"), ("r2", "verdict"), ("r2", "cordoned")]
+    assert got["incidents"][1]["text"] == "rank 0 stuck in python"
     assert not any(s["pid"] == worker for s in got["strays"])
