@@ -302,6 +302,7 @@ class TelemetryRecorder:
         self._host = HostSampler(clock=clock)
         self._gpu = GpuProbe()
         self._ecc = {}  # gpu index -> uncorrectable ECC errors reported so far (gpu_errors)
+        self.errors = []  # the texts of those errors, this run's (the host's record: fleet.py)
 
     def tick(self):
         """Called from the supervisor's loop; records when a period has passed."""
@@ -322,6 +323,8 @@ class TelemetryRecorder:
             self._journal.append({"k": "event", "what": "gpu_error", "ts": time.time(),
                                   "gpu": index, "error": error,
                                   "text": "GPU %s reported %s" % (index, error)})
+            if len(self.errors) < 8:
+                self.errors.append("GPU %s reported %s" % (index, error))
 
 
 def gpu_errors(snap, ecc):

@@ -72,8 +72,11 @@ class Judge(Listener, Sampler, Policies, LoopPolicy):
         self.jdir = jdir
         self.token = spec["token"]
         cordon_within = spec.get("cordon_within_s", CORDON_WITHIN_S)
+        flagged = spec.get("flagged")  # hosts flagged by their record (agent/rules/fleet.py)
         self.view = RunView(spec["nodes"], spec.get("stall_after", 60.0),
-                            cordon_within if isinstance(cordon_within, (int, float)) else 0)
+                            cordon_within if isinstance(cordon_within, (int, float)) else 0,
+                            [n for n in flagged if isinstance(n, str)]
+                            if isinstance(flagged, list) else ())
         self.on_hang = spec.get("on_hang") or "warn"
         self.on_nan = spec.get("on_nan") or "warn"  # stop: the run, at a first inf/NaN loss
         self.max_wall = spec.get("max_wall")

@@ -60,7 +60,8 @@ class Policies:
                              text="--on-hang stop: stopping the run (the verdict names %s)"
                              % who))
             self.stop_nodes({n: {"state": "failed", "cause": {
-                "message": "stopped by --on-hang stop: %s" % verdict.get("summary")}}
+                "message": "stopped by --on-hang stop: %s" % verdict.get("summary"),
+                "named": n in nodes}}  # the host's record (agent/rules/fleet.py)
                 for n in self.view.nodes})
             return
         if self.spec.get("launcher") in STATIC_WORLDS:
@@ -81,7 +82,9 @@ class Policies:
             self.write(event("policy", node, action="restart",
                              text="--on-hang restart: restarting %s (the verdict names %s; "
                              "restart %d of %d)" % (node, who, used + 1, self.max_restarts)))
-            self.restart_node(node, {}, "on-hang", "--on-hang restart")
+            # ``named``: the node's host keeps it in its record (agent/host/fleet.py)
+            self.restart_node(node, {"named": str(verdict.get("summary") or "")[:300]},
+                              "on-hang", "--on-hang restart")
 
     def restart_node(self, node, args, reason, words):
         """The judge's restart of one node (``args``: the restart's), written once for each

@@ -16,7 +16,7 @@ import time
 from ..surgery import expel, spare_hold, static_world
 from ..slurm import host_step
 from . import folder as node
-from ..host import procs
+from ..host import fleet, procs
 from ..wire import protocol
 from ..host.paths import host_spec
 from .fence import drop_standby, refuse_if_fenced
@@ -184,6 +184,8 @@ def restart(args):
         port = None if port is None else static_world.master_port(port)
     except ValueError as exc:
         raise RequestError(str(exc), "usage")
+    if isinstance(args.get("named"), str):  # the judge's --on-hang restart: the host's record
+        fleet.note_named(ndir, args["named"])
     state = node.node_state(ndir)
     if state and state["alive"]:
         member = expel.member(state.get("torchrun_pid"))  # the old torchrun, in the rendezvous

@@ -168,8 +168,16 @@ def cordon_proposal(view, node, trouble, now):
     """``[a "cordon proposed" event]`` when ``node`` is in ``trouble`` (words: what happened)
     within ``view.cordon_within_s`` of rankdeck restarting it, once per restart; else []. A
     node in trouble again soon after its restart is likely bad rather than unlucky (a GPU
-    throwing errors, a flaky NIC): issue 28's cordon policy acts on the proposal."""
+    throwing errors, a flaky NIC): issue 28's cordon policy acts on the proposal. A node
+    whose host is flagged (incidents in 2 of its last 5 runs: agent/rules/fleet.py) is
+    proposed on its first trouble of this run, restarted or not."""
     ns = view.nodes.get(node)
+    if ns is not None and ns.flagged and not ns.flag_proposed and view.cordon_within_s:
+        ns.flag_proposed = True
+        ns.proposed_at = ns.restarted_at
+        return [event("cordon proposed", node, reason=trouble, flagged=True,
+                      text="%s proposed for cordon: %s, its first trouble in this run; its "
+                      "host is flagged (incidents in 2 of its last 5 runs)" % (node, trouble))]
     if ns is None or ns.restarted_at is None or not view.cordon_within_s \
             or ns.proposed_at == ns.restarted_at:
         return []

@@ -48,6 +48,9 @@ class NodeView:
         self.restarted_at = None  # judge time its torchrun started again after that restart
         self.proposed_at = None  # restarted_at of the restart its cordon was proposed after
         self.gpu_proposed = set()  # (gpu, error) its cordon was proposed for
+        # its host is flagged (agent/rules/fleet.py): its first trouble of this run proposes it
+        self.flagged = False
+        self.flag_proposed = False
 
     @property
     def ended(self):
@@ -57,8 +60,11 @@ class NodeView:
 class RunView:
     """Nodes, ranks and the verdict's timing, as the judge has heard of them."""
 
-    def __init__(self, nodes, stall_after, cordon_within_s=CORDON_WITHIN_S):
+    def __init__(self, nodes, stall_after, cordon_within_s=CORDON_WITHIN_S, flagged=()):
         self.nodes = {name: NodeView(name) for name in nodes}
+        for name in flagged or ():
+            if name in self.nodes:
+                self.nodes[name].flagged = True
         self.cordon_within_s = float(cordon_within_s or 0)  # 0: no proposals
         self.ranks = {}
         self.files = {}  # (node, fid) -> rank

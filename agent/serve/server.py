@@ -45,7 +45,8 @@ F_SETPIPE_SZ = 1031  # Linux's fcntl, named in Python's fcntl from 3.10 on (a ho
 # `stacks` and `why` are answered without signalling the ranks (agent/torchrun/stacks.py), and
 # so is `judge` `why`: the judge asks every node for a report without signals.
 READ_ONLY_OPS = frozenset(("ping", "hello", "subscribe", "unsubscribe", "state", "runs",
-                           "scrollback", "stacks", "why", "judge", "actions", "record"))
+                           "scrollback", "stacks", "why", "judge", "actions", "record",
+                           "hosts"))
 READ_ONLY_ASKS = ("why", "ping")  # of the judge (op_judge): not node surgery
 ROLES = ("drive", "watch")
 
@@ -290,6 +291,17 @@ class Server:
 
     def op_record(self, args):
         return node.record_of(args)
+
+    # -- the host itself: `rankdeck hosts` (agent/serve/hosts.py) ------------------------------
+    def op_hosts(self, args):
+        """Load, GPU memory and who holds it, strays, the host's record of runs and incidents."""
+        from . import hosts  # as for sync: not needed to start
+        return hosts.report(args)
+
+    def op_kill_strays(self, args):
+        """The login user's strays named by pid and start time, stopped and checked gone."""
+        from . import hosts
+        return hosts.kill_strays(args)
 
     # -- journals (pushed by agent/serve/streams.py) ----------------------------------------
     def op_subscribe(self, args):

@@ -249,6 +249,8 @@ class JudgeLink:
         out = {"run_root": os.path.dirname(node_dir), "node": os.path.basename(node_dir)}
         if op == "restart":  # ``master_port``: a static world's restart on that port
             out.update(master_port=args.get("master_port"), timeout=RESTART_WAIT)
+            if isinstance(args.get("named"), str):  # the verdict named it (the host's record)
+                out["named"] = args["named"][:300]
         elif op == "stop":
             out["end"] = args.get("end") if isinstance(args.get("end"), dict) else None
         elif op == "fence":  # the judge's cordon (--auto-cordon): fenced, then stopped

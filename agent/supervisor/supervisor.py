@@ -35,7 +35,9 @@ import signal
 import sys
 import time
 
-from ..host import procs
+from ..host import fleet, procs
+from ..rules import fleet as fleet_rules
+from ..node.fence import FENCE
 from ..surgery import static_world
 from ..host.stats import TelemetryRecorder
 from ..host.journal import JournalWriter
@@ -103,6 +105,7 @@ class Supervisor(LauncherProcess):
         self.slurm_job = JobTurns.from_env(spec["node"], self.node_dir,
                                            spec.get("slurm_limit"), self.log)
         self.judge_link = None  # agent/supervisor/judge_link.py, once run() starts
+        self.telemetry = None  # its GPU errors go into the host's record (note_in_record)
         self.instance_before = set()
         self.requests = []
         self.exiting = []  # old torchruns a restart left exiting (kill, watch_exiting)
@@ -199,7 +202,8 @@ class Supervisor(LauncherProcess):
         self.judge_link.start()  # a held spare joins the judge's view when put in
         grace = self.state["grace"]
         phase_read = 0.0
-        telemetry = TelemetryRecorder(self.journal, self.spec.get("cwd") or self.node_dir)
+        telemetry = self.telemetry = TelemetryRecorder(self.journal,
+                                                       self.spec.get("cwd") or self.node_dir)
         # ranks' CPU and collective entry times (stragglers, silent ranks)
         ranks_sample = RankSampler(self.journal, self.node_dir, period_of(self.spec.get("env") or {}))
         pace = Pace(slow=SLOW if self.follower.watch is None else SLOW_WATCHED)
@@ -314,6 +318,8 @@ class Supervisor(LauncherProcess):
             rank = cause.get("rank")
             cause = {"message": cause["message"][:500],
                      "rank": rank if isinstance(rank, int) else None}
+            if cause_named(end["cause"]):  # the verdict named this node (agent/judge/policy.py)
+                cause["named"] = True
         else:
             cause = None
         return {"state": end["state"], "cause": cause, "grace": grace}
@@ -331,7 +337,24 @@ class Supervisor(LauncherProcess):
             self.judge_link.close()  # the judge hears the end before this process is gone
         self.follower.close()
         self.journal.close()
+        self.note_in_record()
         return 0
+
+    def note_in_record(self):
+        """This node's end and its incidents in the host's record (agent/host/fleet.py)."""
+        try:
+            errors = self.telemetry.errors if self.telemetry is not None else ()
+            fleet.note_end(self.node_dir, self.spec["run_id"], self.spec["node"],
+                           self.state["state"], fleet_rules.node_incidents(
+                               self.state["state"], self.state.get("cause"),
+                               read_json(os.path.join(self.node_dir, FENCE)), errors,
+                               fleet.named_in(self.node_dir)))
+        except (OSError, ValueError, TypeError) as exc:  # the run's end stands without it
+            self.log("the host's record not written: %s" % exc)
+
+
+def cause_named(cause):
+    return isinstance(cause, dict) and cause.get("named") is True
 
 
 def main(node_dir):
@@ -357,4 +380,5 @@ def main(node_dir):
         sup.save(state="failed", cause={"message": "supervisor crashed; see supervisor.log"},
                  ended=time.time())
         procs.kill_run(os.getpid(), sup.marker, grace=sup.state["grace"])
+        sup.note_in_record()
         return 1

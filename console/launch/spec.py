@@ -56,6 +56,9 @@ class LaunchSpec:
     # trouble again this soon after its restart is proposed (0: never)
     auto_cordon: bool = False
     cordon_within: float = 600.0
+    # hosts of the run flagged by their record (agent/rules/fleet.py): the judge proposes one
+    # for cordon on its first trouble of this run
+    flagged: list[str] | None = None
     # `[ADDR:]PORT`: the run's judge serves Prometheus metrics there (docs/PROMETHEUS.md);
     # ADDR defaults to the rendezvous host's address
     prometheus: str | None = None

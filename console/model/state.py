@@ -55,6 +55,8 @@ class RunState:
                  stall_min_s: float = STALL_MIN_S, lines_per_rank: int = LINES_PER_RANK,
                  line_budget: int = BUDGET_MB << 20, slots: dict[str, int] | None = None):
         self.run_id = run_id
+        # hosts flagged by their record (agent/rules/fleet.py): the nodes table marks them
+        self.flagged_hosts: set[str] = set()
         self.lines_per_rank = lines_per_rank  # older lines are fetched from the nodes on demand
         self.budget = LineBudget(line_budget)  # for all kept lines: memory by budget, not rank
         self.nodes: dict[str, NodeState] = {

@@ -32,6 +32,8 @@ async def start_judge(ctl, rdzv: Host, hosts: list[Host], spec: LaunchSpec) -> N
                 "secrets": list(ctl.secrets),
                 # node surgery by the judge (agent/judge/cordon.py, docs/SURGERY.md)
                 "cordon_within_s": spec.cordon_within, "auto_cordon": spec.auto_cordon,
+                # hosts flagged by their record (console/verbs/hosts.py flags_at_launch)
+                "flagged": list(spec.flagged or []),
                 "spares": [h.name for h in ctl.inventory.spares],
                 "nnodes_min": nnodes_range(spec.nnodes, len(hosts))[0],
                 # a job `submit` made ends with the run (docs/SLURM.md)

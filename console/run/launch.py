@@ -98,6 +98,7 @@ async def _launch(ctl, spec: LaunchSpec, allow_partial: bool, inventory_path: st
                   preflight: bool) -> str:
     ctl.state.started = time.time()
     ctl.spec = spec
+    ctl.state.flagged_hosts = set(spec.flagged or ())
     ctl.state.nproc = spec.nproc_per_node  # bounds what a node may claim (ownership.py)
     ctl.state.launcher = launcher_name(spec)
     ctl.mask_env_secrets(spec.env)

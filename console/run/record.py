@@ -23,6 +23,7 @@ def restore(ctl, record: dict) -> None:
     spec = dict(record.get("spec", {}))
     spec["env"] = restored.spec_env
     ctl.spec = LaunchSpec(**spec)
+    ctl.state.flagged_hosts = set(ctl.spec.flagged or ())
     ctl.state.launcher = launcher_name(ctl.spec)
     ctl.state.nproc = ctl.spec.nproc_per_node
     ctl.missing_env = restored.missing

@@ -37,6 +37,7 @@ from .frames import paint_now
 from .gpu import GpuPanel
 from .header import RunHeader
 from .help import HelpScreen, key_sections
+from .hosts import HostsScreen
 from .lateness import open_lateness
 from .logs import LogPanes
 from .lru import tune_gc, untune_gc
@@ -90,6 +91,8 @@ class RankdeckApp(App[int]):
         Binding("w", "why", "Who is stuck"),
         Binding("s", "stacks", "Stacks of the node"),
         Binding("L", "lateness", "Lateness of each rank, worst first", key_display="L",
+                show=False),
+        Binding("H", "hosts", "Hosts: load, GPU memory, strays, incidents", key_display="H",
                 show=False),
         Binding("W", "toggle('wrap')", "Wrap", key_display="W", show=False),
         Binding("t", "toggle('timestamps')", "Timestamps", show=False),
@@ -346,6 +349,9 @@ class RankdeckApp(App[int]):
 
     def action_lateness(self) -> None:
         open_lateness(self)
+
+    def action_hosts(self) -> None:
+        self.push_screen(HostsScreen(self.ctl))
 
     def action_stacks(self, node: str | None = None) -> None:
         open_stacks(self, node or self.nodes.current_node)

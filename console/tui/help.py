@@ -21,6 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from .confirm import ConfirmScreen
+from .hosts import HostsScreen
 from .lateness import LatenessScreen
 from .readonly import drop_changing
 from .stacks import StacksScreen
@@ -87,7 +88,7 @@ def key_sections(app, screen: Screen | None = None) -> list[Section]:
         else:
             sections.append([section_title(widget), rows])
     for title, dialog in (("Who is stuck (w)", VerdictScreen), ("Stacks (s)", StacksScreen),
-                          ("Lateness (L)", LatenessScreen),
+                          ("Lateness (L)", LatenessScreen), ("Hosts (H)", HostsScreen),
                           ("Confirmations", ConfirmScreen), ("This help", HelpScreen)):
         keys = BindingsMap(dialog.BINDINGS)
         if getattr(app, "read_only", False):  # `rankdeck watch`: as its dialogs have them

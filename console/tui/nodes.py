@@ -37,6 +37,7 @@ from .suspects import marked_line
 STATE_W, STEP_W, RST_W = 11, 5, 4
 DIVERGED_STYLE = "bold red"
 CAUSE_MAX = 400
+FLAG_MARK = " ⚑"  # a host flagged by its record (agent/rules/fleet.py; the hosts screen, H)
 FOLD_ABOVE = 16  # ranks in the run: more, and each node starts as one row
 ODD_NAMED = 3  # ranks named on a folded node's row, per state
 BAD = ("failed", "unreachable", "lost", "gone", "preflight failed")
@@ -109,7 +110,8 @@ class NodesTable(RowsView):
                 heights.extend([1] * len(ranks))
         widest = max(state.ranks.values(), key=lambda r: (r.rank, r.local_rank or 0),
                      default=None)
-        self._name_w = max([9] + [len(n) + 2 for n in state.nodes] +
+        self._name_w = max([9] + [len(n) + 2 + len(FLAG_MARK) * (n in state.flagged_hosts)
+                                  for n in state.nodes] +
                            ([len(self._rank_name(widest))] if widest else []))
         self.header = (self._header_line(),)
         current, node = self.cursor_key, self.current_node
@@ -199,7 +201,8 @@ class NodesTable(RowsView):
             step = node_step(state, ns.name, ranks)
             cause = clean(ns.cause)[:CAUSE_MAX] if ns.cause else ""
             mark = ("▾ " if self.is_open(ns.name) else "▸ ") if ranks else "  "
-            return (mark + ns.name, node_phase(state, ns, ranks),
+            flag = FLAG_MARK if ns.name in state.flagged_hosts else ""
+            return (mark + ns.name + flag, node_phase(state, ns, ranks),
                     "" if step is None else str(step),
                     "%d/%d" % (ns.restarts_used, ns.restarts_left),
                     cause or node_detail(state, ns, ranks) or self._telemetry_text(ns.name))

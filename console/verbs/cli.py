@@ -1,5 +1,5 @@
 """rankdeck's command line: launch, submit, demo, attach, watch, status, export, logs, stop, restart,
-cordon, uncordon, stacks, why, actions, goodput, check, ls. Only the arguments and the exit
+cordon, uncordon, stacks, why, actions, goodput, check, hosts, ls. Only the arguments and the exit
 code of an error live here; what a verb does is in the modules commands.py (the verb table)
 names, the exit codes in errors.py (0 success, 1 the run failed, 2 bad input or usage, 3 could
 not reach a host).
@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--spares", metavar="NODES", help="comma-separated hosts of the inventory "
                     "that wait as spares (as `spare: true`): agent, preflight and code, no "
                     "torchrun until `rankdeck cordon` puts one in")
+    la.add_argument("--avoid-flagged", action="store_true", help="a flagged host (incidents "
+                    "in 2 of its last 5 runs, `rankdeck hosts`) gives its place to a spare of "
+                    "the inventory without asking")
     la.add_argument("--auto-cordon", action="store_true",
                     help="the run's judge cordons a node proposed for cordon itself (a node in "
                     "trouble again soon after its restart, a GPU's Xid or ECC error): the spare "
@@ -269,6 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("-i", "--inventory", required=True)
     ck.add_argument("--json", action="store_true")
     ck.add_argument("--accept-new-host-keys", action="store_true")
+
+    hs = sub.add_parser("hosts", help="every host of an inventory at once: load, GPU memory, "
+                        "strays (training processes of no live run), last runs, incidents, "
+                        "flagged (incidents in 2 of its last 5 runs)")
+    hs.add_argument("-i", "--inventory", required=True)
+    hs.add_argument("--json", action="store_true")
+    hs.add_argument("--kill-strays", action="store_true", help="stop the login user's strays "
+                    "after a confirmation that lists them; other users' are never touched")
+    hs.add_argument("--yes", action="store_true", help="with --kill-strays: do not ask")
+    hs.add_argument("--accept-new-host-keys", action="store_true")
 
     ls = sub.add_parser("ls", help="runs known to this laptop, newest first")
     ls.add_argument("--json", action="store_true")

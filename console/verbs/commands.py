@@ -1,6 +1,7 @@
 """What each CLI verb does: the table console/verbs/cli.py dispatches on. Every verb is an
 ``async def cmd_<verb>(args) -> exit code``: those that start a new run (launch, submit, demo,
-and check before one) in console/verbs/launch.py, those on a run recorded on this laptop
+and check before one) in console/verbs/launch.py, hosts (the inventory's hosts as a fleet)
+in console/verbs/hosts.py, those on a run recorded on this laptop
 (attach, watch, status, logs, export, report, goodput, actions, stacks, why, stop, restart,
 cordon, uncordon, ls) in console/verbs/recorded.py.
 
@@ -12,6 +13,7 @@ then leaves it (``RunController.leave``; console/verbs/output.py ``follow``).
 
 from __future__ import annotations
 
+from .hosts import cmd_hosts
 from .launch import cmd_check, cmd_demo, cmd_launch, cmd_submit
 from .recorded import (
     cmd_actions, cmd_attach, cmd_cordon, cmd_export, cmd_goodput, cmd_logs, cmd_ls, cmd_report, cmd_restart,
@@ -24,5 +26,5 @@ COMMANDS = {
     "restart": cmd_restart, "cordon": cmd_cordon, "uncordon": cmd_uncordon,
     "submit": cmd_submit,
     "stacks": cmd_stacks, "why": cmd_why, "ls": cmd_ls,
-    "watch": cmd_watch, "actions": cmd_actions, "goodput": cmd_goodput,
+    "hosts": cmd_hosts, "watch": cmd_watch, "actions": cmd_actions, "goodput": cmd_goodput,
 }

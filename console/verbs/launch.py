@@ -28,6 +28,7 @@ from ..model.state import RUN_ENDED
 from ..lines.sanitize import secret_warnings
 from ..transport import make_transport
 from ..transport.base import HostUnreachable
+from . import hosts as hosts_verb
 from .output import follow, print_json
 
 # console/verbs/launch.py -> the checkout's inventory/local.yaml
@@ -76,6 +77,8 @@ async def cmd_launch(args) -> int:
         raise UsageError("--nproc-per-node must be >= 1")
     if getattr(args, "spares", None):
         mark_spares(inv, args.spares)
+    if not getattr(args, "slurm", None) and not getattr(args, "dry_run", False):
+        inv = await hosts_verb.flags_at_launch(inv, args)  # a flagged host: warned, swapped
     if args.nnodes is not None:
         check_nnodes(args.nnodes, len(inv.active), path)
     spec = LaunchSpec(script=args.script, args=script_args(args.args),
@@ -87,6 +90,7 @@ async def cmd_launch(args) -> int:
                       checkpoint_dir=args.checkpoint_dir,
                       **slurm_limit(args),
                       launch_with=launcher,
+                      flagged=getattr(args, "flagged_hosts", None) or None,
                       **judge_settings(args, inv))
     if spec.auto_cordon and (spec.launch_with != "torchrun" or spec.launcher):
         # the judge starts a spare from a command made at launch: only torchrun's
