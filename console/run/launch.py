@@ -231,15 +231,16 @@ async def _launch_sync(ctl, hosts: list[Host], listing: asyncio.Future) -> dict:
 
 
 async def preflight(ctl, hosts: list[Host] | None = None, failed: dict | None = None,
-                    spec: LaunchSpec | None = None) -> list[HostCheck]:
+                    spec: LaunchSpec | None = None, **deep) -> list[HostCheck]:
     """Check ``hosts`` (default: every host; the first is the rendezvous host) over their
     connected links; ``failed``: {host: error} of those that could not be reached.
-    ``spec``: also check that its script (or module) is on every host."""
+    ``spec``: also check that its script (or module) is on every host. ``deep``: the deep
+    check's facts (console/run/deep.py)."""
     hosts = list(hosts or ctl.inventory.hosts)
     script = spec.script if spec is not None and not spec.launcher else None
     ctl.preflight_checks = await run_preflight(
         ctl.links, {h.name: h for h in hosts}, failed or {}, hosts[0].name,
-        script=script, module=bool(spec and spec.module), launching=spec is not None)
+        script=script, module=bool(spec and spec.module), launching=spec is not None, **deep)
     return ctl.preflight_checks
 
 

@@ -268,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
     ck = sub.add_parser("check", help="preflight every host of an inventory")
     ck.add_argument("-i", "--inventory", required=True)
     ck.add_argument("--json", action="store_true")
+    ck.add_argument("--deep", action="store_true",
+                    help="also measure the network between the nodes, the disk where "
+                    "checkpoints go, the clocks and versions, and name the suspect nodes "
+                    "(docs/HEALTH.md)")
+    ck.add_argument("--checkpoint-dir", metavar="DIR",
+                    help="with --deep: where the run's checkpoints go (relative to the "
+                    "workdir); the disk's write speed is measured there")
     ck.add_argument("--accept-new-host-keys", action="store_true")
 
     ls = sub.add_parser("ls", help="runs known to this laptop, newest first")

@@ -1,0 +1,115 @@
+"""`rankdeck check --deep` on six real SSH hosts that are not the laptop (docs/HEALTH.md).
+
+One host set for the module (setup is the expensive part): healthy, every host unnamed; one
+host's link held to 50 Mbit/s with a token bucket (``tc ... tbf`` on both ends of its veth,
+so both directions are slow), that host named and no other; one host's workdir a full tmpfs
+in its own mount namespace, that host named for its disk. The network is measured by the
+run's own stack (torch point-to-point over gloo) from the hosts' own Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from tests.cli import rankdeck  # noqa: E402
+
+try:
+    from sshhosts import create_hosts, missing_requirements
+except ImportError:  # tests/e2e made a package
+    from .sshhosts import create_hosts, missing_requirements
+
+pytestmark = pytest.mark.e2e
+TIMEOUT = 300
+RATE = "50mbit"
+WORK = "~/proj-deep"
+
+
+@pytest.fixture(scope="module")
+def six_hosts():
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    hosts = create_hosts(6)
+    try:
+        hosts.mkdirs(WORK)
+        yield hosts
+    finally:
+        hosts.close()
+
+
+@pytest.fixture
+def inventory(six_hosts, clean_home, tmp_path):
+    ssh_dir = clean_home / ".ssh"
+    ssh_dir.mkdir(exist_ok=True)
+    (ssh_dir / "config").write_text(open(six_hosts.ssh_config).read())
+    lines = ["transport: ssh", "defaults:", "  python: %s" % six_hosts.python,
+             "  workdir: %s" % WORK, "hosts:"]
+    for h in six_hosts.hosts:
+        lines += ["  - name: %s" % h.name, "    ssh: %s" % h.name, "    addr: %s" % h.addr]
+    path = tmp_path / "hosts.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def deep_check(inventory):
+    start = time.monotonic()
+    res = rankdeck("check", "--deep", "--json", "-i", inventory, timeout=TIMEOUT)
+    took = time.monotonic() - start
+    print("check --deep took %.1f s" % took)  # reported, never asserted
+    doc = json.loads(res.stdout)
+    return res.returncode, doc, {n["name"]: n for n in doc["nodes"]}
+
+
+def tc(six_hosts, name, add: bool):
+    h = six_hosts[name]
+    verb = ["add"] if add else ["del"]
+    shape = ["tbf", "rate", RATE, "burst", "64kb", "latency", "100ms"] if add else []
+    six_hosts.run_in(name, ["tc", "qdisc", *verb, "dev", "eth0", "root", *shape], check=True)
+    import subprocess
+    subprocess.run(["tc", "qdisc", *verb, "dev", h.veth, "root", *shape], check=True,
+                   capture_output=True)
+
+
+def test_healthy_hosts_name_nobody(inventory):
+    code, doc, nodes = deep_check(inventory)
+    assert doc["suspects"] == [], doc
+    assert code == 0
+    assert doc["network"]["rounds"] == 3 and doc["network"]["every_pair"] == 15
+    assert all(n["net_gbps"] and n["disk_write_mbps"] for n in nodes.values()), nodes
+
+
+def test_a_host_behind_a_slow_link_is_named_and_no_other(six_hosts, inventory):
+    tc(six_hosts, "node3", True)
+    try:
+        code, doc, nodes = deep_check(inventory)
+    finally:
+        tc(six_hosts, "node3", False)
+    assert doc["suspects"] == ["node3"], doc
+    assert code == 1
+    (problem,) = nodes["node3"]["problems"]
+    assert problem.startswith("network: ") and "the median node" in problem
+    assert nodes["node3"]["net_gbps"] < 0.1  # 50 Mbit/s
+
+
+def test_a_host_with_a_full_workdir_disk_is_named(six_hosts, inventory):
+    work = six_hosts.expand(WORK)
+    pw = pwd.getpwnam(six_hosts.user)
+    six_hosts.run_on("node5", ["mount", "-t", "tmpfs", "-o", "size=2m,uid=%d,gid=%d,mode=755"
+                               % (pw.pw_uid, pw.pw_gid), "tmpfs", work], user=False, check=True)
+    try:
+        six_hosts.run_on("node5", ["sh", "-c", "cat /dev/zero > %s/fill" % work])
+        code, doc, nodes = deep_check(inventory)
+    finally:
+        six_hosts.run_on("node5", ["umount", work], user=False, check=True)
+    assert doc["suspects"] == ["node5"], doc
+    assert code == 1
+    assert any(p.startswith("disk: cannot write in %s" % work) for p in
+               nodes["node5"]["problems"]), nodes["node5"]
