@@ -70,6 +70,46 @@ def exchange(dist, torch, partner, lead, seconds, max_bytes, device):
     return round(moved * 8 / busy / 1e9, 4)
 
 
+def gpu_figures(torch, size=8192, reps=10, copy_bytes=1 << 30):
+    """Per GPU of this host: a bf16 dense matmul's TFLOP/s and a device-to-device copy's
+    GB/s (read + write), timed with CUDA events after a warm-up. Untested on a real GPU."""
+    out = []
+    for index in range(torch.cuda.device_count()):
+        entry = {"index": index}
+        try:
+            with torch.cuda.device(index):
+                a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+                b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+                src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
+                dst = torch.empty_like(src)
+                for _ in range(2):
+                    torch.matmul(a, b)
+                    dst.copy_(src)
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                start.record()
+                for _ in range(reps):
+                    torch.matmul(a, b)
+                end.record()
+                torch.cuda.synchronize()
+                entry["tflops"] = round(2 * size ** 3 * reps / (start.elapsed_time(end) / 1e3)
+                                        / 1e12, 1)
+                start.record()
+                for _ in range(reps):
+                    dst.copy_(src)
+                end.record()
+                torch.cuda.synchronize()
+                entry["copy_gbps"] = round(2 * copy_bytes * reps /
+                                           (start.elapsed_time(end) / 1e3) / 1e9, 1)
+                del a, b, src, dst
+                torch.cuda.empty_cache()
+        except Exception as exc:  # an out-of-memory GPU, a wedged one: said, not raised
+            entry["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:200])
+        out.append(entry)
+    return out
+
+
 def run_round(dist, torch, rank, pairs, seconds, max_bytes, device):
     """This rank's part of one round: ``[(a, b, gbps)]`` of its pair when it leads it."""
     dist.barrier()
@@ -107,12 +147,14 @@ def probe_main(argv):
         torch.cuda.set_device(0)
         device = "cuda"
     started = time.monotonic()
+    gpus = gpu_figures(torch) if cuda else []
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
                             world_size=world, timeout=timeout)
     seconds, max_bytes = float(cfg.get("seconds", 1.0)), int(float(cfg.get("max_mb", 256))
                                                               * (1 << 20))
     mine = []
     plan = health.rounds(world)
+    rounds_from = time.monotonic()
     for pairs in plan:
         mine += run_round(dist, torch, rank, pairs, seconds, max_bytes, device)
     store.set("pairs/%d" % rank, json.dumps(mine))
@@ -125,11 +167,12 @@ def probe_main(argv):
         again += run_round(dist, torch, rank, pairs, seconds, max_bytes, device)
     store.set("again/%d" % rank, json.dumps(again))
     result = {"rank": rank, "backend": "nccl" if cuda else "gloo",
-              "rounds": len(plan), "recheck_rounds": len(rechecks)}
+              "rounds": len(plan), "recheck_rounds": len(rechecks), "gpus": gpus}
     if rank == 0:
         result.update(pairs=gather(store, "pairs", world), again=gather(store, "again", world))
     dist.barrier()  # every rank read what it needs before rank 0's store keys may go
     result["seconds"] = round(time.monotonic() - started, 2)
+    result["rounds_s"] = round(time.monotonic() - rounds_from, 2)  # the rounds alone
     dist.destroy_process_group()
     print(json.dumps(result), flush=True)
     return 0

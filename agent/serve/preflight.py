@@ -18,6 +18,7 @@ import threading
 import time
 
 from ..host.gpu import GpuProbe
+from ..host.gpu_health import gpu_health
 from ..host.paths import host_path, python_exists, shell_word
 
 TORCH_PROBE = r"""
@@ -144,6 +145,18 @@ def write_speed(folder, limit_bytes=WRITE_BYTES, seconds=WRITE_SECONDS):
     return out
 
 
+GPU_DEEP_FIELDS = ("index", "name", "ecc_corrected", "ecc_uncorrected", "throttle", "xid", "pids",
+                   "sm_clock")
+
+
+def deep_gpu_facts(snapshot_gpus, health):
+    """Each GPU's snapshot fields the deep check judges, with its NVML health fields
+    (agent/host/gpu_health.py) by index."""
+    by_index = {h["index"]: h for h in health}
+    return [dict({k: g.get(k) for k in GPU_DEEP_FIELDS}, **by_index.get(g.get("index"), {}))
+            for g in snapshot_gpus]
+
+
 def host_facts(args):
     facts = {"hostname": socket.gethostname(), "time": time.time(),
              "agent_python": "%d.%d.%d" % sys.version_info[:3]}
@@ -172,6 +185,8 @@ def host_facts(args):
                       "mem_free": (g["mem_total"] - g["mem_used"])
                       if g.get("mem_total") is not None and g.get("mem_used") is not None
                       else None} for g in gpu.get("gpus", [])]
+    if args.get("deep") and gpu.get("gpus"):  # `check --deep`: each GPU's health fields
+        facts["gpu_health"] = deep_gpu_facts(gpu["gpus"], gpu_health())
     if args.get("python") is not None:
         facts.update(probe_python(facts["python_path"] or args.get("python")))
     if args.get("script"):

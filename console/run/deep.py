@@ -28,6 +28,10 @@ CHECK_ROOT = "~/.cache/rankdeck/checks"  # the check's store folder on the first
 NET_SECONDS = 1.0  # a pair's exchange: about this long ...
 NET_MAX_MB = 256  # ... or this many MB, whichever first
 NET_LIMIT_S = 60.0  # torch's timeout for the probes' store and process group
+GPU_FRACTION = 0.8  # a GPU under 80 % of the cluster's median matmul or copy is named
+# throttle reasons that mean a fault or cooling, not load (idle, power cap and app clocks are
+# normal); the PCIe generation is not judged: a link drops its generation when idle
+HW_THROTTLE = ("hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal")
 VERSIONS = (("python", "Python"), ("torch", "torch"), ("cuda", "CUDA"), ("nccl", "NCCL"))
 
 
@@ -38,6 +42,78 @@ def _gbps(value):
             not math.isfinite(value) or value < 0:
         raise ValueError("a figure that is not a rate: %r" % (value,))
     return float(value)
+
+
+def _gpu_figures(raw):
+    """[{"index", "tflops", "copy_gbps", "error"}] of one host's answer, numbers checked."""
+    out = []
+    for item in (raw if isinstance(raw, list) else [])[:64]:
+        if not isinstance(item, dict) or not isinstance(item.get("index"), int):
+            continue
+        entry = {"index": item["index"]}
+        for key in ("tflops", "copy_gbps"):
+            try:
+                entry[key] = _gbps(item.get(key))
+            except ValueError:
+                entry[key] = None
+        if item.get("error"):
+            entry["error"] = clean(str(item["error"]), limit=300)
+        out.append(entry)
+    return out
+
+
+def judge_gpus(checks: list[HostCheck], net: dict) -> None:
+    """Each GPU's NVML health (the preflight's ``gpu_health``) and its matmul and copy
+    figures against the cluster's median (under GPU_FRACTION of it is named). Written
+    against a fake pynvml only: untested on real GPUs."""
+    by_name = {c.name: c for c in checks}
+    figures = net.get("gpus") or {}
+    for key, label, unit in (("tflops", "bf16 matmul", "TFLOP/s"),
+                             ("copy_gbps", "memory copy", "GB/s")):
+        values = [g[key] for gs in figures.values() for g in gs if g.get(key)]
+        ref = median(values) if values else None
+        for name, gs in figures.items():
+            for g in gs:
+                if g.get("error"):
+                    by_name[name].problems.append("GPU %d: could not be measured: %s"
+                                                  % (g["index"], g["error"]))
+                elif ref and g.get(key) is not None and g[key] < ref * GPU_FRACTION:
+                    by_name[name].problems.append("GPU %d: %s %.0f %s, the cluster's median "
+                                                  "%.0f" % (g["index"], label, g[key], unit,
+                                                            ref))
+    for c in checks:
+        for g in c.facts.get("gpu_health") or []:
+            if not isinstance(g, dict):
+                continue
+            c.problems += ["GPU %s: %s" % (g.get("index"), p) for p in gpu_problems(g)]
+
+
+def gpu_problems(g: dict) -> list[str]:
+    """What one GPU's health fields say is wrong, in words."""
+    out = []
+    if _positive(g.get("ecc_uncorrected")):
+        out.append("%d uncorrected ECC errors" % g["ecc_uncorrected"])
+    if g.get("retired_pending"):
+        out.append("a page retirement waits for a GPU reset")
+    if _positive(g.get("retired_dbe")):
+        out.append("%d pages retired for double-bit errors" % g["retired_dbe"])
+    if g.get("xid"):
+        out.append("Xid errors %s" % ", ".join(str(x[1]) for x in g["xid"][:8]
+                                                if isinstance(x, list) and len(x) == 2))
+    bad = [t for t in (g.get("throttle") or []) if t in HW_THROTTLE]
+    if bad:
+        out.append("clocks held down: %s" % ", ".join(bad))
+    if _positive(g.get("pcie_width")) and _positive(g.get("pcie_width_max")) and \
+            g["pcie_width"] < g["pcie_width_max"]:
+        out.append("PCIe link x%d of x%d" % (g["pcie_width"], g["pcie_width_max"]))
+    if g.get("pids"):
+        out.append("processes already hold its memory: pid %s"
+                   % ", ".join(str(p) for p in g["pids"][:8]))
+    return out
+
+
+def _positive(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _pairs(raw, n, planned):
@@ -106,7 +182,10 @@ async def network(ctl, checks: list[HostCheck]) -> dict:
         return {"error": "%s sent figures rankdeck cannot read: %s"
                 % (first.name, clean(str(exc), limit=200))}
     v = health.verdict(n, pairs, again)
-    return {"rounds": len(plan), "recheck_rounds": len(rechecks),
+    gpus = {name: _gpu_figures(ans.get("gpus")) for name, ans in zip(names, answers)}
+    rounds_s = answers[0].get("rounds_s")
+    return {"gpus": gpus, "rounds_s": rounds_s if isinstance(rounds_s, (int, float)) else None,
+            "rounds": len(plan), "recheck_rounds": len(rechecks),
             "every_pair": health.every_pair(n), "seconds": round(time.monotonic() - started, 1),
             "backend": clean(str(answers[0].get("backend", "?")), limit=20),
             "reference": v["reference"], "floor": v["floor"],
@@ -184,8 +263,11 @@ def report(checks: list[HostCheck], net: dict) -> dict:
                       "disk_free": c.facts.get("disk_free"),
                       "disk_write_mbps": c.facts.get("disk_write_mbps"),
                       "skew_s": c.skew_s, "cause": c.cause,
+                      "gpus": (net.get("gpus") or {}).get(c.name, []),
+                      "gpu_health": c.facts.get("gpu_health", []),
                       **{k: c.facts.get(k) for k, _ in VERSIONS}})
     network = {k: net.get(k) for k in ("rounds", "recheck_rounds", "every_pair", "seconds",
+                                       "rounds_s",
                                        "backend", "reference", "pairs", "rechecked",
                                        "slow_links", "error")}
     return {"nodes": nodes, "suspects": [c.name for c in checks if not c.ok],
@@ -218,11 +300,51 @@ def deep_table(checks: list[HostCheck], net: dict) -> str:
     return "\n".join(lines)
 
 
-async def deep_check(ctl, failed: dict, ckpt_dir: str | None = None,
-                     hosts=None) -> tuple[list[HostCheck], dict]:
-    """The preflight with the deep facts, then the network: ``(checks, net)``."""
-    checks = await ctl.preflight(hosts=hosts, failed=failed, deep=True, ckpt_dir=ckpt_dir)
+async def deep_check(ctl, failed: dict, ckpt_dir: str | None = None, hosts=None,
+                     spec=None) -> tuple[list[HostCheck], dict]:
+    """The preflight with the deep facts, then the network: ``(checks, net)``. ``spec``:
+    before a launch (its script checked too, a missing workdir a problem)."""
+    checks = await ctl.preflight(hosts=hosts, failed=failed, spec=spec, deep=True,
+                                 ckpt_dir=ckpt_dir)
     judge_hosts(checks)
     net = await network(ctl, checks)
     judge_network(checks, net)
+    judge_gpus(checks, net)
     return checks, net
+
+
+async def launch_preflight(ctl, hosts: list, spec) -> list:
+    """``launch --preflight deep``: the deep check of ``hosts`` (the store's host first).
+    A suspect node is left out and a healthy spare of the inventory takes its place, said in
+    the run's events; with no spare left for it, LaunchError naming it with its figure
+    (nothing is started). A suspect spare is left out. The hosts the run goes on with."""
+    from ..errors import EXIT_FAILED, EXIT_USAGE, LaunchError
+    for h in hosts:
+        ctl.state.set_node(h.name, "preflight")
+    checks, net = await deep_check(ctl, {}, spec.checkpoint_dir, hosts=hosts, spec=spec)
+    by_name = {c.name: c for c in checks}
+    bad = [h for h in hosts if not by_name[h.name].ok and not h.spare]
+    spares = [h for h in hosts if h.spare and by_name[h.name].ok]
+    for c in checks:
+        if not c.ok:
+            ctl.state.set_node(c.name, "preflight failed", "; ".join(c.problems))
+    if bad and (len(spares) < len(bad) or any(by_name[h.name].bad_input for h in bad)):
+        raise LaunchError("the deep preflight names %s; nothing was started (rankdeck launch "
+                          "--skip-preflight starts anyway%s):\n%s"
+                          % (", ".join(h.name for h in bad),
+                             "" if spares else "; a spare in the inventory would take its "
+                             "place", deep_table(checks, net)),
+                          EXIT_USAGE if any(by_name[h.name].bad_input for h in bad)
+                          else EXIT_FAILED,
+                          {h.name: "; ".join(by_name[h.name].problems) for h in bad})
+    out = [h for h in hosts if by_name[h.name].ok]
+    for sick, spare in zip(bad, spares):
+        spare.spare = False  # in the run, in the sick node's place
+        ctl.state.add_event(spare.name, "preflight", "%s takes the place of %s, which the "
+                            "deep preflight names: %s" % (spare.name, sick.name,
+                                                         "; ".join(by_name[sick.name].problems)))
+    for c in checks:
+        if c.ok:
+            g = (net.get("nodes") or {}).get(c.name)
+            ctl.state.add_event(c.name, "preflight", "deep preflight ok (%s Gbit/s)" % _fig(g))
+    return out

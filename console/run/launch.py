@@ -20,6 +20,7 @@ from ..slurm import slurm
 from ..surgery.autocordon import keep_spare_spec, warm_spares
 from ..errors import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, AgentError, LaunchError
 from ..records.history import host_record
+from . import deep
 from .link import NodeLink
 from .preflight import HostCheck, check_table, run_preflight
 from ..lines.sanitize import secret_warnings
@@ -124,7 +125,12 @@ async def _launch(ctl, spec: LaunchSpec, allow_partial: bool, inventory_path: st
     rdzv = store_host(ctl.inventory, hosts)
     active = [h for h in hosts if not h.spare]
     synced = await _launch_sync(ctl, hosts, listing) if listing is not None else None
-    if preflight:  # the store's host first: preflight probes the rendezvous from it
+    if preflight == "deep":  # a suspect node left out, a spare in (console/run/deep.py)
+        hosts = await deep.launch_preflight(ctl, [rdzv] + [h for h in hosts if h is not rdzv],
+                                            spec)
+        rdzv = store_host(ctl.inventory, hosts)
+        active = [h for h in hosts if not h.spare]
+    elif preflight:  # the store's host first: preflight probes the rendezvous from it
         await _launch_preflight(ctl, [rdzv] + [h for h in hosts if h is not rdzv], spec)
     ctl.record = {
         "run_id": ctl.run_id, "created": time.time(), "inventory": inventory_path,

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--dry-run", action="store_true", help="print each node's command line, "
                     "the differences marked and secrets masked; start nothing")
     la.add_argument("--detach", action="store_true", help="return once every node started")
+    la.add_argument("--preflight", choices=("basic", "deep"), default="basic",
+                    help="deep: `rankdeck check --deep` first; a suspect node is left out "
+                    "and a spare takes its place, or the launch is refused (docs/HEALTH.md)")
     la.add_argument("--skip-preflight", action="store_true",
                     help="start without checking the hosts first (`rankdeck check`)")
     la.add_argument("--spares", metavar="NODES", help="comma-separated hosts of the inventory "

@@ -53,7 +53,9 @@ async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str)
         async def launch():
             await ctl.launch(spec, allow_partial=getattr(args, "allow_partial", False),
                              inventory_path=inventory_path,
-                             preflight=not getattr(args, "skip_preflight", False))
+                             preflight=False if getattr(args, "skip_preflight", False)
+                             else "deep" if getattr(args, "preflight", "") == "deep"
+                             else True)
 
         if getattr(args, "detach", False):
             ctl.sync_listeners.append(SyncProgressLine())

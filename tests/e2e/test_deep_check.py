@@ -113,3 +113,42 @@ def test_a_host_with_a_full_workdir_disk_is_named(six_hosts, inventory):
     assert code == 1
     assert any(p.startswith("disk: cannot write in %s" % work) for p in
                nodes["node5"]["problems"]), nodes["node5"]
+
+
+def spare_inventory(inventory, spare):
+    """The same hosts, ``spare`` a spare (`spare: true`)."""
+    lines = open(inventory).read().splitlines()
+    at = lines.index("  - name: %s" % spare)
+    lines.insert(at + 1, "    spare: true")
+    path = inventory.replace(".yaml", "-spare.yaml")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def test_launch_preflight_deep_refuses_a_slow_node_or_puts_a_spare_in(six_hosts, inventory,
+                                                                      project):
+    tiny = ["--", "--steps", "100000", "--d-model", "32", "--layers", "1", "--heads", "2",
+            "--seq-len", "32", "--batch-size", "4", "--synthetic-samples", "2048"]
+    tc(six_hosts, "node3", True)
+    try:
+        refused = rankdeck("launch", "--no-tui", "--preflight", "deep", "-i", inventory,
+                           "--sync", str(project), "trainer/train.py", *tiny, timeout=TIMEOUT)
+        with_spare = spare_inventory(inventory, "node5")
+        launched = rankdeck("launch", "--detach", "--preflight", "deep", "-i", with_spare,
+                            "--sync", str(project), "trainer/train.py", *tiny,
+                            timeout=TIMEOUT)
+    finally:
+        tc(six_hosts, "node3", False)
+    assert refused.returncode == 1, refused.stderr
+    assert "the deep preflight names node3; nothing was started" in refused.stderr
+    assert "node3: network: " in refused.stderr and "the median node" in refused.stderr
+    assert launched.returncode == 0, launched.stderr
+    run_id = launched.stdout.strip().splitlines()[-1]
+    try:
+        status = json.loads(rankdeck("status", run_id, "--json", timeout=TIMEOUT).stdout)
+        states = {n["name"]: n["state"] for n in status["nodes"]}
+        assert "node5" in states and states["node5"] != "spare", states
+        assert states.get("node3") in (None, "preflight failed"), states
+    finally:
+        rankdeck("stop", run_id, timeout=TIMEOUT)
