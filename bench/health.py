@@ -75,6 +75,10 @@ def one_size(n):
         with tempfile.TemporaryDirectory() as folder:
             took, doc = check(hosts, folder)
         net = doc["network"]
+        if net.get("error"):
+            print("%2d hosts: the network was not measured: %s %s"
+                  % (n, net["error"], [x["problems"] for x in doc["nodes"]]), flush=True)
+            return
         done = net["rounds"] + net["recheck_rounds"]
         per_round = (net.get("rounds_s") or 0) / max(done, 1)
         print("%2d hosts: %d rounds (+%d rechecks) vs %3d pairs (ratio %.1f); named %s "

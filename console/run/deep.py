@@ -23,11 +23,14 @@ from agent.rules import health
 from ..errors import AgentError
 from ..lines.sanitize import clean
 from .preflight import MAX_SKEW, HostCheck
+from ..surgery.surgery import ACTIVE, CORDONED
 
 CHECK_ROOT = "~/.cache/rankdeck/checks"  # the check's store folder on the first host
 NET_SECONDS = 1.0  # a pair's exchange: about this long ...
 NET_MAX_MB = 256  # ... or this many MB, whichever first
-NET_LIMIT_S = 60.0  # torch's timeout for the probes' store and process group
+NET_LIMIT_S = 180.0  # torch's timeout for the probes' store and process group: the last
+# host to import torch joins within it (a check of 8 hosts on 2 cores at load 14 failed
+# with 60 s)
 GPU_FRACTION = 0.8  # a GPU under 80 % of the cluster's median matmul or copy is named
 # throttle reasons that mean a fault or cooling, not load (idle, power cap and app clocks are
 # normal); the PCIe generation is not judged: a link drops its generation when idle
@@ -340,6 +343,9 @@ async def launch_preflight(ctl, hosts: list, spec) -> list:
     out = [h for h in hosts if by_name[h.name].ok]
     for sick, spare in zip(bad, spares):
         spare.spare = False  # in the run, in the sick node's place
+        ctl.state.set_role(spare.name, ACTIVE)
+        ctl.state.set_role(sick.name, CORDONED)  # out of the run: its state says why
+        ctl.state.set_node(sick.name, "preflight failed", "; ".join(by_name[sick.name].problems))
         ctl.state.add_event(spare.name, "preflight", "%s takes the place of %s, which the "
                             "deep preflight names: %s" % (spare.name, sick.name,
                                                          "; ".join(by_name[sick.name].problems)))
