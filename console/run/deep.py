@@ -187,7 +187,9 @@ async def network(ctl, checks: list[HostCheck]) -> dict:
     v = health.verdict(n, pairs, again)
     gpus = {name: _gpu_figures(ans.get("gpus")) for name, ans in zip(names, answers)}
     rounds_s = answers[0].get("rounds_s")
-    return {"gpus": gpus, "rounds_s": rounds_s if isinstance(rounds_s, (int, float)) else None,
+    if not (isinstance(rounds_s, (int, float)) and math.isfinite(rounds_s)):
+        rounds_s = None
+    return {"gpus": gpus, "rounds_s": rounds_s,
             "rounds": len(plan), "recheck_rounds": len(rechecks),
             "every_pair": health.every_pair(n), "seconds": round(time.monotonic() - started, 1),
             "backend": clean(str(answers[0].get("backend", "?")), limit=20),

@@ -42,3 +42,16 @@ def test_a_slow_link_is_told_from_a_slow_node():
 def test_a_node_that_fails_to_measure_counts_as_slow():
     v = measure(6, lambda a, b: None if 4 in (a, b) else 5.0)
     assert v["slow_nodes"] == [4]
+
+
+def test_the_console_takes_only_planned_pairs_with_real_rates():
+    import pytest
+
+    from console.run.deep import _pairs
+
+    planned = {p for r in health.rounds(4) for p in r}
+    assert _pairs([[0, 1, 2.5], [2, 3, 0]], 4, planned) == [(0, 1, 2.5), (2, 3, 0.0)]
+    for bad in ([[0, 3, 1.0]], [[0, 1, 1.0], [0, 1, 1.0]], [[0, 1, float("nan")]],
+                [[0, 1, True]], [[0, 1, -1]], [[0, 1, "9"]], [[0, 1]], {"0": 1}):
+        with pytest.raises(ValueError):
+            _pairs(bad, 4, planned)
