@@ -2,9 +2,11 @@
 
 One host set for the module (setup is the expensive part): healthy, every host unnamed; one
 host's link held to 50 Mbit/s with a token bucket (``tc ... tbf`` on both ends of its veth,
-so both directions are slow), that host named and no other; one host's workdir a full tmpfs
-in its own mount namespace, that host named for its disk. The network is measured by the
-run's own stack (torch point-to-point over gloo) from the hosts' own Python.
+so both directions are slow), that host named and no other; the link between two hosts
+alone held so, that link named (both its ends suspects) once each end was measured again
+against a third host; one host's workdir a full tmpfs in its own mount namespace, that host
+named for its disk. The network is measured by the run's own stack (torch point-to-point over
+gloo) from the hosts' own Python.
 """
 
 from __future__ import annotations
@@ -97,6 +99,39 @@ def test_a_host_behind_a_slow_link_is_named_and_no_other(six_hosts, inventory):
     (problem,) = nodes["node3"]["problems"]
     assert problem.startswith("network: ") and "the median node" in problem
     assert nodes["node3"]["net_gbps"] < 0.1  # 50 Mbit/s
+
+
+def slow_link(six_hosts, a, b, add: bool):
+    """The link between hosts ``a`` and ``b`` alone held to RATE both ways: on each one's
+    eth0, traffic to the other goes to an htb class of that rate (this kernel has no prio
+    qdisc); the rest to a class of 100 Gbit/s."""
+    for src, dst in ((a, b), (b, a)):
+        if not add:
+            six_hosts.run_in(src, ["tc", "qdisc", "del", "dev", "eth0", "root"], check=True)
+            continue
+        for argv in (["qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default",
+                      "10"],
+                     ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb",
+                      "rate", "100gbit"],
+                     ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:30", "htb",
+                      "rate", RATE, "ceil", RATE],
+                     ["filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "u32",
+                      "match", "ip", "dst", six_hosts[dst].addr + "/32", "flowid", "1:30"]):
+            six_hosts.run_in(src, ["tc", *argv], check=True)
+
+
+def test_a_slow_link_is_named_as_a_link_after_a_recheck(six_hosts, inventory):
+    slow_link(six_hosts, "node2", "node3", True)  # a pair of round 0 (2 XOR 1 = 3)
+    try:
+        code, doc, nodes = deep_check(inventory)
+    finally:
+        slow_link(six_hosts, "node2", "node3", False)
+    assert doc["network"]["recheck_rounds"] == 1, doc["network"]
+    assert doc["suspects"] == ["node2", "node3"], doc
+    assert code == 1
+    assert [link[:2] for link in doc["network"]["slow_links"]] == [["node2", "node3"]]
+    assert nodes["node2"]["problems"][0].startswith("network: the link to node3 ran ")
+    assert nodes["node3"]["problems"][0].startswith("network: the link to node2 ran ")
 
 
 def test_a_host_with_a_full_workdir_disk_is_named(six_hosts, inventory):
