@@ -13,10 +13,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from ..host.gpu import GpuProbe
+from ..host.gpu_health import gpu_health
 from ..host.paths import host_path, python_exists, shell_word
 
 TORCH_PROBE = r"""
@@ -40,6 +42,8 @@ except Exception as exc:
     out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps(out))
 """
+WRITE_BYTES = 256 << 20  # `check --deep`'s write test: this much, or WRITE_SECONDS
+WRITE_SECONDS = 1.0
 
 
 MODULE_PROBE = r"""
@@ -109,6 +113,50 @@ def script_facts(script, module, workdir, python, timeout=60.0):
             "script_exists": os.path.isfile(path)}
 
 
+def write_speed(folder, limit_bytes=WRITE_BYTES, seconds=WRITE_SECONDS):
+    """How fast a file is written (and synced to disk) in ``folder``, where checkpoints go:
+    ``{"disk_write_mbps", "disk_dir"}`` or ``{"disk_write_error"}`` (a full disk says so).
+    Writes for about ``seconds`` or ``limit_bytes``, whichever comes first; removes its file."""
+    out = {"disk_dir": folder}
+    if not os.path.isdir(folder):
+        out["disk_write_error"] = "%s is not there" % folder
+        return out
+    chunk = b"\0" * (1 << 20)
+    written, path = 0, None
+    try:
+        fd, path = tempfile.mkstemp(prefix=".rankdeck-write-", dir=folder)
+        start = time.monotonic()
+        with os.fdopen(fd, "wb") as f:
+            while written < limit_bytes and time.monotonic() - start < seconds:
+                f.write(chunk)
+                written += len(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        took = time.monotonic() - start
+        out["disk_write_mbps"] = round(written / (1 << 20) / max(took, 1e-6), 1)
+    except OSError as exc:
+        out["disk_write_error"] = "cannot write in %s: %s" % (folder, exc.strerror or exc)
+    finally:
+        if path:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return out
+
+
+GPU_DEEP_FIELDS = ("index", "name", "ecc_corrected", "ecc_uncorrected", "throttle", "xid", "pids",
+                   "sm_clock")
+
+
+def deep_gpu_facts(snapshot_gpus, health):
+    """Each GPU's snapshot fields the deep check judges, with its NVML health fields
+    (agent/host/gpu_health.py) by index."""
+    by_index = {h["index"]: h for h in health}
+    return [dict({k: g.get(k) for k in GPU_DEEP_FIELDS}, **by_index.get(g.get("index"), {}))
+            for g in snapshot_gpus]
+
+
 def host_facts(args):
     facts = {"hostname": socket.gethostname(), "time": time.time(),
              "agent_python": "%d.%d.%d" % sys.version_info[:3]}
@@ -126,6 +174,10 @@ def host_facts(args):
         facts["disk_free"] = usage.free
     except OSError:
         facts["disk_free"] = None
+    if args.get("deep"):  # `check --deep`: where checkpoints go, written to
+        target = host_path(os.path.join(workdir, args["ckpt_dir"])) if args.get("ckpt_dir") \
+            else workdir
+        facts.update(write_speed(target))
     gpu = GpuProbe().snapshot()
     facts["gpu_source"] = gpu["source"]
     facts["gpu_reason"] = gpu.get("reason")
@@ -133,6 +185,8 @@ def host_facts(args):
                       "mem_free": (g["mem_total"] - g["mem_used"])
                       if g.get("mem_total") is not None and g.get("mem_used") is not None
                       else None} for g in gpu.get("gpus", [])]
+    if args.get("deep") and gpu.get("gpus"):  # `check --deep`: each GPU's health fields
+        facts["gpu_health"] = deep_gpu_facts(gpu["gpus"], gpu_health())
     if args.get("python") is not None:
         facts.update(probe_python(facts["python_path"] or args.get("python")))
     if args.get("script"):

@@ -149,6 +149,12 @@ class Server:
     def op_preflight(self, args):
         return host_facts(args)
 
+    def op_netcheck(self, args):
+        """``check --deep``'s network probe on this host (agent/serve/netprobe.py), waited
+        for: its figures, or ``{"error"}``."""
+        from . import netprobe  # as for sync: not needed to start
+        return netprobe.run_probe(args)
+
     def op_probe_tcp(self, args):
         """Can this host open a TCP connection to ``addr:port``? (rendezvous reachability)"""
         start = time.monotonic()

@@ -20,6 +20,7 @@ from ..slurm import slurm
 from ..surgery.autocordon import keep_spare_spec, warm_spares
 from ..errors import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, AgentError, LaunchError
 from ..records.history import host_record
+from . import deep
 from .link import NodeLink
 from .preflight import HostCheck, check_table, run_preflight
 from ..lines.sanitize import secret_warnings
@@ -125,7 +126,12 @@ async def _launch(ctl, spec: LaunchSpec, allow_partial: bool, inventory_path: st
     rdzv = store_host(ctl.inventory, hosts)
     active = [h for h in hosts if not h.spare]
     synced = await _launch_sync(ctl, hosts, listing) if listing is not None else None
-    if preflight:  # the store's host first: preflight probes the rendezvous from it
+    if preflight == "deep":  # a suspect node left out, a spare in (console/run/deep.py)
+        hosts = await deep.launch_preflight(ctl, [rdzv] + [h for h in hosts if h is not rdzv],
+                                            spec)
+        rdzv = store_host(ctl.inventory, hosts)
+        active = [h for h in hosts if not h.spare]
+    elif preflight:  # the store's host first: preflight probes the rendezvous from it
         await _launch_preflight(ctl, [rdzv] + [h for h in hosts if h is not rdzv], spec)
     ctl.record = {
         "run_id": ctl.run_id, "created": time.time(), "inventory": inventory_path,
@@ -232,15 +238,16 @@ async def _launch_sync(ctl, hosts: list[Host], listing: asyncio.Future) -> dict:
 
 
 async def preflight(ctl, hosts: list[Host] | None = None, failed: dict | None = None,
-                    spec: LaunchSpec | None = None) -> list[HostCheck]:
+                    spec: LaunchSpec | None = None, **deep) -> list[HostCheck]:
     """Check ``hosts`` (default: every host; the first is the rendezvous host) over their
     connected links; ``failed``: {host: error} of those that could not be reached.
-    ``spec``: also check that its script (or module) is on every host."""
+    ``spec``: also check that its script (or module) is on every host. ``deep``: the deep
+    check's facts (console/run/deep.py)."""
     hosts = list(hosts or ctl.inventory.hosts)
     script = spec.script if spec is not None and not spec.launcher else None
     ctl.preflight_checks = await run_preflight(
         ctl.links, {h.name: h for h in hosts}, failed or {}, hosts[0].name,
-        script=script, module=bool(spec and spec.module), launching=spec is not None)
+        script=script, module=bool(spec and spec.module), launching=spec is not None, **deep)
     return ctl.preflight_checks
 
 

@@ -45,7 +45,8 @@ class HostCheck:
         return self.reachable and not self.problems
 
 
-async def _one(link: NodeLink, check: HostCheck, script: str | None, module: bool) -> None:
+async def _one(link: NodeLink, check: HostCheck, script: str | None, module: bool,
+               deep: dict) -> None:
     t0 = time.time()
     pong = await link.request("ping", timeout=30)
     t1 = time.time()
@@ -55,6 +56,7 @@ async def _one(link: NodeLink, check: HostCheck, script: str | None, module: boo
     args = {"python": host.python or "", "workdir": host.workdir}
     if script:
         args.update(script=script, module=module)
+    args.update(deep)  # `check --deep`: the disk's write speed too (console/run/deep.py)
     # host text (error messages, paths) is printed in the check table: cleaned of escapes
     check.facts = clean_tree(await link.request("preflight", timeout=180, **args))
 
@@ -161,15 +163,18 @@ def _judge_paths(c: HostCheck, f: dict, python: str, launching: bool) -> None:
 
 async def run_preflight(links: dict[str, NodeLink], hosts: dict, failed: dict,
                         rdzv_name: str, script: str | None = None,
-                        module: bool = False, launching: bool = False) -> list[HostCheck]:
+                        module: bool = False, launching: bool = False, deep: bool = False,
+                        ckpt_dir: str | None = None) -> list[HostCheck]:
     """Check every host of ``hosts`` ({name: Host}); ``failed``: {name: error} of the ones
-    that could not be reached. ``script``/``module``: also check the run's script is there."""
+    that could not be reached. ``script``/``module``: also check the run's script is there.
+    ``deep``: also the write speed where checkpoints go (``ckpt_dir``, else the workdir)."""
+    extra = {"deep": True, "ckpt_dir": ckpt_dir} if deep else {}
     checks = {name: HostCheck(name) for name in hosts}
     for name, exc in failed.items():
         checks[name].reachable = False
         checks[name].cause = "%s: %s" % (getattr(exc, "cause", "error"), exc)
     live = {n: l for n, l in links.items() if n not in failed and l.stream is not None}
-    results = await asyncio.gather(*(_one(l, checks[n], script, module)
+    results = await asyncio.gather(*(_one(l, checks[n], script, module, extra)
                                      for n, l in live.items()),
                                    return_exceptions=True)
     for name, res in zip(live, results):

@@ -187,9 +187,10 @@ class RunController:
         return await run_launch.launch(self, spec, allow_partial, inventory_path, preflight)
 
     async def preflight(self, hosts: list[Host] | None = None, failed: dict | None = None,
-                        spec: LaunchSpec | None = None) -> list[HostCheck]:
-        """Check ``hosts`` (default: every host; the first is the rendezvous host)."""
-        return await run_launch.preflight(self, hosts, failed, spec)
+                        spec: LaunchSpec | None = None, **deep) -> list[HostCheck]:
+        """Check ``hosts`` (default: every host; the first is the rendezvous host); ``deep``:
+        the deep check's facts too (``deep=True, ckpt_dir=...``: console/run/deep.py)."""
+        return await run_launch.preflight(self, hosts, failed, spec, **deep)
 
     async def start_judge(self, rdzv: Host, hosts: list[Host], spec: LaunchSpec) -> None:
         """At launch: the run's judge beside the store (console/run/judge.py)."""

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--dry-run", action="store_true", help="print each node's command line, "
                     "the differences marked and secrets masked; start nothing")
     la.add_argument("--detach", action="store_true", help="return once every node started")
+    la.add_argument("--preflight", choices=("basic", "deep"), default="basic",
+                    help="deep: `rankdeck check --deep` first; a suspect node is left out "
+                    "and a spare takes its place, or the launch is refused (docs/HEALTH.md)")
     la.add_argument("--skip-preflight", action="store_true",
                     help="start without checking the hosts first (`rankdeck check`)")
     la.add_argument("--spares", metavar="NODES", help="comma-separated hosts of the inventory "
@@ -271,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
     ck = sub.add_parser("check", help="preflight every host of an inventory")
     ck.add_argument("-i", "--inventory", required=True)
     ck.add_argument("--json", action="store_true")
+    ck.add_argument("--deep", action="store_true",
+                    help="also measure the network between the nodes, the disk where "
+                    "checkpoints go, the clocks and versions, and name the suspect nodes "
+                    "(docs/HEALTH.md)")
+    ck.add_argument("--checkpoint-dir", metavar="DIR",
+                    help="with --deep: where the run's checkpoints go (relative to the "
+                    "workdir); the disk's write speed is measured there")
     ck.add_argument("--accept-new-host-keys", action="store_true")
 
     hs = sub.add_parser("hosts", help="every host of an inventory at once: load, GPU memory, "

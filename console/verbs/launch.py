@@ -22,6 +22,7 @@ from ..launch.options import (
 )
 from ..launch.launchers import TemplateError
 from ..run.preflight import check_table
+from ..run.deep import deep_check, deep_table, report as deep_report
 from ..run.run import LaunchSpec, RunController
 from ..launch.env import launch_secrets
 from ..model.state import RUN_ENDED
@@ -53,7 +54,9 @@ async def start_run(inv: Inventory, spec: LaunchSpec, args, inventory_path: str)
         async def launch():
             await ctl.launch(spec, allow_partial=getattr(args, "allow_partial", False),
                              inventory_path=inventory_path,
-                             preflight=not getattr(args, "skip_preflight", False))
+                             preflight=False if getattr(args, "skip_preflight", False)
+                             else "deep" if getattr(args, "preflight", "") == "deep"
+                             else True)
 
         if getattr(args, "detach", False):
             ctl.sync_listeners.append(SyncProgressLine())
@@ -199,13 +202,22 @@ async def cmd_demo(args) -> int:
 
 
 async def cmd_check(args) -> int:
-    """`rankdeck check -i INVENTORY [--json]`: 0 all good, 1 problems, 3 unreachable hosts."""
+    """`rankdeck check -i INVENTORY [--deep] [--json]`: 0 all good, 1 problems (with
+    ``--deep``: suspects), 3 unreachable hosts."""
     inv = load_inventory(os.path.abspath(args.inventory)).resolve_local(os.getcwd())
     async with RunController(inv, make_transport(inv.transport,
                                                  args.accept_new_host_keys)) as ctl:
         failed = await ctl.connect_all(reconnect=False)
-        checks = await ctl.preflight(failed=failed)
-    if args.json:
+        if getattr(args, "deep", False):
+            checks, net = await deep_check(ctl, failed, getattr(args, "checkpoint_dir", None))
+        else:
+            checks = await ctl.preflight(failed=failed)
+    if getattr(args, "deep", False):
+        if args.json:
+            print_json(deep_report(checks, net))
+        else:
+            print(deep_table(checks, net))
+    elif args.json:
         print_json([dict(asdict(c), ok=c.ok) for c in checks])
     else:
         print(check_table(checks))
