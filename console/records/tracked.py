@@ -73,11 +73,11 @@ class Cursor:
         out = []
         for row in ranks:
             figures = {key: row[key] for key in METRICS if row.get(key) is not None}
-            if row.get("step") is not None and figures:
+            if _whole(row.get("step")) and figures:
                 out.append(Series("rank%d" % row["rank"], RANK_AXIS, int(row["step"]),
-                                  row["ts"] or self.started, figures))
+                                  row["ts"] if _time(row.get("ts")) else self.started, figures))
         for row in nodes:
-            if row.get("ts") is None:
+            if not _time(row.get("ts")):
                 continue
             figures = {key: row[key] for key in NODE_FIGURES if row.get(key) is not None}
             for index, gpu in row.get("gpus") or ():
@@ -87,6 +87,15 @@ class Cursor:
                 out.append(Series(key_name(row["node"]), NODE_AXIS,
                                   max(0, int(row["ts"] - self.started)), row["ts"], figures))
         return out
+
+
+def _whole(step) -> bool:
+    """A step both trackers keep (a 64-bit integer): a host's number is checked first."""
+    return isinstance(step, (int, float)) and float(step).is_integer() and abs(step) < 2 ** 62
+
+
+def _time(ts) -> bool:
+    return isinstance(ts, (int, float)) and 0 <= ts < 1e11  # seconds, before the year 5138
 
 
 def _text(value, masker: Masker) -> str:

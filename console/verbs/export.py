@@ -46,6 +46,8 @@ async def cmd_export(args) -> int:
         report_unreachable(failed)
         for link in ctl.links.values():
             link.quiet_until = NO_LINES  # metrics, telemetry, events only: no log line is sent
+        if len(failed) == len(ctl.links):  # nothing to export: no tracker's run is made
+            return EXIT_UNREACHABLE
         await ctl.subscribe_all()
         await ctl.caught_up()
         try:

@@ -106,3 +106,12 @@ def test_a_missing_package_is_exit_2_naming_the_pip_command(tmp_path, fmt, packa
     assert "pip install 'rankdeck[%s]'" % fmt in out.stderr
     assert "no-such-run" not in out.stderr  # refused before the run was looked up
     assert not (tmp_path / "out").exists()
+
+
+def test_a_hosts_odd_step_or_time_is_left_out_not_an_error():
+    class Rows:  # rows past what the protocol's checks let through (console/run/messages.py)
+        ranks = [{"rank": 3, "step": step, "ts": ts, "loss": 1.0}
+                 for step, ts in ((1e300, 1001.0), (2.5, 1001.0), (7, 1e300))]
+        nodes = [{"node": "node0", "ts": float("inf"), "cpu_pct": 3.0}]
+    (only,) = Cursor(Rows(), 1000.0).take()  # the step 7, at the run's start: no time given
+    assert (only.prefix, only.x, only.ts) == ("rank3", 7, 1000.0)
