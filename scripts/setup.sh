@@ -2,7 +2,9 @@
 # Make .venv with rankdeck (editable), the reference trainer's torch (pinned: an unpinned
 # torch pulls GBs of CUDA packages) and, with --test, what the test suite needs: Debian's
 # openssh-server, pdsh, tmux, iproute2, rsync, python3-venv, prometheus and Slurm with munge
-# (as root), and the Python test tools.
+# (as root), and the Python test tools: among them (the test extras, pinned by constraints.txt)
+# mlflow (a real `mlflow server` for tests/spine/test_trackers.py) and wandb, about 75 s more
+# for a fresh setup on the 2-core test machine (docs/EXPORTS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0

@@ -17,6 +17,10 @@ is cut to safe characters, so a CSV opened in a spreadsheet holds no formula.
 through the tensorboard package, one folder per rank and per node under ``<out>/<run>/``:
 ``rank3/`` with the scalars loss, lr, step_time, tok_s by step; ``node0/`` with
 ``telemetry/<column>`` by sample (wall time is the node's clock).
+
+``mlflow`` and ``wandb`` (the optional extras ``rankdeck[mlflow]``, ``rankdeck[wandb]``) send
+the same rows, every rank figure and each GPU's too, to an experiment tracker
+(console/records/tracked.py; docs/EXPORTS.md).
 """
 
 from __future__ import annotations
@@ -28,15 +32,19 @@ import re
 
 from ..errors import UsageError
 from ..model.state import RunState
-from ..model.telemetry import COLUMNS, node_telemetry
+from ..model.telemetry import COLUMNS, gpus_of, host_number, node_telemetry
 
-FORMATS = ("jsonl", "csv", "tensorboard")
+FORMATS = ("jsonl", "csv", "tensorboard", "mlflow", "wandb")
 TENSORBOARD_MISSING = ("--format tensorboard needs the tensorboard package: "
                        "pip install 'rankdeck[tensorboard]'")
 RANK_FIELDS = ("ts", "node", "rank", "step", "loss", "lr", "step_time", "tok_s")
 # a node's row: its telemetry without the per-rank columns (they are in the ranks file)
 NODE_FIELDS = ("ts", "node") + tuple(c for c in COLUMNS if c not in ("step_time", "tok_s")) + (
     "throttle", "links_down")
+# a rank's figures a trainer may print (agent/formats/metrics.py); the files keep RANK_FIELDS,
+# the trackers (console/records/tracked.py) every one of them
+METRICS = ("loss", "lr", "step_time", "tok_s", "samples_s", "tflops")
+GPU_FIGURES = ("util", "mem_used", "mem_total", "temp", "power")  # each GPU's, for the trackers
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]")
 
 
@@ -67,7 +75,8 @@ class RunExport:
             if fi is None or fi.rank is None:
                 return  # a line of torchrun's own output, not a rank's
             row = {"ts": _num(meta.get("ts")), "node": node, "rank": fi.rank}
-            row.update((key, _num(meta.get(key))) for key in RANK_FIELDS[3:])
+            row["step"] = _num(meta.get("step"))
+            row.update((key, _num(meta.get(key))) for key in METRICS)
             self.ranks.append(row)
         elif kind == "telemetry":
             full = node_telemetry(meta.get("gpu"), meta.get("host"))
@@ -75,6 +84,9 @@ class RunExport:
             row.update((key, full[key]) for key in NODE_FIELDS[2:])
             row["throttle"] = [_name(r) for r in row["throttle"]]
             row["links_down"] = [_name(link) for link in row["links_down"]]
+            row["gpus"] = [(gpu.get("index"), {key: host_number(gpu.get(key))
+                                               for key in GPU_FIGURES})
+                           for gpu in gpus_of(meta.get("gpu"))]
             self.nodes.append(row)
 
     def write(self, out_dir: str, fmt: str) -> list[str]:
@@ -123,6 +135,12 @@ def check_format(fmt: str) -> None:
     """UsageError (exit 2, nothing started) when ``fmt`` needs a package that is missing."""
     if fmt == "tensorboard":
         tensorboard_writer()
+    elif fmt == "mlflow":
+        from .to_mlflow import mlflow_client
+        mlflow_client()
+    elif fmt == "wandb":
+        from .to_wandb import wandb_module
+        wandb_module()
 
 
 def tensorboard_writer():

@@ -205,13 +205,24 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--stall-after", type=SECONDS, default=None, metavar="SECONDS",
                     help="default: the run's own (set at launch)")
 
-    ex = sub.add_parser("export", help="a run's numbers as files: per rank step, loss, lr, "
-                        "step time, tok/s; per node its telemetry")
+    ex = sub.add_parser("export", help="a run's numbers as files, or into MLflow or W&B: per "
+                        "rank step, loss, lr, step time, tok/s; per node its telemetry "
+                        "(docs/EXPORTS.md)")
     ex.add_argument("run_id")
     ex.add_argument("--format", choices=FORMATS, default="jsonl")
     ex.add_argument("--out", default=".", metavar="DIR",
-                    help="folder for <run>-ranks.<format> and <run>-nodes.<format> (made "
-                    "if missing; default: here)")
+                    help="folder for <run>-ranks.<format> and <run>-nodes.<format>, or W&B's "
+                    "run folder (made if missing; default: here)")
+    ex.add_argument("--follow", action="store_true", help="mlflow, wandb: keep the tracker's "
+                    "run up to date while the run lives, and end it as the run ends")
+    ex.add_argument("--tracking-uri", default=None, metavar="URI", help="mlflow: http(s)://, "
+                    "databricks, sqlite:///FILE or file:DIR (default: MLflow's own, "
+                    "MLFLOW_TRACKING_URI)")
+    ex.add_argument("--experiment", default="rankdeck", metavar="NAME",
+                    help="mlflow: the experiment (made if missing; default: rankdeck)")
+    ex.add_argument("--project", default="rankdeck", metavar="P",
+                    help="wandb: the project (default: rankdeck; WANDB_ENTITY, WANDB_MODE "
+                    "apply)")
 
     rp = sub.add_parser("report", help="one Markdown page about a run: nodes, loss curve (SVG), "
                         "checkpoints, restarts, stalls and verdicts")

@@ -1,9 +1,9 @@
 """The verbs on a run recorded on this laptop: attach and watch (followed in a view), status,
-logs, export, report, actions, stacks and why (read from its nodes), stop, restart, cordon and
+logs, report, actions, stacks and why (read from its nodes), stop, restart, cordon and
 uncordon (change it), goodput (where its time went), and ls (the runs recorded here). Each
 builds the run's RunController from History (:func:`recorded_run`); a run whose Slurm job
 still waits in the queue is launched by status or attach once the job runs
-(console/slurm/queued.py)."""
+(console/slurm/queued.py). `export` is console/verbs/export.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from ..slurm import slurm, queued as slurm_queued, stop as slurm_stop
 from ..records.actions import action_rows, run_actions
 from ..surgery.cordon import cordon, uncordon, uncordon_refusal, unreachable
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, LaunchError, UsageError
-from ..records.export import RunExport, check_format
 from .headless import HeadlessPrinter, journal_ends
 from ..records.history import History, seen_text, state_dir
 from ..run.hosted_record import known_or_fetched
@@ -150,18 +149,6 @@ async def cmd_status(args) -> int:
             print("%s: Slurm says %s" % (node, words))
     if ended and failed:  # its nodes are out of reach with it: no more to say
         return EXIT_OK if status["state"] == "succeeded" else EXIT_FAILED
-    return EXIT_UNREACHABLE if failed else EXIT_OK
-
-
-async def cmd_export(args) -> int:
-    """`rankdeck export RUN --format jsonl|csv [--out DIR]`: per rank metrics, per node
-    telemetry, replayed from the nodes' journals (console/records/export.py)."""
-    check_format(args.format)
-    async with recorded_run(args.run_id) as ctl:
-        export = RunExport(ctl.state)
-        failed = await replay_records(ctl)
-    for path in export.write(args.out, args.format):
-        print(path)
     return EXIT_UNREACHABLE if failed else EXIT_OK
 
 
