@@ -165,7 +165,8 @@ async def test_restart_cycles_over_ssh_then_stop_leaves_nothing(ssh_hosts, host_
         # max_restarts: a node restart makes the other nodes' workers stop too (they agree
         # to stop, exit 143), which torchrun counts as a failure on those nodes.
         await ctl.launch(LaunchSpec(script=SCRIPT, sync=str(project), max_restarts=100, grace=3,
-                                    args=TINY + ["--steps", "100000", "--term-grace", "2"]))
+                                    args=TINY + ["--steps", "100000", "--term-grace", "2"]),
+                         preflight=False)  # (the hosts' check: tests/e2e/test_ssh_run.py)
         ranks = ctl.state.ranks
         await wait_for(lambda: len(ranks) == 4 and all((r.step or 0) >= 2
                                                        for r in ranks.values()),
