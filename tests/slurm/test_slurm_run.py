@@ -44,17 +44,22 @@ def login_inventory(slurm: SlurmCluster, home, tmp_path, host_workdir) -> str:
     return str(inv)
 
 
-def launch(login: str, job: str, project, steps: int, restarts: int = 0, *extra) -> str:
-    """`launch --slurm JOB --detach` of the reference trainer; the run id."""
-    return launch_result(login, job, project, steps, restarts, *extra).stdout.split()[-1]
+def launch(login: str, job: str, project, steps: int, restarts: int = 0, *extra,
+           preflight: bool = True) -> str:
+    """`launch --slurm JOB --detach` of the reference trainer; the run id. ``extra``: the
+    trainer's arguments; ``preflight`` False: --skip-preflight (it imports torch on every
+    node; the held-allocation test keeps it)."""
+    return launch_result(login, job, project, steps, restarts, *extra,
+                         preflight=preflight).stdout.split()[-1]
 
 
 def launch_result(login: str, job: str, project, steps: int, restarts: int = 0,
-                  *extra) -> subprocess.CompletedProcess:
+                  *extra, preflight: bool = True) -> subprocess.CompletedProcess:
     """`launch --slurm JOB --detach` of the reference trainer, as it returned."""
-    return rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync", str(project),
-                    "--max-restarts", str(restarts), "trainer/train.py", *TINY, "--steps",
-                    str(steps), *extra, check=True)
+    skip = [] if preflight else ["--skip-preflight"]
+    return rankdeck("launch", "-i", login, "--slurm", job, "--detach", *skip, "--sync",
+                    str(project), "--max-restarts", str(restarts), "trainer/train.py", *TINY,
+                    "--steps", str(steps), *extra, check=True)
 
 
 def status(run_id: str) -> dict:
@@ -140,7 +145,7 @@ def test_scancel_from_outside_ends_the_run_cancelled_with_the_reason_and_nothing
         slurm, login, project, host_workdir):
     job = slurm.hold()
     try:
-        run_id = launch(login, job, project, 5000, 0, "--skip-preflight")
+        run_id = launch(login, job, project, 5000, preflight=False)
         wait_for_sync(lambda: stepping(status(run_id)) == 4, TIMEOUT,
                       lambda: "every rank stepping: %s" % status(run_id))
         # a live Slurm run's stacks and verdict, through the login host's srun
@@ -291,7 +296,7 @@ def test_restart_of_one_node_inside_the_job_rejoins_and_training_goes_on(slurm, 
     job = slurm.hold()
     try:
         run_id = launch(login, job, project, 5000, 3, "--ckpt-every", "10",
-                        "--pg-timeout", "300", "--skip-preflight")
+                        "--pg-timeout", "300", preflight=False)
         wait_for_sync(lambda: len(steps_of(status(run_id))) == 4 and min(
             steps_of(status(run_id)).values()) >= 12, TIMEOUT,
             lambda: "every rank past its first checkpoint: %s" % status(run_id))
