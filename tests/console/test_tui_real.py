@@ -1,4 +1,4 @@
-"""The TUI on real runs: a Pilot test on 4 local nodes with real torchrun, and `rankdeck demo`
+"""The TUI on real runs: a Pilot test on 2 local nodes with real torchrun, and `rankdeck demo`
 in a real terminal (tmux at 160x48) read back with capture-pane."""
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ def journal_lines(workdir, run_id, node, rank) -> list[str]:
 
 async def test_restart_a_node_from_the_tui_and_its_pane_goes_on(tmp_path):
     """...and scrolling up past what memory keeps brings every older line from the hosts."""
-    ctl = RunController(local_inventory(tmp_path / "work"), LocalTransport(), History())
+    # 2 local nodes: rank 1's node restarts, rank 0's worker restarts with it (each node more
+    # is its torchrun's and worker's start-up, the test's time)
+    ctl = RunController(local_inventory(tmp_path / "work", n=2), LocalTransport(), History())
     # Little memory, small pages: scrolling back must page. Rank 1 has printed at least 9 lines
     # before the restart and 5 after it when Home is pressed: 8 or more (~600 bytes, one
     # journal record a line or two) are beyond memory, so at least 2 pages of 150 bytes.
@@ -66,7 +68,7 @@ async def test_restart_a_node_from_the_tui_and_its_pane_goes_on(tmp_path):
     try:
         async with app.run_test(size=SIZE) as pilot:
             ranks = ctl.state.ranks
-            await until(pilot, lambda: len(ranks) == 4 and all(
+            await until(pilot, lambda: len(ranks) == 2 and all(
                 (r.step or 0) >= 7 for r in ranks.values()), what="all ranks past step 7")
             rank = ranks[1]
             app.logs.show((RANK, 1))
@@ -112,7 +114,7 @@ async def test_restart_a_node_from_the_tui_and_its_pane_goes_on(tmp_path):
         await ctl.close()
     assert processes_of(ctl.run_id) == []
     # the very start of the log is there: the trainer's first line of rank 1
-    assert any(e[3].startswith("rank=1 local_rank=0 world_size=4") for e in shown[:10]), shown[:10]
+    assert any(e[3].startswith("rank=1 local_rank=0 world_size=2") for e in shown[:10]), shown[:10]
     for node in ctl.state.nodes:  # every line of rank 1 each host has, once and in order
         here = [e[3] for e in shown if e[1] == node]
         assert here == journal_lines(tmp_path / "work", ctl.run_id, node, 1)[:len(here)], node

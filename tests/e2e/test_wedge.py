@@ -140,7 +140,7 @@ def test_a_detached_run_gets_the_wait_from_its_judge_with_no_console(tmp_path):
     exits), node1's torchrun frozen; the judge alone writes what the rendezvous waits for."""
     work = str(tmp_path / "work")
     inv = write_inventory(tmp_path, work, 2)
-    out = rankdeck("launch", "--detach", "-i", inv, "--max-restarts", "3",
+    out = rankdeck("launch", "--detach", "--skip-preflight", "-i", inv, "--max-restarts", "3",
                    "--stall-after", str(WAIT_S), TRAINER, "--", *TINY, "--steps", "100000")
     assert out.returncode == 0, out.stdout + out.stderr
     run_id = out.stdout.strip().splitlines()[-1]

@@ -56,8 +56,8 @@ def test_a_detached_run_lives_in_the_rankdeck_host_step_and_stop_leaves_nothing(
     try:
         # detached: the launch says, from the site's real `scontrol show config`, where the
         # run lives; the console's serve steps end as it returns, and the run trains on
-        res = rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync",
-                       str(project), "--max-restarts", "0", "trainer/train.py", *TINY,
+        res = rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--skip-preflight",
+                       "--sync", str(project), "--max-restarts", "0", "trainer/train.py", *TINY,
                        "--steps", "5000", check=True)
         assert CGROUP_WARNING in res.stderr
         run_id = res.stdout.split()[-1]

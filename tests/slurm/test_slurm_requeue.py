@@ -22,9 +22,9 @@ SAVED = re.compile(r"checkpoint saved step=(\d+) ")
 def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
         slurm, login, project, host_workdir):  # noqa: F811
     res = rankdeck("submit", "-i", login, "--nodes", "4", "--time", "2", "--signal-before",
-                   "100", "--requeue", "--detach", "--sync", str(project), "--max-restarts",
-                   "0", "trainer/train.py", *TINY, "--steps", "100000", "--ckpt-every", "0",
-                   check=True)
+                   "100", "--requeue", "--detach", "--skip-preflight", "--sync", str(project),
+                   "--max-restarts", "0", "trainer/train.py", *TINY, "--steps", "100000",
+                   "--ckpt-every", "0", check=True)
     run_id = res.stdout.split()[-1]
     job = re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
     try:  # (a status launches it, if it was still pending when submit returned)

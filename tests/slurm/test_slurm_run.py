@@ -44,17 +44,22 @@ def login_inventory(slurm: SlurmCluster, home, tmp_path, host_workdir) -> str:
     return str(inv)
 
 
-def launch(login: str, job: str, project, steps: int, restarts: int = 0, *extra) -> str:
-    """`launch --slurm JOB --detach` of the reference trainer; the run id."""
-    return launch_result(login, job, project, steps, restarts, *extra).stdout.split()[-1]
+def launch(login: str, job: str, project, steps: int, restarts: int = 0, *extra,
+           preflight: bool = True) -> str:
+    """`launch --slurm JOB --detach` of the reference trainer; the run id. ``extra``: the
+    trainer's arguments; ``preflight`` False: --skip-preflight (it imports torch on every
+    node; the held-allocation test keeps it)."""
+    return launch_result(login, job, project, steps, restarts, *extra,
+                         preflight=preflight).stdout.split()[-1]
 
 
 def launch_result(login: str, job: str, project, steps: int, restarts: int = 0,
-                  *extra) -> subprocess.CompletedProcess:
+                  *extra, preflight: bool = True) -> subprocess.CompletedProcess:
     """`launch --slurm JOB --detach` of the reference trainer, as it returned."""
-    return rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--sync", str(project),
-                    "--max-restarts", str(restarts), "trainer/train.py", *TINY, "--steps",
-                    str(steps), *extra, check=True)
+    skip = [] if preflight else ["--skip-preflight"]
+    return rankdeck("launch", "-i", login, "--slurm", job, "--detach", *skip, "--sync",
+                    str(project), "--max-restarts", str(restarts), "trainer/train.py", *TINY,
+                    "--steps", str(steps), *extra, check=True)
 
 
 def status(run_id: str) -> dict:
@@ -140,7 +145,7 @@ def test_scancel_from_outside_ends_the_run_cancelled_with_the_reason_and_nothing
         slurm, login, project, host_workdir):
     job = slurm.hold()
     try:
-        run_id = launch(login, job, project, steps=5000)
+        run_id = launch(login, job, project, 5000, preflight=False)
         wait_for_sync(lambda: stepping(status(run_id)) == 4, TIMEOUT,
                       lambda: "every rank stepping: %s" % status(run_id))
         # a live Slurm run's stacks and verdict, through the login host's srun
@@ -198,9 +203,9 @@ def test_submit_detach_returns_while_pending_and_its_follower_launches_once_it_r
     job = None
     try:
         res = rankdeck("submit", "-i", login, "--nodes", "4", "--time", "00:04:00", "--detach",
-                       "--sync", str(project), "--max-restarts", "0", "--env",
-                       "RD_QUEUED=" + QUEUED_VALUE, "trainer/train.py", *TINY, "--steps", "10",
-                       check=True)
+                       "--skip-preflight", "--sync", str(project), "--max-restarts", "0",
+                       "--env", "RD_QUEUED=" + QUEUED_VALUE, "trainer/train.py", *TINY,
+                       "--steps", "10", check=True)
         job = re.search(r"submitted Slurm job (\d+)", res.stderr).group(1)
         run_id = res.stdout.split()[-1]
         # its --env value is not on disk: the follower got it through its stdin (issue 40)
@@ -247,7 +252,8 @@ def test_leaving_an_attached_submit_leaves_the_run_and_its_job_running(slurm, lo
     import signal
 
     proc = start_rankdeck("submit", "-i", login, "--nodes", "4", "--time", "00:04:00",
-                          "--no-tui", "--sync", str(project), "--max-restarts", "0",
+                          "--no-tui", "--skip-preflight", "--sync", str(project),
+                          "--max-restarts", "0",
                           "trainer/train.py", *TINY, "--steps", "100000",
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job, err = None, ""
@@ -290,7 +296,7 @@ def test_restart_of_one_node_inside_the_job_rejoins_and_training_goes_on(slurm, 
     job = slurm.hold()
     try:
         run_id = launch(login, job, project, 5000, 3, "--ckpt-every", "10",
-                        "--pg-timeout", "300")
+                        "--pg-timeout", "300", preflight=False)
         wait_for_sync(lambda: len(steps_of(status(run_id))) == 4 and min(
             steps_of(status(run_id)).values()) >= 12, TIMEOUT,
             lambda: "every rank past its first checkpoint: %s" % status(run_id))

@@ -1,7 +1,7 @@
 """Two consoles on one hung run show the same verdict, and neither takes its own (issue 25).
 
-Real torchrun and the reference trainer on 4 local nodes, launched with `--detach`; two
-`rankdeck attach RUN --no-tui` consoles follow it from before rank 2 stalls. The run's judge
+Real torchrun and the reference trainer on 2 local nodes, launched with `--detach`; two
+`rankdeck attach RUN --no-tui` consoles follow it from before rank 1 stalls. The run's judge
 (agent/judge/judge.py) takes the verdict; both consoles print it, the same line. That neither
 console took a verdict of its own is proven from the agents' side: every `serve` of the run
 (the consoles' included) logs the op of each request it handles (agent/serve/server.py OPS_LOG), and
@@ -35,12 +35,12 @@ def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_pa
     ops = tmp_path / "serve-ops.log"
     env = dict(UNBUFFERED, **{OPS_LOG: str(ops)})
     workdir = str(tmp_path / "work")
-    inv = write_inventory(tmp_path, workdir)
+    inv = write_inventory(tmp_path, workdir, 2)
     # --idle-s 1: the ranks step once a second, so the consoles are attached before the hang
-    out = rankdeck("launch", "--detach", "-i", inv, "--max-restarts", "0",
-                   "--stall-after", "6", TRAINER, "--", *TINY, "--steps", "100000",
+    out = rankdeck("launch", "--detach", "--skip-preflight", "-i", inv, "--max-restarts", "0",
+                   "--stall-after", "6", "--grace", "3", TRAINER, "--", *TINY, "--steps", "100000",
                    "--ckpt-every", "0", "--pg-timeout", "600", "--idle-s", "1",
-                   "--hang-at-step", "6", "--hang-rank", "2", check=True, env=env)
+                   "--hang-at-step", "6", "--hang-rank", "1", check=True, env=env)
     run_id = out.stdout.strip().splitlines()[-1]
     outputs = [tmp_path / ("console%d.out" % i) for i in (1, 2)]
     consoles = []
@@ -56,15 +56,15 @@ def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_pa
         def show() -> str:
             return "\n".join("console %d:\n%s" % (i + 1, text(i)[-3000:]) for i in (0, 1))
 
-        # both follow the run live, before rank 2 stalls
-        wait_for_sync(lambda: all(" r2] " in text(i) for i in (0, 1)), TIMEOUT,
-                      lambda: "a rank 2 line in both consoles;\n" + show(), every=0.5)
+        # both follow the run live, before rank 1 stalls
+        wait_for_sync(lambda: all(" r1] " in text(i) for i in (0, 1)), TIMEOUT,
+                      lambda: "a rank 1 line in both consoles;\n" + show(), every=0.5)
         assert not [e for e in judge_events(workdir, run_id) if e["what"] == "stalled"], \
-            "rank 2 stalled before both consoles were attached: the test shows nothing"
+            "rank 1 stalled before both consoles were attached: the test shows nothing"
 
         first = wait_for_event(workdir, run_id, lambda e: e["what"] == "verdict"
                                and e["verdict"]["kind"] == "stuck-in-python", "a verdict")[0]
-        assert [s["rank"] for s in first["verdict"]["suspects"]] == [2], first
+        assert [s["rank"] for s in first["verdict"]["suspects"]] == [1], first
         line = VERDICT + first["verdict"]["summary"]
         wait_for_sync(lambda: all(line in text(i).splitlines() for i in (0, 1)), TIMEOUT,
                       lambda: "verdict line %r in both consoles;\n%s" % (line, show()),
@@ -77,13 +77,13 @@ def test_two_consoles_on_a_hung_run_show_the_judges_verdict_and_take_none(tmp_pa
 
         said = [[ln for ln in text(i).splitlines() if ln.startswith(VERDICT)] for i in (0, 1)]
         assert said[0] == said[1], said  # the same verdict line(s), in the same order
-        assert all("suspect rank 2 on %s" % first["verdict"]["suspects"][0]["node"] in text(i)
+        assert all("suspect rank 1 on %s" % first["verdict"]["suspects"][0]["node"] in text(i)
                    for i in (0, 1)), show()
 
         # no console took a verdict of its own: no `why` to a node's serve, no `judge` asked
         logged = [ln.split(" ", 1) for ln in ops.read_text().splitlines()]
         subscribers = {pid for pid, op in logged if op == "subscribe"}
-        assert len(subscribers) >= 8, logged  # each console's 4 serves log (the log works)
+        assert len(subscribers) >= 4, logged  # each console's 2 serves log (the log works)
         assert [op for _pid, op in logged if op in ("why", "judge")] == [], logged
         reasons = {e["reason"] for e in judge_events(workdir, run_id) if e["what"] == "verdict"}
         assert reasons <= {"a stall began", "the stall goes on"}, reasons

@@ -1,7 +1,8 @@
-"""The spine with real parts: 4 local nodes, real torchrun, the reference trainer on CPU.
+"""The spine with real parts: local nodes (4 for a whole run, 2 for a crash and a restart),
+real torchrun, the reference trainer on CPU.
 
-Each test starts its own run (about 15-25 s of torch start-up) and makes sure nothing of it
-is left afterwards, whatever the outcome.
+Each test starts its own run (about 15-25 s of torch start-up, ~14 CPU-s a node) and makes
+sure nothing of it is left afterwards, whatever the outcome.
 """
 
 from __future__ import annotations
@@ -29,7 +30,19 @@ RUN_TIMEOUT = 300
 @pytest.fixture
 async def controller(tmp_path):
     """A controller over 4 local nodes; on the way out, stop whatever is still running."""
-    ctl = RunController(local_inventory(tmp_path / "work"), LocalTransport(),
+    async for ctl in _controller(tmp_path, 4):
+        yield ctl
+
+
+@pytest.fixture
+async def controller2(tmp_path):
+    """The same over 2 local nodes."""
+    async for ctl in _controller(tmp_path, 2):
+        yield ctl
+
+
+async def _controller(tmp_path, n: int):
+    ctl = RunController(local_inventory(tmp_path / "work", n=n), LocalTransport(),
                         History())  # under the test's XDG_STATE_HOME, as the CLI finds it
     yield ctl
     left = await wind_down(ctl)
@@ -68,11 +81,11 @@ async def test_run_to_completion_delivers_every_line_exactly_once(controller, tm
         assert saved == [5, 10, 12], (node, saved)
 
 
-async def test_crash_on_one_rank_names_the_rank_and_the_cause(controller, tmp_path):
-    ctl = controller
+async def test_crash_on_one_rank_names_the_rank_and_the_cause(controller2, tmp_path):
+    ctl = controller2
     await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0,
                                 args=TINY + ["--steps", "50", "--crash-at-step", "4",
-                                             "--crash-rank", "2"]), preflight=False)
+                                             "--crash-rank", "1"]), preflight=False)
     final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
     await ctl.stop_store()
     assert final == "failed"
@@ -80,8 +93,8 @@ async def test_crash_on_one_rank_names_the_rank_and_the_cause(controller, tmp_pa
     assert len(crashed) == 1, [(n.name, n.state, n.cause) for n in ctl.state.nodes.values()]
     node = crashed[0]
     assert node.state == "failed" and node.exit_code not in (0, None)
-    assert ctl.state.ranks[2].node == node.name
-    assert ctl.state.ranks[2].state == "failed"
+    assert ctl.state.ranks[1].node == node.name
+    assert ctl.state.ranks[1].state == "failed"
 
     # The same through the CLI, from the run history: exit code and status --json.
     out = rankdeck("status", ctl.run_id, "--json")
@@ -89,19 +102,19 @@ async def test_crash_on_one_rank_names_the_rank_and_the_cause(controller, tmp_pa
     doc = json.loads(out.stdout)
     assert doc["state"] == "failed"
     bad = [n for n in doc["nodes"] if n["name"] == node.name][0]
-    assert "injected crash at step 4 on rank 2" in bad["cause"]
+    assert "injected crash at step 4 on rank 1" in bad["cause"]
     assert [r["state"] for r in bad["ranks"]] == ["failed"]
 
 
-async def test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing(controller,
-                                                                                tmp_path):
-    ctl = controller
+async def test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing(
+        controller2, tmp_path):
+    ctl = controller2
     got = collect_lines(ctl)
     await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=2, grace=5,
                                 args=TINY + ["--steps", "100000", "--ckpt-every", "5"]),
                      preflight=False)
     ranks = ctl.state.ranks
-    await wait_for(lambda: len(ranks) == 4 and all((r.step or 0) >= 7 for r in ranks.values()),
+    await wait_for(lambda: len(ranks) == 2 and all((r.step or 0) >= 7 for r in ranks.values()),
                    RUN_TIMEOUT, "all ranks past the step-5 checkpoint")
 
     res = await ctl.restart("node1")
@@ -118,8 +131,8 @@ async def test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing(c
             "utf-8", "replace")
         return re.findall(r"resumed step=(\d+)", text)
 
-    # every rank (the three others too: their workers restart on the membership change)
-    await wait_for(lambda: len(resumed_lines()) >= 4, RUN_TIMEOUT, "4 ranks resumed")
+    # every rank (node0's too: its worker restarts on the membership change)
+    await wait_for(lambda: len(resumed_lines()) >= 2, RUN_TIMEOUT, "2 ranks resumed")
     # the newest checkpoint: step 5, 10, ... or the one the trainer saved on SIGTERM
     resumed_at = max(int(s) for s in resumed_lines())
     assert resumed_at >= 7
@@ -129,7 +142,7 @@ async def test_restart_a_node_resumes_from_checkpoint_then_stop_leaves_nothing(c
         assert procs.environ(rs.pid).get("RANK") == str(rs.rank), (rs.rank, rs.pid)
     node1 = ctl.state.nodes["node1"]
     assert node1.restarts == 1 and node1.restarts_used == 1
-    assert all(ctl.state.nodes[n].restarts == 0 for n in ("node0", "node2", "node3"))
+    assert ctl.state.nodes["node0"].restarts == 0
 
     results = await ctl.stop()
     assert all(not isinstance(r, BaseException) for r in results.values()), results

@@ -43,7 +43,7 @@ def test_on_nan_stop_stops_the_run_at_the_first_nan_and_loses_no_line(tmp_path):
     script = tmp_path / "diverge.py"
     script.write_text(SCRIPT)
     inv = write_inventory(tmp_path, workdir, 2)
-    out = rankdeck("launch", "--detach", "--on-nan", "stop", "-i", inv, str(script),
+    out = rankdeck("launch", "--detach", "--skip-preflight", "--on-nan", "stop", "-i", inv, str(script),
                    "--", str(noted), env=UNBUFFERED)
     assert out.returncode == 0, out.stdout + out.stderr
     run_id = out.stdout.strip().splitlines()[-1]

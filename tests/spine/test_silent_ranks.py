@@ -33,6 +33,10 @@ SILENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "silent_worker
 async def launch_silent(tmp_path) -> RunController:
     """Two local nodes of one silent rank each, busy 12 s then idle; a stall after 8 s."""
     ctl = RunController(local_inventory(tmp_path / "work", n=2), LocalTransport(), History())
+    # as `rankdeck launch` does (console/verbs/launch.py): the run's threshold is this
+    # console's too, which the console's own rules read when the hosts have no judge (else
+    # they wait the default 60 s; with a judge, its threshold reaches the console anyway)
+    ctl.state.stall_min_s = 8.0
     await ctl.launch(LaunchSpec(script=SILENT, max_restarts=0, grace=3, stall_after=8.0,
                                 env={"RANKDECK_SAMPLE_S": "1", "BUSY_S": "12"}), preflight=False)
     return ctl

@@ -1,6 +1,6 @@
 """`rankdeck launch --no-tui` prints who is stuck when the ranks stall: real torchrun and gloo
-on 4 local nodes, rank 2 hung in Python by the reference trainer; the verdict lines name
-rank 2, its node, its line and the source line the host read."""
+on 2 local nodes, rank 1 hung in Python by the reference trainer; the verdict lines name
+rank 1, its node, its line and the source line the host read."""
 
 from __future__ import annotations
 
@@ -45,19 +45,20 @@ def lines_until(lines: queue.Queue, seen: list[str], done, timeout: float) -> No
 
 
 def test_no_tui_prints_the_verdict_naming_the_hung_rank_and_its_line(tmp_path):
-    inv = write_inventory(tmp_path, tmp_path / "work")
+    inv = write_inventory(tmp_path, tmp_path / "work", 2)
     proc = start_rankdeck(
-        "launch", "--no-tui", "-i", inv, "--max-restarts", "0", "--stall-after", "6", TRAINER,
+        "launch", "--no-tui", "--skip-preflight", "-i", inv, "--max-restarts", "0",
+        "--stall-after", "6", "--grace", "3", TRAINER,
         "--", *TINY, "--steps", "100000", "--ckpt-every", "0", "--pg-timeout", "600",
-        "--hang-at-step", "6", "--hang-rank", "2",
+        "--hang-at-step", "6", "--hang-rank", "1",
         env=UNBUFFERED, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=read_lines, args=(proc.stdout, lines), daemon=True).start()
     seen: list[str] = []
     run_id = None
     try:
-        lines_until(lines, seen, lambda s: any(" started on 4 nodes" in x for x in s), TIMEOUT)
-        run_id = next(x for x in seen if " started on 4 nodes" in x).split()[2]
+        lines_until(lines, seen, lambda s: any(" started on 2 nodes" in x for x in s), TIMEOUT)
+        run_id = next(x for x in seen if " started on 2 nodes" in x).split()[2]
         lines_until(lines, seen, lambda s: any("> time.sleep(3600)" in x for x in s), TIMEOUT)
     finally:
         proc.send_signal(signal.SIGINT)  # detach; the run is stopped below
@@ -68,13 +69,13 @@ def test_no_tui_prints_the_verdict_naming_the_hung_rank_and_its_line(tmp_path):
     assert len(verdict) == 1, seen[-40:]
     i = seen.index(verdict[0])
     line = line_of("time.sleep(3600)")
-    assert "never entered by rank 2 on node" in verdict[0], verdict
-    node = verdict[0].split("never entered by rank 2 on ")[1].split()[0]
-    assert seen[i + 1].startswith("[rankdeck]   suspect rank 2 on %s at " % node), seen[i + 1]
+    assert "never entered by rank 1 on node" in verdict[0], verdict
+    node = verdict[0].split("never entered by rank 1 on ")[1].split()[0]
+    assert seen[i + 1].startswith("[rankdeck]   suspect rank 1 on %s at " % node), seen[i + 1]
     assert seen[i + 1].endswith("trainer/faults.py:%d in injected_hang" % line), seen[i + 1]
     assert seen[i + 2] == "[rankdeck]     > time.sleep(3600)", seen[i + 2]
-    # the node named is where rank 2 ran: its own line says so
-    assert any(x.startswith("[%s r2] " % node) for x in seen), "rank 2 printed on another node"
+    # the node named is where rank 1 ran: its own line says so
+    assert any(x.startswith("[%s r1] " % node) for x in seen), "rank 1 printed on another node"
     left = processes_of(run_id)
     for pid, _cmd in left:
         os.kill(pid, signal.SIGKILL)

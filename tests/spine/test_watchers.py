@@ -46,7 +46,7 @@ def launch(tmp_path) -> tuple[str, str]:
     code = tmp_path / "code"  # sent with --sync: an action of the launching console
     code.mkdir()
     (code / "notes.txt").write_text("synced\n")
-    out = rankdeck("launch", "--detach", "-i", inv, "--max-restarts", "3", "--sync",
+    out = rankdeck("launch", "--detach", "--skip-preflight", "-i", inv, "--max-restarts", "3", "--sync",
                    str(code),
                    TRAINER, "--", *TINY, "--steps", "100000", "--ckpt-every", "0",
                    "--idle-s", "0.5", check=True)
