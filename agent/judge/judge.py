@@ -47,7 +47,7 @@ from .loops import LoopPolicy
 from .policy import Policies
 from .prometheus import prometheus_said, serve_metrics
 from ..rules.judge import (
-    CORDON_WITHIN_S, RULES, check_stalls, check_waiting, ends_due, event, run_over,
+    CORDON_WITHIN_S, RULES, check_stalls, check_waiting, ends_due, event, run_over, stall_began,
     verdict_again_due
 )
 from .sample import Sampler
@@ -117,8 +117,7 @@ class Judge(Listener, Sampler, Policies, LoopPolicy):
         now = self.now()
         with self.lock:
             news = check_stalls(self.view, now) + check_waiting(self.view, now)
-            start_verdict = any(e["what"] == "stalled" for e in news) and \
-                not self.verdict_running
+            start_verdict = stall_began(self.view, news) and not self.verdict_running
             again = not self.verdict_running and verdict_again_due(self.view, now)
             if start_verdict or again:
                 self.verdict_running = True

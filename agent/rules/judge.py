@@ -218,6 +218,15 @@ def all_stalled(ranks):
     return bool(ranks) and all(r.state == "stalled" for r in ranks)
 
 
+def stall_began(view, news):
+    """A stall began with ``news`` (this tick's events): ranks stalled just now and no rank
+    before them. A rank the stall reaches later (a hung rank's peers stall a tick or two after
+    it, or after the verdict) is the same stall: one verdict (:func:`verdict_again_due` looks
+    again while it names nobody)."""
+    now_stalled = {e["rank"] for e in news if e["what"] == "stalled"}
+    return bool(now_stalled) and set(stalled(view)) <= now_stalled
+
+
 def verdict_again_due(view, now):
     """The stall goes on and the last verdict named nobody: look again, 10 s after the first
     look, doubling up to 120 s."""

@@ -69,7 +69,9 @@ class StateView:
 def judge_locally(state: RunState, now: float | None = None,
                   apply: tuple[str, ...] = RULES) -> tuple[list[RankState], bool]:
     """The rules in ``apply`` over ``state`` now: (the ranks that stalled just now, whether
-    to ask again who is stuck)."""
+    to ask again who is stuck). With the ``verdict`` rule, only the ranks of a stall that
+    began now (agent/rules/judge.py ``stall_began``): one that reaches more ranks later is the
+    same stall, with no second verdict."""
     now = now or time.time()
     view = StateView(state)
     news = []
@@ -82,6 +84,8 @@ def judge_locally(state: RunState, now: float | None = None,
     for ev in news:
         apply_event(state, ev, by_judge=False)
     again = "verdict" in apply and rules.verdict_again_due(view, now)
+    if "verdict" in apply and not rules.stall_began(view, news):
+        return [], again
     return [state.ranks[e["rank"]] for e in news if e["what"] == "stalled"], again
 
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -119,6 +120,35 @@ def test_a_stall_gets_one_verdict_journaled_and_notified(judged):
     assert "hunter2-very-secret" not in notified.read_text()
     n0.send({"k": "metric", "f": 1, "step": 3})
     wait_for_sync(lambda: any(e["what"] == "stepping" for e in events(run_root)), 30, "stepping again")
+
+
+def test_a_stall_that_reaches_a_second_rank_later_gets_no_second_verdict(judged):
+    """Rank 0 stalls first; rank 1 steps on a few seconds more, then stalls in the same hang
+    after the first verdict is taken: still one verdict and one notification of it, until the
+    run steps again (a verdict per rank the stall reaches was notified twice)."""
+    run_root, info, tmp = judged
+    n0 = FakeNode(info["port"], "node0", {"ranks": [
+        {"pid": 10, "rank": 0, "stack": stack("wait"), "fr": fr(5, False)}]})
+    n1 = FakeNode(info["port"], "node1", {"ranks": [
+        {"pid": 11, "rank": 1, "stack": stack("hung_here"), "fr": fr(4, True)}]})
+    n0.send({"k": "file", "f": 1, "rank": 0})
+    n1.send({"k": "file", "f": 1, "rank": 1})
+    for step in range(3):
+        n0.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
+        n1.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
+    wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "verdict"], 30,
+                  "the verdict on rank 0's stall")
+    for step in range(3, 9):  # rank 1 steps 3 s more, then stops in the same hang
+        n1.send({"k": "metric", "f": 1, "step": step, "step_time": 0.1})
+        time.sleep(0.5)
+    wait_for_sync(lambda: [e for e in events(run_root) if e["what"] == "stalled" and
+                           e["rank"] == 1], 30, "rank 1 stalled too")
+    time.sleep(3)  # a verdict the second stall would start has started and ended by now
+    verdicts = [e for e in events(run_root) if e["what"] == "verdict"]
+    assert len(verdicts) == 1, [v.get("reason") for v in verdicts]
+    kinds = [json.loads(line)["kind"] for line in
+             (tmp / "notified.jsonl").read_text().splitlines()]
+    assert kinds.count("verdict") == 1, kinds
 
 
 def test_a_console_gets_a_fresh_verdict_and_a_stranger_nothing(judged):

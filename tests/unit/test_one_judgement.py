@@ -208,3 +208,19 @@ def test_a_ranks_field_the_judges_rules_read_is_a_field_of_the_consoles_rank_too
     assert all(hasattr(view, name) for name in (
         "nodes", "ranks", "stall_after", "rank_cpu", "waiting", "verdict", "verdict_at",
         "verdict_tries"))
+
+
+def test_a_stall_that_reaches_a_second_rank_later_begins_once_on_both_sides():
+    """Rank 0 stalls; rank 1 steps on and stalls later in the same hang: a verdict for the
+    first (a stall began), none for the second, on the judge's side and the console's."""
+    sides = BothSides(["node0", "node1"], stall_after=60.0)
+    two_ranks(sides)
+    sides.record("node1", {"k": "metric", "f": 1, "step": 6, "step_time": 1.0, "ts": T0 + 40})
+    first = rules.check_stalls(sides.view, T0 + 80)
+    assert [e["rank"] for e in first] == [0] and rules.stall_began(sides.view, first)
+    stalled_now, _again = local_judge.judge_locally(sides.state, T0 + 80)
+    assert [r.rank for r in stalled_now] == [0]
+    later = rules.check_stalls(sides.view, T0 + 110)
+    assert [e["rank"] for e in later] == [1] and not rules.stall_began(sides.view, later)
+    stalled_now, _again = local_judge.judge_locally(sides.state, T0 + 110)
+    assert stalled_now == []  # the same stall: no second verdict
