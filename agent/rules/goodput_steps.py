@@ -5,7 +5,7 @@ A segment is a run of step records whose steps rise (or repeat) and whose times 
 long gap: its first and last record (time and step), its count, its highest step and, for the
 steps redone after a resume, the time the segment first passed the highest step its rank (and
 the run) had made before it began, and, for a segment resumed below its rank's highest step, the
-time of each step until it passes it again (at most :data:`MAX_REDO`). A record whose step does not rise (a restart resumed lower), or
+times of its last :data:`MAX_REDO` steps up to the one that passes it again. A record whose step does not rise (a restart resumed lower), or
 that comes after a gap longer than :data:`GAP_FACTOR` times the segment's mean step time (and
 :data:`GAP_MIN`), begins a new segment; so a stall's last step ends a segment, and the judge's
 ``stalled`` event finds that step's time exactly. A rank keeps at most :data:`MAX_SEGMENTS`
@@ -17,7 +17,8 @@ Plain data, no I/O; standard library only; Python >= 3.9.
 
 from math import floor
 
-MAX_REDO = 512  # steps a resumed segment keeps the time of, until it passes its rank's highest
+MAX_REDO = 8  # a resumed segment's newest steps kept (with their times) until it passes its
+# rank's highest: the steps the redone time ends at
 MAX_SEGMENTS = 32  # a rank's segments kept; beyond, two neighbours are merged into one
 GAP_MIN = 0.5  # seconds: a shorter gap between two steps never begins a new segment
 GAP_FACTOR = 2.0  # a gap longer than this many mean steps of its segment begins a new one
@@ -93,8 +94,10 @@ class RankSteps:
                 if step > seg.s1:
                     seg.u1 = ts
                     redo = seg.redo
-                    if redo is not None and redo[-1][0] <= seg.hi and len(redo) < MAX_REDO:
+                    if redo is not None and redo[-1][0] <= seg.hi:
                         redo.append((step, ts))
+                        if len(redo) > MAX_REDO:
+                            del redo[0]
                 seg.t1, seg.s1, seg.n = ts, step, seg.n + 1
                 if step > seg.top:
                     seg.top = step
@@ -158,9 +161,11 @@ class RankSteps:
             if a > acted:
                 if seg.s0 > top:
                     return a
-                for step, ts in seg.redo or ():
-                    if step > top:
-                        return ts + off
+                redo = seg.redo or ()
+                if redo and redo[0][0] <= top:  # kept from below top: the first above is exact
+                    for step, ts in redo:
+                        if step > top:
+                            return ts + off
                 if seg.hi == top and seg.pass_t is not None:
                     return seg.pass_t + off
                 if seg.ghi == top and seg.gpass_t is not None:
