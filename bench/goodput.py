@@ -11,9 +11,17 @@ stepping events. Then times (CPU seconds of this process, the best of 3):
 - goodput: the same replay with each meta fed to agent/rules/goodput.py and its report made;
 - goodput from metas: only the metas goodput reads (``read_metas``: no log data decoded), fed
   and reduced: what a reader of the journals on their host needs;
-- the reduction alone (``report``) once the records are in.
+- the reduction alone (``report``) once the records are in;
+- the judge's report read: what `rankdeck goodput RUN` does when the run's judge has kept it
+  (agent/judge/goodput.py: the judge fed every meta as it came and wrote its report; serve's
+  ``goodput`` reads the file, the console checks it: console/records/goodput.py ``from_judge``),
+  with no replay.
 
-    .venv/bin/python bench/goodput.py [--lines 1000000]
+Then the reducer's memory (tracemalloc) at ``--mem-ranks`` x ``--mem-steps`` (512 x 100,000),
+a restart resumed 500 steps back every 20,000 steps, against the 16 bytes a step a rank that
+keeping every step took.
+
+    .venv/bin/python bench/goodput.py [--lines 1000000] [--mem-ranks 512 --mem-steps 100000]
 """
 
 from __future__ import annotations
@@ -25,12 +33,15 @@ import shutil
 import sys
 import tempfile
 import time
+import tracemalloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from agent.host.journal import JournalReader, JournalWriter  # noqa: E402
+from agent.judge.goodput import JudgeGoodput, read_report  # noqa: E402
 from agent.rules.goodput import Goodput  # noqa: E402
+from console.records.goodput import from_judge  # noqa: E402
 
 NODES, RANKS_PER_NODE, LINES_PER_STEP = 4, 2, 5
 KINDS = ("file", "metric", "ckpt", "ckpt_done", "event")
@@ -134,6 +145,43 @@ def from_metas(root: str):
     return good
 
 
+def judge_kept(root: str) -> JudgeGoodput:
+    """The judge's reducer fed every meta as its nodes forward them, and its report written."""
+    jdir = os.path.join(root, "judge")
+    kept = JudgeGoodput(jdir)
+    kept.reducer = from_metas(root)
+    kept.write(kept.report(True))
+    return kept
+
+
+def judges_answer(root: str) -> dict:
+    """`rankdeck goodput RUN` with a judge: serve reads its report, the console checks it."""
+    out = from_judge(read_report(os.path.join(root, "judge")))
+    assert out is not None
+    return out
+
+
+def reducer_memory(ranks: int, steps: int) -> tuple[int, int]:
+    """(bytes the reducer holds, seconds to feed it) for ``ranks`` x ``steps`` step records."""
+    tracemalloc.start()
+    t = time.process_time()
+    good = Goodput()
+    for r in range(ranks):
+        good.add("node%d" % (r // 8), {"k": "file", "f": r % 8, "rank": r})
+    ts = T0
+    step = 0
+    for i in range(1, steps + 1):
+        ts += 0.5 + (60.0 if i % 20000 == 0 else 0.0)
+        step = step - 500 if i % 20000 == 0 else step + 1
+        for r in range(ranks):
+            good.add("node%d" % (r // 8), {"k": "metric", "f": r % 8, "step": step, "ts": ts})
+    fed = time.process_time() - t
+    size = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert good.report()["ranks"] == ranks
+    return size, fed
+
+
 def best_of(n: int, fn):
     """The least CPU time (this process's) of ``n`` calls, and the last's result: CPU time,
     since the development VM's 2 cores are shared (docs/BENCHMARKS.md)."""
@@ -149,6 +197,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mem-ranks", type=int, default=512)
+    ap.add_argument("--mem-steps", type=int, default=100_000, help="0: no memory figure")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="rankdeck-goodput-")
     try:
@@ -161,16 +211,27 @@ def main() -> None:
         metas, good = best_of(args.repeat, lambda: from_metas(root).report())
         fed = from_metas(root)
         alone, _ = best_of(args.repeat, fed.report)
+        judge_kept(root)
+        judged, answer = best_of(args.repeat, lambda: judges_answer(root))
         print("baseline: plain replay of %d records  %8.0f ms" % (records, base * 1000))
         print("goodput: replay + reducer + report     %8.0f ms  (%.2fx the replay)"
               % (full * 1000, full / base))
         print("goodput from metas (read_metas)        %8.0f ms  (%.2fx the replay)"
               % (metas * 1000, metas / base))
         print("report alone                           %8.0f ms" % (alone * 1000))
+        print("the judge's report read (no replay)    %8.2f ms  (1/%.0f of the replay)"
+              % (judged * 1000, base / max(judged, 1e-9)))
         print("goodput %.4f, buckets %s, steps redone %d" % (
             report["goodput"], {k: round(v, 1) for k, v in report["buckets"].items()},
             report["incidents"][0]["steps_redone"]))
         assert good == report, "the two readings differ"
+        assert {k: v for k, v in answer.items() if k not in ("source", "as_of_s")} == report, \
+            "the judge's report differs from the replay"
+        if args.mem_steps:
+            size, secs = reducer_memory(args.mem_ranks, args.mem_steps)
+            print("reducer at %d ranks x %d steps: %.2f MB held (every step kept: %.0f MB), "
+                  "fed in %.0f s" % (args.mem_ranks, args.mem_steps, size / 1e6,
+                                     16 * args.mem_ranks * args.mem_steps / 1e6, secs))
     finally:
         shutil.rmtree(root)
 

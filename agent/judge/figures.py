@@ -45,6 +45,12 @@ GPU_MEM_TOTAL = ("rankdeck_node_gpu_memory_total_bytes", "gauge",
 CKPT_STEP = ("rankdeck_checkpoint_last_step", "gauge",
              "The step of the run's newest complete checkpoint (every file written and "
              "settled).")
+RUN_GOODPUT = ("rankdeck_run_goodput", "gauge",
+               "The share of the run's wall time that trained, from 0 to 1 (docs/GOODPUT.md: "
+               "the productive bucket over the wall, on the judge's clock).")
+RUN_AT_RISK = ("rankdeck_run_work_at_risk_gpu_hours", "gauge",
+               "GPU-hours since the run's newest complete checkpoint: what losing a node now "
+               "would cost (one GPU a rank).")
 
 
 class RunFigures:
@@ -83,14 +89,15 @@ class RunFigures:
             self.restarts[node] = st["restarts"]
 
 
-def families(run, view, figures, hosts, mask):
+def families(run, view, figures, hosts, mask, goodput=None):
     """The run's metric families now: ``run`` its id, ``view`` the judge's RunView,
     ``figures`` its RunFigures, ``hosts`` {node: address}, ``mask`` a label value's masking
-    (the judge's ``Masker.mask_text``). Ranks and nodes the view no longer holds (a cordoned
+    (the judge's ``Masker.mask_text``), ``goodput`` the judge's goodput report
+    (agent/judge/goodput.py; None: no goodput served). Ranks and nodes the view no longer holds (a cordoned
     node's) are left out, and their figures forgotten."""
     fams = {spec[0]: Family(*spec) for spec in (
         RANK_STEP, RANK_LOSS, RANK_TOKS, RANK_STALLED, NODE_UP, NODE_RESTARTS, GPU_UTIL,
-        GPU_MEM, GPU_MEM_TOTAL, CKPT_STEP)}
+        GPU_MEM, GPU_MEM_TOTAL, CKPT_STEP, RUN_GOODPUT, RUN_AT_RISK)}
     run_label = mask(str(run))
 
     def node_labels(node):
@@ -117,6 +124,9 @@ def families(run, view, figures, hosts, mask):
         fams[RANK_TOKS[0]].add(labels, got.get("tok_s"))
         fams[RANK_STALLED[0]].add(labels, 1 if rs.state == "stalled" else 0)
     fams[CKPT_STEP[0]].add({"run": run_label}, figures.ckpt_step)
+    if goodput is not None:  # None before the run has a wall / before any rank stepped
+        fams[RUN_GOODPUT[0]].add({"run": run_label}, goodput.get("goodput"))
+        fams[RUN_AT_RISK[0]].add({"run": run_label}, goodput.get("work_at_risk_gpu_h"))
     for key in [k for k in figures.rank if k not in kept]:
         del figures.rank[key]
     for table in (figures.gpus, figures.restarts):

@@ -41,6 +41,7 @@ from . import notify as judge_notify
 from ..host import procs
 from .cordon import AutoCordon
 from .figures import RunFigures
+from .goodput import JudgeGoodput
 from ..host.journal import JournalWriter
 from .listen import Listener
 from .loops import LoopPolicy
@@ -98,6 +99,7 @@ class Judge(Listener, Sampler, Policies, LoopPolicy):
         self.surgeon = AutoCordon(self, spec)  # --auto-cordon (agent/judge/cordon.py)
         self.figures = RunFigures()  # --prometheus (agent/judge/prometheus.py), fed with the view
         self.prometheus = None  # its url, or why it could not listen
+        self.goodput = JudgeGoodput(jdir)  # fed as records come, its report every 30 s
 
     # -- the journal -----------------------------------------------------------------------
     def write(self, rec):
@@ -105,6 +107,7 @@ class Judge(Listener, Sampler, Policies, LoopPolicy):
         rec = self.masker.mask_tree(dict(self.loop_verdict(rec), ts=time.time()))
         with self.lock:
             self.journal.append(rec)
+            self.goodput.add(None, rec)
         self.notifier.consider(rec)
         if rec.get("what") == "cordon proposed":
             self.propose_cordon(rec)
@@ -164,6 +167,8 @@ class Judge(Listener, Sampler, Policies, LoopPolicy):
         alone_since = time.monotonic()  # no node connected since (none yet, at the start)
         while not self.stop.is_set():
             self.tick()
+            if self.goodput.due():
+                self.report_goodput()
             if self.over is not None:
                 ended_at = ended_at or time.monotonic()
                 if time.monotonic() - ended_at >= SETTLE:
@@ -184,10 +189,17 @@ class Judge(Listener, Sampler, Policies, LoopPolicy):
         if self.over is None:  # stopped (SIGTERM): say how the run ended, if it has
             time.sleep(0.5)  # the nodes' last states, sent as their supervisors ended
             self.tick()
+        self.report_goodput()
         self.surgeon.forget()
         self.notifier.drain()
         if settled:
             self.release_job()
+
+    def report_goodput(self):
+        """The run's goodput, as the judge has it now, into its folder (agent/judge/goodput.py)."""
+        with self.lock:
+            report = self.goodput.report(self.over is not None)
+        self.goodput.write(report)
 
     def release_job(self):
         """The run is over by itself: the Slurm job rankdeck submitted for it ends now, not at

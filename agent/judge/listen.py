@@ -127,6 +127,7 @@ class Listener:
                             if ev.get("what") == "diverged":
                                 diverged.append(ev)
                         self.figures.apply(nl.node, meta, self.view)  # --prometheus
+                        self.goodput.add(nl.node, meta)  # agent/judge/goodput.py
             elif kind == "state":
                 self.surgeon.node_state(nl.node, msg.get("state"))
                 self.figures.apply_state(nl.node, msg.get("state"))

@@ -187,8 +187,10 @@ def serve_metrics(judge, run_root):
     run = os.path.basename(os.path.normpath(run_root))
 
     def render_bytes():
-        with judge.lock:
-            fams = families(run, judge.view, judge.figures, hosts, judge.masker.mask_text)
+        with judge.lock:  # the run's goodput: the judge's reducer, read at each scrape
+            good = judge.goodput.report(judge.over is not None)
+            fams = families(run, judge.view, judge.figures, hosts, judge.masker.mask_text,
+                            good)
         return encode(render(fams))
 
     judge.prometheus = {"url": url(addr, sock.getsockname()[1])}

@@ -46,7 +46,7 @@ F_SETPIPE_SZ = 1031  # Linux's fcntl, named in Python's fcntl from 3.10 on (a ho
 # so is `judge` `why`: the judge asks every node for a report without signals.
 READ_ONLY_OPS = frozenset(("ping", "hello", "subscribe", "unsubscribe", "state", "runs",
                            "scrollback", "stacks", "why", "judge", "actions", "record",
-                           "hosts"))
+                           "hosts", "goodput"))
 READ_ONLY_ASKS = ("why", "ping")  # of the judge (op_judge): not node surgery
 ROLES = ("drive", "watch")
 
@@ -235,6 +235,13 @@ class Server:
                                            float(args.get("timeout", 60)), asked)
         except RuntimeError as exc:
             raise RequestError(str(exc), "no-judge")
+
+    def op_goodput(self, args):
+        """The run's goodput as its judge on this host last wrote it (agent/judge/goodput.py):
+        ``{"report", "written", "now"}``, ``report`` None when there is none."""
+        from ..judge import control as judge_control
+        from ..judge import goodput as judge_goodput
+        return judge_goodput.read_report(judge_control.judge_dir(host_path(args["run_root"])))
 
     # -- code to the hosts (agent/sync/place.py) --------------------------------------------------
     def _sync(self, op, args):

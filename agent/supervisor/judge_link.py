@@ -33,8 +33,9 @@ from . import resume_hint
 
 # steps, ranks, events; samples: stragglers; telemetry (every 10 s) and ckpt_done: the
 # judge's --prometheus GPU and checkpoint figures (agent/judge/figures.py), its view reads neither;
-# resumed: where each rank resumed from after a restart (agent/judge/loops.py)
-FORWARD = ("file", "metric", "event", "sample", "telemetry", "ckpt_done", "resumed")
+# resumed: where each rank resumed from after a restart (agent/judge/loops.py); ckpt (the
+# trainer's checkpoint lines): the judge's goodput, its checkpoint saves (agent/judge/goodput.py)
+FORWARD = ("file", "metric", "event", "sample", "telemetry", "ckpt_done", "resumed", "ckpt")
 POLL = 0.5
 DRAIN_READS = 256  # reads of the journal (of a MiB each) one turn makes at most
 BACKOFF = (1.0, 2.0, 5.0)

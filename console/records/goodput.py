@@ -8,10 +8,15 @@ docs/GOODPUT.md says how each bucket is counted.
 
 from __future__ import annotations
 
+import math
 import time
+
+from agent.rules.goodput import BUCKETS, MAX_INCIDENTS
 
 from ..lines.sanitize import clean
 from ..lines.text import hms
+
+FRESH_S = 90.0  # the judge's report of a run that goes on, older than this: replay the journals
 
 LATENCIES = (("detect_s", "detect"), ("decide_s", "decide"), ("act_s", "act"),
              ("recover_s", "recover"))
@@ -84,3 +89,77 @@ def report_section(report: dict, text) -> list[str]:
 
 def _gpu_h(value: float) -> str:
     return "%.2f" % value if value >= 0.1 else "%.3f" % value
+
+
+def from_judge(data) -> dict | None:
+    """The report the run's judge wrote (serve's ``goodput`` answer: ``{"report", "written",
+    "now"}``, docs/PROTOCOL.md), checked field by field as any host's data; None when there is
+    none, it is no report, or the run goes on and it is older than FRESH_S (the judge writes one
+    every 30 s: it is gone or stuck). ``source`` says ``judge``; ``as_of_s``: its age."""
+    if not isinstance(data, dict) or not isinstance(data.get("report"), dict):
+        return None
+    written, now = data.get("written"), data.get("now")
+    if not (_finite(written) and _finite(now)):
+        return None
+    try:
+        out = _checked(data["report"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    age = max(0.0, now - written)
+    if not out["ended"] and age > FRESH_S:
+        return None
+    out.update(source="judge", as_of_s=round(age, 1))
+    return out
+
+
+def _checked(rep: dict) -> dict:
+    """A report from a host, rebuilt from the fields it must have, each of its kind."""
+    incidents = rep["incidents"]
+    if not isinstance(incidents, list) or len(incidents) > MAX_INCIDENTS:
+        raise ValueError("incidents")
+    ended = rep["ended"]
+    if not isinstance(ended, bool):
+        raise ValueError("ended")
+    return {"wall_s": _num(rep["wall_s"]), "ended": ended,
+            "goodput": _num(rep.get("goodput"), True),
+            "buckets": {b: _num(rep["buckets"][b]) for b in BUCKETS},
+            "incidents": [_incident(inc) for inc in incidents],
+            "incidents_left_out": _whole(rep.get("incidents_left_out", 0)),
+            "ranks": _whole(rep["ranks"]),
+            "work_at_risk_gpu_h": _num(rep.get("work_at_risk_gpu_h"), True),
+            "clock": "judge" if rep.get("clock") == "judge" else "hosts"}
+
+
+def _incident(inc) -> dict:
+    if not isinstance(inc, dict):
+        raise ValueError("incident")
+    out = {"at": _num(inc["at"]), "what": clean(str(inc.get("what")), limit=20),
+           "action": None if inc.get("action") is None else clean(str(inc["action"]), limit=20),
+           "node": None if inc.get("node") is None else clean(str(inc["node"]), limit=200),
+           "rank": _whole(inc.get("rank"), True), "step": _whole(inc.get("step"), True)}
+    for key, _word in LATENCIES:
+        out[key] = _num(inc.get(key), True)
+    out["steps_redone"] = _whole(inc.get("steps_redone", 0))
+    out["gpu_hours_lost"] = _num(inc.get("gpu_hours_lost", 0.0))
+    return out
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value) and abs(value) < 1e15
+
+
+def _num(value, none_ok: bool = False):
+    if value is None and none_ok:
+        return None
+    if not _finite(value):
+        raise ValueError("not a number")
+    return value
+
+
+def _whole(value, none_ok: bool = False):
+    if value is None and none_ok:
+        return None
+    if not (isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 62):
+        raise ValueError("not a whole number")
+    return value

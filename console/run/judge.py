@@ -11,10 +11,12 @@ from inventory.addresses import listen_address
 from inventory.model import Host
 from ..slurm import slurm
 from ..errors import AgentError
+from ..transport.base import HostUnreachable
 from ..lines.sanitize import clean_tree, mask_tree
 from ..launch.spec import LaunchSpec
 from ..surgery.surgery import nnodes_range
 from ..judgement.why import take_verdict
+from .link import NodeLink
 
 
 async def start_judge(ctl, rdzv: Host, hosts: list[Host], spec: LaunchSpec) -> None:
@@ -86,3 +88,32 @@ async def why(ctl) -> dict:
             ctl.state.set_verdict(verdict)
             return verdict
     return await take_verdict(ctl)
+
+
+async def judges_goodput(ctl) -> dict | None:
+    """serve's ``goodput`` answer from the judge's host: the report the run's judge last wrote
+    (agent/judge/goodput.py; console/records/goodput.py ``from_judge`` checks it). That host
+    alone is connected when no link to it is up, and left as it was found; None when there is
+    no judge, its host is out of reach or its agent is older (no such request)."""
+    name = ctl.judge_host()
+    if not name or name not in {h.name for h in ctl.inventory.hosts}:
+        return None
+    link, own = ctl.links.get(name), False
+    if link is None or link.stream is None:
+        if link is not None:
+            return None
+        link = NodeLink(ctl.inventory.host(name), ctl.transport, ctl.state, ctl.root_of(name),
+                        reconnect=False, me=ctl.me)
+        own = True
+        try:
+            await link.connect()
+        except (HostUnreachable, AgentError, OSError):
+            await link.close()
+            return None
+    try:
+        return await link.request("goodput", run_root=link.run_root, timeout=30)
+    except AgentError:
+        return None
+    finally:
+        if own:
+            await link.close()

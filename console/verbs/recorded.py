@@ -20,9 +20,10 @@ from ..run.hosted_record import known_or_fetched
 from ..judgement.judged import judged, settle
 from .launch import cmd_launch
 from ..judgement.local_judge import beside_judge, check_stalls
-from ..records.goodput import goodput_lines, header_piece
+from ..records.goodput import from_judge, goodput_lines, header_piece
 from ..records.report import RunReport
 from ..launch.dryrun import recorded_lines
+from ..run.judge import judges_goodput
 from ..run.run import RunController
 from ..judgement.stacks import group, render
 from ..model.summary import control_lines, shown, status_table
@@ -126,6 +127,8 @@ async def cmd_status(args) -> int:
         else:
             check_stalls(ctl.state)
         status = ctl.status()
+        judges = from_judge(await judges_goodput(ctl))  # the judge's own figures when fresh
+        status["goodput"] = judges or dict(status["goodput"], source="journals")
         job = slurm.job_of(ctl.record.get("transport", ""))
         if job:  # the job now: its state, time left; a run it outlived ended with it
             now, words = await slurm.job_and_nodes(ctl.transport, ctl.inventory.hosts, job)
@@ -163,11 +166,16 @@ async def cmd_report(args) -> int:
 
 
 async def cmd_goodput(args) -> int:
-    """`rankdeck goodput RUN [--json]`: where the run's time went and what each incident cost,
-    from its journals (agent/rules/goodput.py; console/records/goodput.py says it)."""
+    """`rankdeck goodput RUN [--json]`: where the run's time went and what each incident cost:
+    the report the run's judge keeps (agent/judge/goodput.py) while it is fresh, else from its
+    journals replayed here (agent/rules/goodput.py; console/records/goodput.py says it)."""
+    failed: list = []
     async with recorded_run(args.run_id) as ctl:
-        failed = await replay_records(ctl)
-        report = ctl.state.goodput.report(time.time())
+        # the judge's own report when it is fresh: one small answer, no replay (docs/GOODPUT.md)
+        report = from_judge(await judges_goodput(ctl))
+        if report is None:
+            failed = await replay_records(ctl)
+            report = dict(ctl.state.goodput.report(time.time()), source="journals")
     if args.json:
         print_json(report)
     else:

@@ -6,14 +6,19 @@ a real judge process, peers speaking for nodes as agent/supervisor/judge_link.py
 from __future__ import annotations
 
 import http.client
+import io
 import math
 import os
 import socket
+import stat
+import time
 
 import pytest
 
 from agent.judge.control import running_judge, start_judge, stop_judge
 from agent.judge.prometheus import MAX_SCRAPES
+from agent.serve.server import Server
+from console.records.goodput import from_judge
 from tests.agent.test_judge import TOKEN, FakeNode, events
 from tests.waits import wait_for_sync
 
@@ -165,3 +170,43 @@ def test_a_port_in_use_leaves_the_run_judged_and_says_why(tmp_path):
             assert "no Prometheus metrics: cannot listen" in started[0]["text"]
         finally:
             stop_judge(run_root)
+
+
+def test_the_judge_serves_the_runs_goodput_and_writes_its_report(metered):
+    """The judge's goodput (agent/judge/goodput.py), fed live from its nodes' records and its own
+    events: `rankdeck_run_goodput` and the work at risk served; its report written into the run's
+    folder, owner-only, and read back by serve's `goodput` request."""
+    run_root, info, port = metered
+    now = time.time()
+    n0 = FakeNode(info["port"], "node0", {})
+    n0.send({"k": "event", "what": "launched", "ts": now - 100.0},
+            {"k": "file", "f": 1, "rank": 0, "ts": now - 100.0},
+            {"k": "file", "f": 2, "rank": 1, "ts": now - 100.0})
+    n0.send(*[{"k": "metric", "f": f, "step": s, "loss": 1.0, "ts": now - 90.0 + s}
+              for s in range(1, 91) for f in (1, 2)])
+    n0.send({"k": "ckpt", "f": 1, "step": 80, "path": "/c/80", "ts": now - 9.5},
+            {"k": "ckpt_done", "f": 1, "step": 80, "path": "/c/80", "complete": True,
+             "ts": now - 9.0})
+    run = (("run", "run-1"),)
+
+    def served():
+        got = samples(port)
+        return got if got.get(("rankdeck_run_work_at_risk_gpu_hours", run)) else None
+    got = wait_for_sync(served, 30, "the run's goodput served")
+    # 11 s of start-up (step 1 at -89 s), then stepping: the share that trained so far
+    assert 0.75 < got[("rankdeck_run_goodput", run)] < 0.95, got
+    # 2 ranks since checkpoint 80's line, about 10 s ago (the scrape is a little later)
+    assert 2 * 9.0 / 3600 < got[("rankdeck_run_work_at_risk_gpu_hours", run)] < 2 * 40 / 3600
+    stop_judge(run_root)  # the judge's last report, as it ends
+    path = os.path.join(run_root, "judge", "goodput.json")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    answer = Server(out=io.BytesIO()).op_goodput({"run_root": run_root})
+    report = answer["report"]
+    assert report["ranks"] == 2 and report["clock"] == "judge" and not report["ended"], report
+    assert report["buckets"]["start-up"] == pytest.approx(11.0, abs=0.01)
+    assert sum(report["buckets"].values()) == pytest.approx(report["wall_s"], abs=0.01)
+    assert abs(answer["now"] - answer["written"]) < 60
+    # what a console makes of it: the judge's, checked; a host's nonsense is no report
+    assert from_judge(answer)["source"] == "judge"
+    assert from_judge(dict(answer, report=dict(report, wall_s="1e9"))) is None
+    assert from_judge(dict(answer, written=answer["now"] - 600)) is None  # gone stale

@@ -2,7 +2,8 @@
 local nodes, launched with `--detach` and `--on-hang restart`, rank 2 hanging once. The test
 keeps its own times, from the ranks' own log files and the judge's journal as they grow: the
 last step before the hang, the judge's restart, every rank stepping again. `rankdeck goodput
-RUN --json` from a new shell has buckets that add up to its wall, stalled and recovery buckets
+RUN --json` from a new shell (the judge's own report, fed live: agent/judge/goodput.py) has
+buckets that add up to its wall, stalled and recovery buckets
 within 2 s of the test's own, and the incident's four latencies and steps redone."""
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def test_goodput_of_a_run_with_one_hang_restarted(tmp_path):
     out = rankdeck("goodput", run_id, "--json", env=UNBUFFERED)
     assert out.returncode == 0, out.stdout + out.stderr
     good = json.loads(out.stdout)
+    # the judge's own report (agent/judge/goodput.py), fed live and written as it ended: no replay
+    assert good["source"] == "judge", good
     buckets = good["buckets"]
     assert set(buckets) == {"start-up", "productive", "rendezvous", "checkpoint", "stalled",
                             "recovery", "redone", "end"}, buckets
@@ -108,5 +111,6 @@ def test_goodput_of_a_run_with_one_hang_restarted(tmp_path):
     # the same figures in `status --json` and the text of `goodput`
     status = json.loads(rankdeck("status", run_id, "--json", env=UNBUFFERED).stdout)
     assert status["goodput"]["incidents"][0]["steps_redone"] == redone, status["goodput"]
+    assert status["goodput"]["source"] == "judge", status["goodput"]
     text = rankdeck("goodput", run_id, env=UNBUFFERED).stdout
     assert text.startswith("goodput ") and "stall rank 2" in text and "-> restart" in text, text
