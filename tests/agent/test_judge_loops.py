@@ -88,6 +88,8 @@ def test_on_loop_rollback_restarts_every_node_before_the_step_they_resumed_from(
         assert n.args[n.asked.index("restart")] == {"resume_before": 4}
     [policy] = [e for e in of(run_root, "policy") if e.get("action") == "rollback"]
     assert policy["resume_before"] == 4 and "before step 4" in policy["text"], policy
+    # journaled once each node answered (the fake node records a request before answering)
+    wait_for_sync(lambda: len(of(run_root, "restarted")) == 2, 30, "both restarts journaled")
     assert [e["node"] for e in of(run_root, "restarted")] == ["node0", "node1"]
     # the restarts the judge asked for are no failures; the loop again after it stops the run
     for n in (n0, n1):
