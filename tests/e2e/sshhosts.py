@@ -295,6 +295,17 @@ class SshHosts:
             found.append("%s %s" % (pid, args))
         return found
 
+    def pid_here(self, name: str, pid: int) -> int | None:
+        """This machine's pid of the process host ``name`` sees as ``pid`` (a pid the host
+        reported: the agent's hello, a pid file), or None when the host has no such process
+        (a zombie counts as none: the host's init reaps it)."""
+        h = self[name]
+        for line in self.processes(name):
+            here = int(line.split(None, 1)[0])
+            if h.ns_pid(here) == pid:
+                return here
+        return None
+
     def link_down(self, name: str) -> None:
         _run(["ip", "-n", self[name].ns, "link", "set", "eth0", "down"])
 
