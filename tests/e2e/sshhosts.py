@@ -1,21 +1,25 @@
 """Real OpenSSH hosts that are not the laptop, for e2e tests and benchmarks (root only).
 
 ``create_hosts(n)`` builds, on this machine, ``n`` hosts that share none of the laptop's
-files, home, login user or Python - only its kernel and process table:
+files, home, login user, Python or process table - only its kernel:
 
 - a Linux bridge ``rdk<id>br`` in the root namespace with ``10.77.X.1/24`` (X picked free, under
   a lock, so parallel sessions do not collide; ``<id>`` is random per session);
 - per host a network namespace ``rdk<id>-nodeK``, a veth pair (``eth0`` inside, on the bridge
   outside) with ``10.77.X.(11+K)``, ``lo`` up;
-- per host a *holder* process (``sleep infinity``) that owns the host's own UTS and mount
-  namespace: hostname ``nodeK``, an ``/etc/hosts`` naming every host, and private tmpfs
-  mounts on ``/home`` (with the login user's empty home), ``/tmp``, ``/dev/shm`` and
-  ``/root``, and over the project checkout and the laptop's venv, so a test that passes only
-  because host and laptop share a disk fails. The holder keeps the host's files while its
-  sshd is stopped and started again, as a real machine keeps its disk;
-- per host one ``sshd -D`` entered into that host's namespaces (own ed25519 host key,
-  key-only, ``AllowUsers rdkuser``, ``PermitRootLogin no``); its config, keys and the
-  authorized_keys live in a per-session folder under ``/srv`` (outside every private mount);
+- per host a *holder* (``unshare``) and its child, the host's *init*: PID 1 of the host's
+  own PID namespace (a tiny Python loop, ``INIT``, that reaps the orphans detached processes
+  leave, and ends on SIGTERM, which ends every process of the host), in the host's own UTS
+  and mount namespace with a fresh ``/proc`` (the host's process table only): hostname
+  ``nodeK``, an ``/etc/hosts`` naming every host, and private tmpfs mounts on ``/home``
+  (with the login user's empty home), ``/tmp``, ``/dev/shm`` and ``/root``, and over the
+  project checkout and the laptop's venv, so a test that passes only because host and laptop
+  share a disk fails. The init keeps the host's files while its sshd is stopped and started
+  again, as a real machine keeps its disk;
+- per host one ``sshd -D`` entered into that host's namespaces, its PID namespace
+  included (own ed25519 host key, key-only, ``AllowUsers rdkuser``, ``PermitRootLogin no``);
+  its config, keys and the authorized_keys live in a per-session folder under ``/srv``
+  (outside every private mount);
 - a login user ``rdkuser`` (not root, not the laptop's user), made once per machine;
 - the hosts' training Python: a venv from ``/usr/bin/python3`` at ``/opt/rankdeck-hostpy``
   with torch, numpy and py-spy, built once per machine (under a lock, about 30 s) and reused;
@@ -23,12 +27,19 @@ files, home, login user or Python - only its kernel and process table:
   and ``nodeK-alt`` (extra port) aliases and ``User rdkuser``. The real ``~/.ssh`` is never
   read or written.
 
-A host's private files are reached with ``local_path`` (through ``/proc/<holder>/root``, to
+A host's private files are reached with ``local_path`` (through ``/proc/<init>/root``, to
 read) and ``run_on`` / ``put_tree`` / ``put_text`` (``nsenter`` into the host as its user, to
 write: files the agent later replaces must be the user's).
 
-``SshHosts.close()`` kills only what it started (each sshd by PID, then what ``ip netns pids``
-lists in its own namespaces, holders included, which takes the private mounts with them),
+Everything entered into a host (``NodeHost.enter``: sshd, ``run_on``, ``command_on``) goes
+through ``nsenter -p``, which forks: the command runs as a child of nsenter, in the host's
+process table, with ``--pdeathsig KILL`` (``TERM`` for daemons), so ending the Popen ends the
+command (``NodeHost.started`` gives its pid). ``processes`` lists the host's PID namespace
+(pids as this machine sees them); ``NodeHost.ns_pid`` maps one to the pid the host itself
+sees (what ``ps`` on it shows, and what rankdeck reports).
+
+``SshHosts.close()`` kills only what it started (each sshd by PID, then each host's init,
+which ends every process of the host and takes the private mounts with them),
 deletes the namespaces, the bridge and its ``/srv`` folder. The user and the ``/opt`` venv
 are left for the next session to reuse.
 """
@@ -66,6 +77,22 @@ if REPO not in sys.path:  # run as a script (see the end): the tests' poller is 
 from tests.waits import wait_for_sync  # noqa: E402
 # A real Python 3.6, shown to the hosts (at <session>/py36) when this machine has one
 OLD_PYTHON_PREFIX = "/root/.pyenv/versions/3.6.15"
+INIT_PYTHON = "/usr/bin/python3"  # the machine's, not the laptop venv's (hidden on the hosts)
+# PID 1 of a host: reaps every child (orphans are re-parented to it: a PID 1 that never
+# waits leaves detached processes as zombies) and exits on SIGTERM or SIGINT, which ends
+# the host's PID namespace. Signals are blocked and taken by sigwaitinfo: no wakeup is lost.
+INIT = """import os, signal
+wanted = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+while True:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    if signal.sigwaitinfo(wanted).si_signo != signal.SIGCHLD:
+        break
+"""
 
 
 def missing_requirements() -> str | None:
@@ -96,14 +123,47 @@ class NodeHost:
     veth: str
     dir: str  # its sshd's config, keys and log (in the session's /srv folder)
     host_key_pub: str
-    holder: subprocess.Popen | None = None  # owns the host's mount and UTS namespaces
-    sshd: subprocess.Popen | None = None
+    holder: subprocess.Popen | None = None  # unshare, parent of the host's init
+    init_pid: int = 0  # the host's PID 1, as this machine sees it
+    sshd: subprocess.Popen | None = None  # nsenter, whose child is the host's sshd
+    sshd_pid: int = 0  # that sshd, as this machine sees it
     cache_dir: str = ""  # its agent cache (the transport's default place), seen from here
 
     @property
     def root(self) -> str:
-        """This host's / as seen from this machine (its holder's root)."""
-        return "/proc/%d/root" % self.holder.pid
+        """This host's / as seen from this machine (its init's root)."""
+        return "/proc/%d/root" % self.init_pid
+
+    def enter(self, pdeathsig: str = "KILL", setpriv=()) -> list[str]:
+        """The argv prefix that runs a command in this host: its mounts, hostname, network
+        and process table. nsenter forks (a PID namespace applies to children): the command
+        is nsenter's child and gets ``pdeathsig`` when nsenter ends, so killing the Popen
+        ends it too. ``setpriv``: more setpriv options (a uid change there clears a death
+        signal set before it, so it is one setpriv, which sets the signal last)."""
+        return ["nsenter", "-t", str(self.init_pid), "-m", "-u", "-n", "-p", "--",
+                "setpriv", "--pdeathsig", pdeathsig, *setpriv, "--"]
+
+    def started(self, proc: subprocess.Popen) -> int:
+        """The pid (this machine's) of the command that ``proc``, a Popen of ``enter`` or
+        ``command_on``, runs in this host: nsenter's child."""
+        return _child_of(proc)
+
+    def ns_pid(self, pid: int) -> int | None:
+        """The pid that this host sees for ``pid`` of this machine (None: not the host's)."""
+        try:
+            with open("/proc/%d/status" % pid) as f:
+                nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            return None
+        return int(nspid[-1]) if len(nspid) > 1 and self.owns(pid) else None
+
+    def owns(self, pid) -> bool:
+        """Whether ``pid`` (of this machine) lives in this host's PID namespace."""
+        try:
+            return (os.readlink("/proc/%s/ns/pid" % pid)
+                    == os.readlink("/proc/%d/ns/pid" % self.init_pid))
+        except OSError:
+            return False
 
 
 @dataclass
@@ -158,16 +218,17 @@ class SshHosts:
         return self[name].root + self.expand(path)
 
     def command_on(self, name: str, argv, user: bool = True) -> list[str]:
-        """The command line that runs argv on host ``name`` (its files, hostname and network)
-        as its login user, or as root with ``user=False``; a clean environment, HOME the
-        user's home (for a caller that streams its output: bench/slurm.py)."""
+        """The command line that runs argv on host ``name`` (its files, hostname, network and
+        process table) as its login user, or as root with ``user=False``; a clean environment,
+        HOME the user's home (for a caller that streams its output: bench/slurm.py)."""
         h = self[name]
-        cmd = ["nsenter", "-t", str(h.holder.pid), "-m", "-u", "-n", "--"]
-        if user:
-            pw = pwd.getpwnam(self.user)
-            cmd += ["setpriv", "--reuid", str(pw.pw_uid), "--regid", str(pw.pw_gid),
-                    "--init-groups", "env", "-i", "HOME=" + self.home, "USER=" + self.user,
-                    "LOGNAME=" + self.user, "PATH=/usr/local/bin:/usr/bin:/bin"]
+        if not user:
+            return h.enter() + list(argv)
+        pw = pwd.getpwnam(self.user)
+        cmd = h.enter(setpriv=["--reuid", str(pw.pw_uid), "--regid", str(pw.pw_gid),
+                               "--init-groups"])
+        cmd += ["env", "-i", "HOME=" + self.home, "USER=" + self.user,
+                "LOGNAME=" + self.user, "PATH=/usr/local/bin:/usr/bin:/bin"]
         return cmd + list(argv)
 
     def run_on(self, name: str, argv, user: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -216,12 +277,16 @@ class SshHosts:
                               capture_output=True, text=True, **kw)
 
     def processes(self, name: str) -> list[str]:
-        """Host ``name``'s processes, as ``PID ARGS`` lines: those in its network namespace
-        only (``ps -u USER`` sees the user's processes of every test on this machine)."""
-        pids = subprocess.run(["ip", "netns", "pids", self[name].ns], capture_output=True,
+        """Host ``name``'s processes, as ``PID ARGS`` lines (pids as this machine sees them):
+        those in its network and PID namespace (``ps -u USER`` here sees the user's processes
+        of every test on this machine; an nsenter that entered the host is not the host's)."""
+        h = self[name]
+        pids = subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True,
                               text=True).stdout.split()
         found = []
         for pid in pids:
+            if not h.owns(pid):
+                continue
             try:
                 with open("/proc/%s/cmdline" % pid, "rb") as f:
                     args = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -229,6 +294,17 @@ class SshHosts:
                 continue  # it ended meanwhile
             found.append("%s %s" % (pid, args))
         return found
+
+    def pid_here(self, name: str, pid: int) -> int | None:
+        """This machine's pid of the process host ``name`` sees as ``pid`` (a pid the host
+        reported: the agent's hello, a pid file), or None when the host has no such process
+        (a zombie counts as none: the host's init reaps it)."""
+        h = self[name]
+        for line in self.processes(name):
+            here = int(line.split(None, 1)[0])
+            if h.ns_pid(here) == pid:
+                return here
+        return None
 
     def link_down(self, name: str) -> None:
         _run(["ip", "-n", self[name].ns, "link", "set", "eth0", "down"])
@@ -240,13 +316,14 @@ class SshHosts:
         """Kill the host's sshd listener (sessions already open live on; files stay)."""
         h = self[name]
         if h.sshd is not None:
-            _stop(h.sshd)
-            h.sshd = None
+            _stop(h.sshd, h.sshd_pid)
+            h.sshd, h.sshd_pid = None, 0
 
     def start_sshd(self, name: str) -> None:
         h = self[name]
         if h.sshd is None:
             h.sshd = self._launch(h)
+            h.sshd_pid = _child_of(h.sshd)
             _wait_ports([(h.addr, 22), (h.addr, self.alt_port)], [h.sshd])
 
     def _hold(self, h: NodeHost) -> subprocess.Popen:
@@ -272,19 +349,20 @@ class SshHosts:
                              uid=pw.pw_uid, gid=pw.pw_gid) for line in lines]
         lines += ["mount -t tmpfs -o mode=755,size=1m tmpfs %s" % shlex.quote(p)
                   for p in hide if not p.startswith(("/root/", "/home/", "/tmp/"))]
-        lines += ["hostname %s" % h.name, "echo ready", "exec sleep infinity"]
+        init = shlex.quote(os.path.join(self.base, "init.py"))
+        lines += ["hostname %s" % h.name, "echo ready", "exec %s -I %s" % (INIT_PYTHON, init)]
         return subprocess.Popen(["ip", "netns", "exec", h.ns, "unshare", "--uts", "--mount",
-                                 "--propagation", "private", "sh", "-c", "\n".join(lines)],
+                                 "--pid", "--fork", "--mount-proc", "--propagation", "private",
+                                 "sh", "-c", "\n".join(lines)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, cwd="/")
 
     def _launch(self, h: NodeHost) -> subprocess.Popen:
         conf = os.path.join(h.dir, "sshd_config")
         log = os.path.join(h.dir, "sshd.log")
-        # nsenter execs sshd without a fork (no PID namespace): the Popen's pid is sshd's.
+        # nsenter forks into the PID namespace: the Popen is nsenter, sshd its child.
         with open(log + ".err", "wb") as err:
-            return subprocess.Popen(["nsenter", "-t", str(h.holder.pid), "-m", "-u", "-n",
-                                     "--", SSHD, "-D", "-f", conf, "-E", log],
+            return subprocess.Popen(h.enter("TERM") + [SSHD, "-D", "-f", conf, "-E", log],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=err, cwd="/")
 
@@ -297,9 +375,18 @@ class SshHosts:
         self._closed = True
         for h in self.hosts:
             if h.sshd is not None:
-                _stop(h.sshd)
-                h.sshd = None
-        for h in self.hosts:
+                _stop(h.sshd, h.sshd_pid)
+                h.sshd, h.sshd_pid = None, 0
+        for h in self.hosts:  # a PID namespace ends with its init: every process of the host
+            if h.init_pid:
+                _signal(h.init_pid, signal.SIGKILL)
+        for h in self.hosts:  # unshare ends once its child, the init, has
+            if h.holder is not None:
+                try:
+                    h.holder.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+        for h in self.hosts:  # then what else entered its network namespace
             pids = subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True,
                                   text=True).stdout.split()
             for pid in pids:
@@ -321,14 +408,37 @@ def _run_bytes(argv) -> bytes:
     return subprocess.run(argv, check=True, capture_output=True).stdout
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _child_of(proc: subprocess.Popen, timeout: float = 15.0) -> int:
+    """The pid of ``proc``'s (nsenter's, unshare's) child, once it has forked it."""
+    def child():
+        if proc.poll() is not None:
+            raise RuntimeError("%s exited with %s" % (proc.args[0], proc.returncode))
+        try:
+            with open("/proc/%d/task/%d/children" % (proc.pid, proc.pid)) as f:
+                kids = f.read().split()
+        except OSError:
+            return None
+        return int(kids[0]) if kids else None
+    return wait_for_sync(child, timeout, "%s's child" % proc.args[0], every=0.01)
+
+
+def _stop(proc: subprocess.Popen, child: int = 0) -> None:
+    """End ``proc`` (an nsenter) by ending ``child``, the process it entered into a host."""
     if proc.poll() is None:
-        proc.terminate()
+        _signal(child or proc.pid, signal.SIGTERM)
         try:
             proc.wait(3)
         except subprocess.TimeoutExpired:
+            _signal(child or proc.pid, signal.SIGKILL)
             proc.kill()
             proc.wait()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _wait_ports(addrs, procs, timeout: float = 15.0) -> None:
@@ -518,6 +628,8 @@ def _build(env: SshHosts, alt_port: int) -> None:
     config.append("Host *\n  User %s\n  IdentityFile %s\n  IdentitiesOnly yes\n"
                   "  UserKnownHostsFile %s\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
                   "  LogLevel ERROR\n" % (env.user, env.client_key, env.known_hosts))
+    with open(os.path.join(env.base, "init.py"), "w") as f:  # each host's PID 1
+        f.write(INIT)
     with open(env.known_hosts, "w") as f:
         f.writelines(known)
     with open(env.ssh_config, "w") as f:
@@ -532,9 +644,12 @@ def _build(env: SshHosts, alt_port: int) -> None:
             raise RuntimeError("host %s did not come up: %s"
                                % (h.name, h.holder.stderr.read().decode().strip()))
         h.holder.stderr.close()
+        h.init_pid = _child_of(h.holder)
         h.cache_dir = env.local_path(h.name, env.remote_cache)
     for h in env.hosts:
         h.sshd = env._launch(h)
+    for h in env.hosts:
+        h.sshd_pid = _child_of(h.sshd)
     _wait_ports([(h.addr, p) for h in env.hosts for p in (22, alt_port)],
                 [h.sshd for h in env.hosts])
 

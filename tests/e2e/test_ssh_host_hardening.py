@@ -189,7 +189,10 @@ def test_detached_run_private_files_and_a_store_that_ends_with_it(ssh_hosts, tmp
             assert denied.returncode != 0 and b"Permission denied" in denied.stderr, path
 
     # the store waits a little (a restart) and then goes
-    wait_for_sync(lambda: not procs.alive(store["pid"], store["starttime"]) and not listeners(
+    def store_alive():  # its pid is node0's (the host's own process table)
+        here = ssh_hosts.pid_here("node0", store["pid"])
+        return here is not None and procs.alive(here, store["starttime"])
+    wait_for_sync(lambda: not store_alive() and not listeners(
         ssh_hosts, "node0", store["port"]), 120, "the store to end with the run", every=0.5)
     log = open(ssh_hosts.local_path("node0", root + "/store.log")).read()
     assert "the run has ended on every node: store stopped" in log

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ from console.transport.base import HostUnreachable
 from console.transport.ssh import SshTransport, open_all
 from inventory.model import Host
 from sshhosts import REPO
-from tests.waits import wait_for
+from tests.waits import wait_for, wait_for_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
@@ -145,10 +146,10 @@ async def test_open_four_hosts_in_parallel_copy_once(ssh_hosts, transports):
 
 async def test_close_ends_serve(ssh_hosts, transports):
     s = await transports().open(ssh_hosts.inventory()[1])
-    pid = json.loads(await s.readline())["pid"]
-    assert os.path.exists("/proc/%d" % pid)
+    pid = json.loads(await s.readline())["pid"]  # as the host sees it (its own process table)
+    assert ssh_hosts.pid_here(ssh_hosts.names[1], pid)
     await s.close()
-    await wait_for(lambda: not os.path.exists("/proc/%d" % pid), 30,
+    await wait_for(lambda: ssh_hosts.pid_here(ssh_hosts.names[1], pid) is None, 30,
                    "serve to end with its closed channel", every=0.05)
 
 
@@ -166,11 +167,12 @@ async def test_an_open_cancelled_before_the_hello_leaves_nothing_running(ssh_hos
     opening = asyncio.ensure_future(t.open(ssh_hosts.inventory(python=mute)[2]))
     await wait_for(lambda: os.path.exists(pid_file) and open(pid_file).read().strip(), 30,
                    "the mute interpreter to run on the host", every=0.05)
-    pid = int(open(pid_file).read())
+    pid = int(open(pid_file).read())  # as the host sees it
+    assert ssh_hosts.pid_here(node, pid)
     opening.cancel()
     with pytest.raises(asyncio.CancelledError):
         await opening
-    await wait_for(lambda: not os.path.exists("/proc/%d" % pid), 30,
+    await wait_for(lambda: ssh_hosts.pid_here(node, pid) is None, 30,
                    "the cancelled start to end with its open()", every=0.05)
 
 
@@ -362,8 +364,32 @@ async def test_run_command_argv_and_status(ssh_hosts, transports):
 def test_fixture_knows_each_sshd_pid(ssh_hosts):
     for h in ssh_hosts.hosts:
         assert h.sshd is not None and h.sshd.poll() is None
-        out = subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True, text=True)
-        assert str(h.sshd.pid) in out.stdout.split()
+        assert h.sshd_pid in {int(p.split()[0]) for p in ssh_hosts.processes(h.name)}
+
+
+def test_each_host_has_its_own_process_table_and_an_init_that_reaps(ssh_hosts):
+    """ps on a host lists that host's processes only (a PID namespace each, sshhosts.py), and
+    a detached process that ends is reaped there (no zombie left), as on a real machine."""
+    ssh = ["ssh", "-F", ssh_hosts.ssh_config, "node1"]
+    marker = "rdk-detached-%d" % os.getpid()
+    out = subprocess.run(ssh + ["(exec -a %s sleep 60 </dev/null >/dev/null 2>&1 &) ; "
+                                "ps -e -o pid=,stat=,args=" % marker],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    table = [line.split(None, 2) for line in out.stdout.strip().splitlines()]
+    assert table[0][0] == "1" and "init.py" in table[0][2], table
+    assert any(marker in args for _pid, _st, args in table), table
+    assert not any("pytest" in args or "/node2/" in args
+                   for _pid, _st, args in table), table  # not the laptop's, nor node2's
+    detached = [p for p in ssh_hosts.processes("node1") if marker in p]
+    assert len(detached) == 1 and not any(marker in p for p in ssh_hosts.processes("node2"))
+    os.kill(int(detached[0].split()[0]), signal.SIGKILL)  # its parent is node1's init
+
+    def reaped():
+        ps = subprocess.run(ssh + ["ps -e -o stat=,comm="], capture_output=True, text=True,
+                            timeout=60).stdout.splitlines()
+        return not any(line.startswith("Z") and "sleep" in line for line in ps)
+    wait_for_sync(reaped, 30, "node1's init to reap the detached sleep")
 
 
 def test_hosts_are_not_the_laptop(ssh_hosts, tmp_path):

@@ -287,9 +287,8 @@ def _start(cluster: SlurmCluster, socket_path: str) -> None:
         _in_host(hosts, name, " && ".join(mounts))
         with open(os.path.join(base, "log", "slurmd-%s.out" % name), "wb") as out:
             cluster.procs.append(subprocess.Popen(
-                ["nsenter", "-t", str(hosts[name].holder.pid), "-m", "-u", "-n", "--",
-                 "slurmd", "-D", "-N", name], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                cwd="/"))
+                hosts[name].enter("TERM") + ["slurmd", "-D", "-N", name],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd="/"))
 
     def idle() -> bool:
         _alive(cluster)

@@ -69,7 +69,8 @@ def test_a_detached_run_lives_in_the_rankdeck_host_step_and_stop_leaves_nothing(
         # console's serve step's
         state = os.path.join(node_dir(slurm.hosts.local_path(slurm.nodes[0], host_workdir),
                                       run_id, slurm.nodes[0]), "state.json")
-        cgroup = freezer_cgroup(int(re.search(r'"pid": (\d+)', open(state).read()).group(1)))
+        pid = int(re.search(r'"pid": (\d+)', open(state).read()).group(1))  # the node's pid
+        cgroup = freezer_cgroup(slurm.hosts.pid_here(slurm.nodes[0], pid))
         step = re.fullmatch(r"/slurm_%s/uid_\d+/job_%s/step_(\d+)" % (slurm.nodes[0], job),
                             cgroup)
         assert step and "%s.%s rankdeck-host" % (job, step.group(1)) in slurm.steps(job), \
