@@ -110,6 +110,7 @@ class NodeState:
     # that role as its state, whatever its agent says, and the run's end does not wait for it
     role: str = "active"
     warm: bool = False  # a spare whose torchrun waits held before the rendezvous (launch)
+    health: dict | None = None  # its deep preflight's result (console/model/health.py)
 
     @property
     def torchrun_restarts(self) -> int:

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from . import ownership, rendezvous, apply as state_apply
+from . import health, ownership, rendezvous, apply as state_apply
 from .buffers import BUDGET_MB, Kept, LineBudget
 from .checkpoints import Checkpoints
 from .consoles import Operators
@@ -161,6 +161,11 @@ class RunState:
         hardware_of(ns)  # made here, one node at a time, not for all nodes at a redraw
         self.changed(node)
 
+    def set_health(self, node: str, entry) -> None:
+        """``node``'s deep preflight result (console/model/health.py ``checked``)."""
+        self.nodes[node].health = health.checked(entry)
+        self.changed(node)
+
     def set_node(self, node: str, state: str, cause: str | None = None) -> None:
         ns = self.nodes[node]
         cause = clean(cause, self.masker) if cause else cause  # often a host's text
@@ -215,6 +220,7 @@ class RunState:
                 "host": node_row(ns, self.ranks_of(ns.name))
                 if ns.gpu or ns.host else None,
                 "phase": rendezvous.shown_phase(ns),
+                "health": ns.health,
             })
         return {"run_id": self.run_id, "state": self.run_state(), "launcher": self.launcher,
                 "nodes": nodes,

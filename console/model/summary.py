@@ -11,7 +11,7 @@ import statistics
 import time
 from typing import NamedTuple
 
-from . import rendezvous
+from . import health, rendezvous
 from ..errors import AgentError
 from ..lines.sanitize import clean
 from .state import RunState
@@ -150,18 +150,22 @@ def shown(value):
 def status_table(status: dict) -> str:
     """The run's state, one row per rank, from a ``status`` document (RunState.status)."""
     status = shown(status)  # paths, causes, phases: a host's text
-    rows = [("node", "state", "restarts", "exit", "rank", "rank state", "step", "loss")]
+    # a health column once a deep preflight ran (launch --preflight deep: model/health.py)
+    checked = any(n.get("health") for n in status["nodes"])
+    rows = [("node", "state", "restarts", "exit") + (("health",) if checked else ()) +
+            ("rank", "rank state", "step", "loss")]
     for node in status["nodes"]:
         used, left = node["restarts_used"], node["restarts_left"]
         base = (node["name"], node["state"], "%d used, %d left" % (used, left),
                 "" if node["exit_code"] is None else str(node["exit_code"]))
+        base += (health.short(health.checked(node.get("health"))),) if checked else ()
         if not node["ranks"]:
             rows.append(base + ("-", "-", "-", "-"))
         for r in node["ranks"]:
             loss = "" if r["loss"] is None else "%.4f" % r["loss"]
             rows.append(base + (str(r["rank"]), rank_state_text(r), str(r["step"] or ""),
                                 loss))
-            base = ("", "", "", "")
+            base = ("",) * len(base)
     head = "run %s: %s (%.0f s)" % (status["run_id"], status["state"],
                                     time.time() - status.get("started", time.time()))
     causes = ["  %s: %s" % (n["name"], n["cause"]) for n in status["nodes"] if n.get("cause")]

@@ -318,16 +318,38 @@ async def deep_check(ctl, failed: dict, ckpt_dir: str | None = None, hosts=None,
     return checks, net
 
 
+def kind_of(problem: str) -> str:
+    """What a problem is about (console/model/health.py KINDS), by its first words."""
+    for start, kind in (("network check failed", "probe"), ("network: the link", "link"),
+                        ("network:", "network"), ("disk:", "disk"), ("clock:", "clock"),
+                        ("GPU ", "gpu"), ("code:", "code")):
+        if problem.startswith(start):
+            return kind
+    return "versions" if " differs from " in problem else "host"
+
+
+def health_entry(c: HostCheck, net: dict) -> dict:
+    """What the run keeps of one node's deep check (``status``'s ``nodes[].health``,
+    docs/STATUS.md): ok, the kind of its first problem, its problems, its figures."""
+    return {"ok": c.ok, "kind": kind_of(c.problems[0]) if c.problems else
+            ("ok" if c.ok else "host"), "problems": list(c.problems),
+            "net_gbps": (net.get("nodes") or {}).get(c.name),
+            "disk_write_mbps": c.facts.get("disk_write_mbps")}
+
+
 async def launch_preflight(ctl, hosts: list, spec) -> list:
     """``launch --preflight deep``: the deep check of ``hosts`` (the store's host first).
-    A suspect node is left out and a healthy spare of the inventory takes its place, said in
-    the run's events; with no spare left for it, LaunchError naming it with its figure
-    (nothing is started). A suspect spare is left out. The hosts the run goes on with."""
+    Each node's result is kept in the run's state (``status``, the nodes table). A suspect
+    node is left out and a healthy spare of the inventory takes its place, said in the run's events; with
+    no spare left for it, LaunchError naming it with its figure (nothing is started). A
+    suspect spare is left out. The hosts the run goes on with."""
     from ..errors import EXIT_FAILED, EXIT_USAGE, LaunchError
     for h in hosts:
         ctl.state.set_node(h.name, "preflight")
     checks, net = await deep_check(ctl, {}, spec.checkpoint_dir, hosts=hosts, spec=spec)
     by_name = {c.name: c for c in checks}
+    for c in checks:
+        ctl.state.set_health(c.name, health_entry(c, net))
     bad = [h for h in hosts if not by_name[h.name].ok and not h.spare]
     spares = [h for h in hosts if h.spare and by_name[h.name].ok]
     for c in checks:

@@ -142,6 +142,8 @@ async def _launch(ctl, spec: LaunchSpec, allow_partial: bool, inventory_path: st
         "order": [h.name for h in active],  # node-rank order (run_hosts)
         # spares and cordoned nodes (docs/SURGERY.md); surgeries: who did what, when
         "roles": {h.name: SPARE for h in hosts if h.spare}, "surgeries": [],
+        # each node's deep preflight (console/model/health.py), a node left out included
+        "health": {ns.name: ns.health for ns in ctl.state.nodes.values() if ns.health},
     }
     # what a restart from another shell needs (console/launch/env.py): secrets by name only
     ctl.record["spec"]["env"], ctl.record["secret_env"] = run_env.spec_env_record(

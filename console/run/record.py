@@ -15,7 +15,8 @@ from ..surgery.surgery import SPARE
 def restore(ctl, record: dict) -> None:
     """``ctl`` (made for ``record``'s inventory and run id) takes what the record says of the
     run: its spec, its non-secret environment (secrets again from this shell; those missing
-    kept in ``missing_env``), the nodes' roles, where its judge listens."""
+    kept in ``missing_env``), the nodes' roles and deep-preflight results, where its judge
+    listens."""
     ctl.record = record
     ctl.state.started = record.get("created", ctl.state.started)
     # non-secret values come from the record, secrets again from this shell
@@ -32,6 +33,10 @@ def restore(ctl, record: dict) -> None:
     for name, role in (record.get("roles") or {}).items():
         if name in ctl.state.nodes and role in (SPARE, "cordoned"):
             ctl.state.set_role(name, role)
+    health = record.get("health")
+    for name, entry in (health.items() if isinstance(health, dict) else ()):
+        if name in ctl.state.nodes:  # checked again: a record may come from a host
+            ctl.state.set_health(name, entry)
     judge = record.get("judge") or {}
     ctl.judge_ref = {"addr": judge.get("addr"), "port": judge.get("port")} if judge else None
     ctl.state.stall_min_s = ctl.spec.stall_after

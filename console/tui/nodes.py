@@ -1,7 +1,9 @@
 """NodesTable: every host and, under it, its ranks, each with a live state.
 
 A node row shows its launch phase (connecting, preflight, starting, rendezvous, running...),
-the step its slowest rank reached and restarts used/left; when the node has a cause (why it
+the step its slowest rank reached, restarts used/left and, once a deep preflight ran
+(``launch --preflight deep``), its result in a health column (``ok 9.8G``, ``slow 0.05G``,
+``disk``; ``-`` for a node it did not check); when the node has a cause (why it
 failed, is unreachable or failed preflight) the cause follows on its own line under the row.
 Rank rows show state, step, loss and step time. Enter (or a click on the highlighted row)
 shows that rank - or the whole node merged - in the active log pane; kill and restart act on
@@ -22,6 +24,8 @@ from textual.binding import Binding
 
 from ..lines.sanitize import clean
 from ..model.sources import NODE, RANK
+from ..model import health
+from ..model.nodes import NodeState
 from ..model.state import RunState
 from .cells import width_of
 from .messages import SourceChosen
@@ -35,6 +39,9 @@ from .styles import state_style
 from .suspects import marked_line
 
 STATE_W, STEP_W, RST_W = 11, 5, 4
+# the health column, only once a deep preflight ran: `slow 0.05G ` (console/model/health.py
+# short), or its word alone (`clock `) where the detail would keep under DETAIL_MIN cells
+HEALTH_W, HEALTH_WORD_W, DETAIL_MIN = 11, 6, 8
 DIVERGED_STYLE = "bold red"
 CAUSE_MAX = 400
 FLAG_MARK = " ⚑"  # a host flagged by its record (agent/rules/fleet.py; the hosts screen, H)
@@ -72,6 +79,7 @@ class NodesTable(RowsView):
         self._rows: dict[str, dict] = {}  # node -> its telemetry row (node_row)
         self._fitted_width = 0  # the width the rows were fitted to (nodecells.py)
         self._far: dict[str, set] = {}  # node -> columns in which it is far from the others
+        self._health = False  # a node has a deep preflight result: the health column shown
 
     def on_mount(self) -> None:
         self.refresh_rows()
@@ -101,6 +109,7 @@ class NodesTable(RowsView):
                 self._cells[name] = [("slurm " + said, ("alert",))] + list(
                     self._cells.get(name, ()))
         self._far = far_nodes(rows)
+        self._health = any(ns.health for ns in state.nodes.values())
         keys, heights = [], []
         for ns, ranks in ordered(list(state.nodes.values()), by_node, self.order, rows):
             keys.append("n:" + ns.name)
@@ -132,7 +141,20 @@ class NodesTable(RowsView):
             names[column] = "s/step" if self.order == "step time" else names[column]
             names[column] += "▼"
         return (names[0].ljust(self._name_w) + " " + names[1].ljust(STATE_W) +
-                names[2].rjust(STEP_W) + " " + names[3].ljust(RST_W) + names[4], "")
+                names[2].rjust(STEP_W) + " " + names[3].ljust(RST_W) +
+                ("health" if self._health_w >= HEALTH_W else "hlth")[:self._health_w]
+                .ljust(self._health_w) + names[4], "")
+
+    @property
+    def _health_w(self) -> int:
+        """The health column's width: none without a deep preflight, its word alone where
+        the whole would leave the detail column under DETAIL_MIN cells."""
+        if not self._health:
+            return 0
+        width = self.scrollable_content_region.width
+        fixed = self._name_w + 1 + STATE_W + STEP_W + 1 + RST_W
+        return HEALTH_W if width <= 0 or width - fixed >= HEALTH_W + DETAIL_MIN \
+            else HEALTH_WORD_W
 
     # -- folding and ordering --------------------------------------------------------------
     @property
@@ -227,7 +249,8 @@ class NodesTable(RowsView):
             return (marked_line(self.state, key, line),)
         ns = self.state.nodes[key[2:]]
         line = marked_line(self.state, key, self._line(
-            values if not ns.cause else values[:4] + ("",), "bold", state_style(phase)))
+            values if not ns.cause else values[:4] + ("",), "bold", state_style(phase),
+            node=ns))
         odd = () if self.is_open(ns.name) else self._odd_ranks(ns.name) + self._diverged(ns.name)
         if not ns.cause and detail and detail == self._telemetry_text(ns.name):
             room = self._room(line_width(line[:-1] + odd))
@@ -237,12 +260,25 @@ class NodesTable(RowsView):
         return (line, (("  ↳ " + detail, "red" if ns.state in BAD else "yellow"),))
 
     def _line(self, values: tuple, name_style: str, phase_style: str,
-              rst: bool = True) -> tuple:
-        """``rst`` False: no restarts column, the detail starts there (a rank row's)."""
+              rst: bool = True, node: NodeState | None = None) -> tuple:
+        """``rst`` False: no restarts nor health column, the detail starts there (a rank
+        row's). ``node``: a node row's, its health in the health column (when shown)."""
         name, phase, step, restarts, detail = values
         return ((name.ljust(self._name_w), name_style), (" ", ""),
                 (phase[:STATE_W].ljust(STATE_W), phase_style), (step.rjust(STEP_W), ""),
-                (" ", ""), (restarts.ljust(RST_W) if rst else "", ""), (detail, "dim"))
+                (" ", ""), (restarts.ljust(RST_W) if rst else "", ""),
+                self._health_cell(node) if rst else ("", ""), (detail, "dim"))
+
+    def _health_cell(self, node: NodeState | None) -> tuple:
+        """The health column's piece: its deep preflight in short (``ok 9.8G``, ``disk``)."""
+        if not self._health_w:
+            return ("", "")
+        entry = node.health if node is not None else None
+        text = health.short(entry) if node is not None else ""
+        if self._health_w < HEALTH_W:
+            text = text.split(" ", 1)[0]
+        style = "dim" if not entry else "green" if entry["ok"] else "bold red"
+        return (text[:self._health_w - 1].ljust(self._health_w), style)
 
     def _odd_ranks(self, node: str) -> tuple:
         """A folded node's ranks whose state is not the most common one among them, by state:
@@ -302,19 +338,21 @@ class NodesTable(RowsView):
         takes that room when its first piece would not fit whole without it. ``marked``: the
         cells a divergence mark takes before it."""
         detail = self._rank_detail(rs)
-        room = self._room(self._name_w + 1 + STATE_W + STEP_W + 1 + RST_W + marked)
+        room = self._room(self._name_w + 1 + STATE_W + STEP_W + 1 + RST_W + self._health_w +
+                          marked)
         if room is None or width_of(detail) <= room:
             return detail, False
         pieces = detail.split(GAP)
         in_rst = width_of(pieces[0]) > room
         fitted = fit_cells([(p, p, i) for i, p in enumerate(pieces)],
-                           room + RST_W if in_rst else room)
+                           room + RST_W + self._health_w if in_rst else room)
         return GAP.join(text for _i, text in fitted), in_rst
 
     def on_resize(self, event) -> None:
         """Rows are fitted to the table's width: built again when it changes."""
         if self.scrollable_content_region.width != self._fitted_width:
             self._fitted_width = self.scrollable_content_region.width
+            self.header = (self._header_line(),)
             self.invalidate()
 
     @staticmethod
