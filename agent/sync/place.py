@@ -10,8 +10,8 @@ remove - is agent/sync/workdir.py.
 Ops (each takes the request's ``args`` and returns the reply's ``data``; a refusal raises
 :class:`SyncError` with a ``kind``):
 
-- :func:`check` ``{workdir, tree}`` -> ``{"same", "workdir"}``: an unchanged tree costs this one
-  round trip. "Same" means the record's tree is ``tree`` and every recorded file still has the
+- :func:`check` ``{workdir, tree}`` -> ``{"same", "workdir", "tree"}`` (the tree placed
+  last): an unchanged tree costs this one round trip. "Same" means the record's tree is ``tree`` and every recorded file still has the
   size, mtime and mode it was placed with (a stat each, no reading).
 - :func:`plan` ``{session, workdir, tree, entries, more}`` -> ``{"more": true}`` or ``{"need":
   [indexes into the manifest], "bytes"}``. ``entries`` (``[path, size, mode, sha256]``) may come
@@ -77,7 +77,8 @@ def check(args):
             if not same_stat(regular_stat(os.path.join(root, rel)), frec):
                 same = False
                 break
-    return {"same": same, "workdir": root}
+    # the tree placed last (None: none): the deep check names a node whose code differs
+    return {"same": same, "workdir": root, "tree": rec.get("tree")}
 
 
 class Transfer:

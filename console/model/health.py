@@ -48,9 +48,9 @@ def checked(value) -> dict | None:
 
 def short(entry: dict | None) -> str:
     """The health column's words: ``ok 9.8G`` (its network figure, Gbit/s), ``slow 0.05G``
-    (a slow node: its figure), ``link`` (a slow link to it), ``disk``, ``clock``, ``vers``, ``gpu``, ``code``,
-    ``net?`` (the network probe failed), ``bad`` (a problem of the plain preflight's), ``-``
-    with no deep check."""
+    (a slow node: its figure), ``link`` (a slow link to it), ``disk``, ``clock``, ``vers``,
+    ``gpu``, ``code``, ``net?`` (the network probe failed), ``bad`` (a problem of the plain
+    preflight's), ``-`` with no deep check."""
     if not entry:
         return NONE
     word = "ok" if entry["ok"] else SHORT.get(entry["kind"], "bad")

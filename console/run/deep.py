@@ -20,6 +20,7 @@ from collections import Counter
 from statistics import median
 
 from agent.rules import health
+from agent.wire.sync import SHA_RE
 from ..errors import AgentError
 from ..lines.sanitize import clean
 from .preflight import MAX_SKEW, HostCheck
@@ -305,13 +306,55 @@ def deep_table(checks: list[HostCheck], net: dict) -> str:
     return "\n".join(lines)
 
 
+async def same_code(ctl, checks: list[HostCheck], tree: str) -> dict:
+    """Each reachable node's workdir asked whether it holds ``tree`` (the sync's hash)
+    untouched since: ``{name: the agent's sync_check answer, or the error}``."""
+    live = [c for c in checks if c.reachable]
+    answers = await asyncio.gather(*(
+        ctl.links[c.name].request("sync_check", workdir=ctl.inventory.host(c.name).workdir,
+                                  tree=tree, timeout=60) for c in live),
+        return_exceptions=True)
+    return {c.name: a for c, a in zip(live, answers)}
+
+
+def judge_code(checks: list[HostCheck], tree: str, answers: dict) -> None:
+    """The same code on every node: a node whose workdir does not hold ``tree`` (the tree
+    this launch synced), or holds it with a file changed since, is named. A host's tree hash
+    is shown only when it looks like one."""
+    for c in checks:
+        if c.name not in answers:
+            continue
+        ans = answers[c.name]
+        if isinstance(ans, BaseException) or not isinstance(ans, dict):
+            c.problems.append("code: not compared with the synced tree %s: %s"
+                              % (tree[:12], clean(str(ans), limit=200)))
+            continue
+        if ans.get("same") is True:
+            continue
+        placed = ans.get("tree")
+        placed = placed if isinstance(placed, str) and SHA_RE.match(placed) else None
+        where = clean(str(ans.get("workdir") or "the workdir"), limit=200)
+        if placed == tree:
+            c.problems.append("code: a file of tree %s in %s changed since the sync"
+                              % (tree[:12], where))
+        elif placed:
+            c.problems.append("code: %s holds tree %s, not the synced tree %s"
+                              % (where, placed[:12], tree[:12]))
+        else:
+            c.problems.append("code: %s holds no tree rankdeck placed, not the synced tree %s"
+                              % (where, tree[:12]))
+
+
 async def deep_check(ctl, failed: dict, ckpt_dir: str | None = None, hosts=None,
-                     spec=None) -> tuple[list[HostCheck], dict]:
+                     spec=None, tree: str | None = None) -> tuple[list[HostCheck], dict]:
     """The preflight with the deep facts, then the network: ``(checks, net)``. ``spec``:
-    before a launch (its script checked too, a missing workdir a problem)."""
+    before a launch (its script checked too, a missing workdir a problem). ``tree``: the
+    hash of the tree the launch synced, compared on every node (None: no code is judged)."""
     checks = await ctl.preflight(hosts=hosts, failed=failed, spec=spec, deep=True,
                                  ckpt_dir=ckpt_dir)
     judge_hosts(checks)
+    if tree:
+        judge_code(checks, tree, await same_code(ctl, checks, tree))
     net = await network(ctl, checks)
     judge_network(checks, net)
     judge_gpus(checks, net)
@@ -337,16 +380,18 @@ def health_entry(c: HostCheck, net: dict) -> dict:
             "disk_write_mbps": c.facts.get("disk_write_mbps")}
 
 
-async def launch_preflight(ctl, hosts: list, spec) -> list:
-    """``launch --preflight deep``: the deep check of ``hosts`` (the store's host first).
-    Each node's result is kept in the run's state (``status``, the nodes table). A suspect
-    node is left out and a healthy spare of the inventory takes its place, said in the run's events; with
+async def launch_preflight(ctl, hosts: list, spec, tree: str | None = None) -> list:
+    """``launch --preflight deep``: the deep check of ``hosts`` (the store's host first;
+    ``tree``: the hash of the tree ``--sync`` placed, compared on every node). Each node's
+    result is kept in the run's state (``status``, the nodes table). A suspect node is left
+    out and a healthy spare of the inventory takes its place, said in the run's events; with
     no spare left for it, LaunchError naming it with its figure (nothing is started). A
     suspect spare is left out. The hosts the run goes on with."""
     from ..errors import EXIT_FAILED, EXIT_USAGE, LaunchError
     for h in hosts:
         ctl.state.set_node(h.name, "preflight")
-    checks, net = await deep_check(ctl, {}, spec.checkpoint_dir, hosts=hosts, spec=spec)
+    checks, net = await deep_check(ctl, {}, spec.checkpoint_dir, hosts=hosts, spec=spec,
+                                   tree=tree)
     by_name = {c.name: c for c in checks}
     for c in checks:
         ctl.state.set_health(c.name, health_entry(c, net))

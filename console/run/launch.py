@@ -128,7 +128,7 @@ async def _launch(ctl, spec: LaunchSpec, allow_partial: bool, inventory_path: st
     synced = await _launch_sync(ctl, hosts, listing) if listing is not None else None
     if preflight == "deep":  # a suspect node left out, a spare in (console/run/deep.py)
         hosts = await deep.launch_preflight(ctl, [rdzv] + [h for h in hosts if h is not rdzv],
-                                            spec)
+                                            spec, tree=(synced or {}).get("tree"))
         rdzv = store_host(ctl.inventory, hosts)
         active = [h for h in hosts if not h.spare]
     elif preflight:  # the store's host first: preflight probes the rendezvous from it

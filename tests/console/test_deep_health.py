@@ -112,6 +112,27 @@ async def test_the_deep_preflight_is_kept_in_the_record_and_status(tmp_path):
     assert "ok 9.8G" in status_table(again.status())
 
 
+async def test_a_node_whose_code_differs_from_the_sync_is_named_and_replaced(tmp_path):
+    """``launch --sync DIR --preflight deep``: the tree the sync placed is asked of every
+    node again; node2's differs: named, and the spare runs in its place."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('step')\n")
+    ctl, t = deep_run(tmp_path, slow=None, moved={"node2"})
+    async with ctl:
+        await ctl.launch(LaunchSpec(script="train.py", nproc_per_node=2, sync=str(code)),
+                         preflight="deep")
+        assert sorted(t.ops("start")) == ["node1", "node3", "node4"]
+        status = ctl.status()
+    tree = ctl.record["sync"]["tree"]
+    assert sorted(t.ops("sync_check")) == sorted(["node1", "node2", "node3", "node4"] * 2)
+    sick = {n["name"]: n for n in status["nodes"]}["node2"]["health"]
+    assert sick["kind"] == "code" and sick["problems"] == [
+        "code: /w/node2 holds tree %s, not the synced tree %s" % ("cd" * 6, tree[:12])]
+    assert "code" in [line.split()[6] for line in status_table(status).split("\n")
+                      if line.startswith("node2 ")]
+
+
 async def test_a_plain_launch_keeps_no_health(tmp_path):
     ctl, t = deep_run(tmp_path, spare=False)
     async with ctl:
@@ -168,6 +189,8 @@ def test_the_nodes_table_has_a_health_column_only_once_a_deep_check_ran():
 def health_of(app, node: str) -> str:
     """What the view's health column says of ``node``."""
     header = app.nodes.header[0][0]
+    if "health" not in header and "hlth" not in header:
+        return ""  # the table not refreshed since the check yet
     column = header.index("health") if "health" in header else header.index("hlth")
     return "".join(app.nodes.row_text("n:" + node)[:1])[column:].split("  ")[0].strip()
 
