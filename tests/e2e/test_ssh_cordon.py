@@ -68,7 +68,7 @@ async def test_cordon_over_ssh_puts_the_spare_in_and_leaves_nothing_on_the_node(
     (clean_home / ".ssh").mkdir(exist_ok=True)
     (clean_home / ".ssh" / "config").write_text(open(five_hosts.ssh_config).read())
     work = host_workdir
-    inv = load_inventory(write_inventory(tmp_path / "hosts.yaml", five_hosts, work))
+    inv = load_inventory(write_inventory(tmp_path / "hosts.yaml", five_hosts, work, n=5))
     inv.mark_spares(["node4"])
     ctl = RunController(inv, SshTransport(
         ssh_config=five_hosts.ssh_config, known_hosts=five_hosts.known_hosts,
