@@ -48,9 +48,9 @@ CKPT_STEP = ("rankdeck_checkpoint_last_step", "gauge",
 RUN_GOODPUT = ("rankdeck_run_goodput", "gauge",
                "The share of the run's wall time that trained, from 0 to 1 (docs/GOODPUT.md: "
                "the productive bucket over the wall, on the judge's clock).")
-RUN_AT_RISK = ("rankdeck_run_work_at_risk_gpu_hours", "gauge",
-               "GPU-hours since the run's newest complete checkpoint: what losing a node now "
-               "would cost (one GPU a rank).")
+RUN_AT_RISK = ("rankdeck_run_work_at_risk_gpu_seconds", "gauge",
+               "GPU-seconds since the run's newest complete checkpoint: what losing a node now "
+               "would cost (one GPU a rank; Prometheus's base unit, seconds, not hours).")
 
 
 class RunFigures:
@@ -126,7 +126,9 @@ def families(run, view, figures, hosts, mask, goodput=None):
     fams[CKPT_STEP[0]].add({"run": run_label}, figures.ckpt_step)
     if goodput is not None:  # None before the run has a wall / before any rank stepped
         fams[RUN_GOODPUT[0]].add({"run": run_label}, goodput.get("goodput"))
-        fams[RUN_AT_RISK[0]].add({"run": run_label}, goodput.get("work_at_risk_gpu_h"))
+        at_risk = goodput.get("work_at_risk_gpu_h")
+        fams[RUN_AT_RISK[0]].add({"run": run_label}, at_risk * 3600 if isinstance(
+            at_risk, (int, float)) else at_risk)
     for key in [k for k in figures.rank if k not in kept]:
         del figures.rank[key]
     for table in (figures.gpus, figures.restarts):

@@ -191,12 +191,12 @@ def test_the_judge_serves_the_runs_goodput_and_writes_its_report(metered):
 
     def served():
         got = samples(port)
-        return got if got.get(("rankdeck_run_work_at_risk_gpu_hours", run)) else None
+        return got if got.get(("rankdeck_run_work_at_risk_gpu_seconds", run)) else None
     got = wait_for_sync(served, 30, "the run's goodput served")
     # 11 s of start-up (step 1 at -89 s), then stepping: the share that trained so far
     assert 0.75 < got[("rankdeck_run_goodput", run)] < 0.95, got
     # 2 ranks since checkpoint 80's line, about 10 s ago (the scrape is a little later)
-    assert 2 * 9.0 / 3600 < got[("rankdeck_run_work_at_risk_gpu_hours", run)] < 2 * 40 / 3600
+    assert 2 * 9.0 < got[("rankdeck_run_work_at_risk_gpu_seconds", run)] < 2 * 40
     stop_judge(run_root)  # the judge's last report, as it ends
     path = os.path.join(run_root, "judge", "goodput.json")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
