@@ -49,13 +49,19 @@ def lines(rows: list[dict]) -> list[str]:
                                                    "  FLAGGED" if r["flagged"] else ""))
         else:
             load = "%.2f" % r["load"] if isinstance(r["load"], (int, float)) else "n/a"
-            out.append("%s  load %s  %s  strays %d  runs %s%s" % (
-                r["name"], load, gpu_words(r), len(r["strays"]),
-                ",".join(r["runs"][-5:]) or "none", "  FLAGGED" if r["flagged"] else ""))
+            out.append("%s  load %s  %s  strays %d  %s%s" % (
+                r["name"], load, gpu_words(r), len(r["strays"]), runs_words(r["runs"]),
+                "  FLAGGED" if r["flagged"] else ""))
         out += ["    stray %s" % stray_words(s) for s in r["strays"]]
         out += ["    incident %s %s on %s: %s" % (i.get("run_id"), i.get("kind"), i.get("node"),
                                                   i.get("text")) for i in r["incidents"]]
     return out
+
+
+def runs_words(runs: list) -> str:
+    """``runs 5, last RUN``: a count and the newest run, not every id (a line, not a screen:
+    `--json` lists them)."""
+    return "runs %d, last %s" % (len(runs), runs[-1]) if runs else "no runs"
 
 
 ASK_TIMEOUT = 30.0
