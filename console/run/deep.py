@@ -23,7 +23,7 @@ from agent.rules import health
 from agent.wire.sync import SHA_RE
 from ..errors import AgentError
 from ..lines.sanitize import clean
-from .preflight import MAX_SKEW, HostCheck
+from .preflight import MAX_SKEW, HostCheck, problem_lines
 from ..surgery.surgery import ACTIVE, CORDONED
 
 CHECK_ROOT = "~/.cache/rankdeck/checks"  # the check's store folder on the first host
@@ -298,12 +298,7 @@ def deep_table(checks: list[HostCheck], net: dict) -> str:
                      "median node %s Gbit/s" % (net["rounds"], net["recheck_rounds"],
                                                 net["every_pair"], net["seconds"],
                                                 net["backend"], _fig(net["reference"])))
-    for c in checks:
-        if c.cause:
-            lines.append("%s: %s" % (c.name, c.cause))
-        lines += ["%s: %s" % (c.name, p) for p in c.problems]
-        lines += ["%s: warning: %s" % (c.name, w) for w in c.warnings]
-    return "\n".join(lines)
+    return "\n".join(lines + problem_lines(checks))
 
 
 async def same_code(ctl, checks: list[HostCheck], tree: str) -> dict:

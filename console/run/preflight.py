@@ -202,9 +202,15 @@ def check_table(checks: list[HostCheck]) -> str:
                      c.rdzv or "?", "%+.2fs" % c.skew_s if c.skew_s is not None else "?",
                      "ok" if c.ok else "PROBLEM"))
     lines = columns(rows)
+    return "\n".join(lines + problem_lines(checks))
+
+
+def problem_lines(checks: list[HostCheck]) -> list[str]:
+    """Under a check's table: each node's cause, problems and warnings, a line each."""
+    lines = []
     for c in checks:
         if c.cause:
             lines.append("%s: %s" % (c.name, c.cause))
         lines += ["%s: %s" % (c.name, p) for p in c.problems]
         lines += ["%s: warning: %s" % (c.name, w) for w in c.warnings]
-    return "\n".join(lines)
+    return lines
