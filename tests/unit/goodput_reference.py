@@ -3,15 +3,11 @@ report reduced again each time): a brute-force reference for tests/unit/test_goo
 which feeds it and agent/rules/goodput.py the same records and compares every figure."""
 
 from array import array
-from math import isfinite
 
-BUCKETS = ("start-up", "productive", "rendezvous", "checkpoint", "stalled", "recovery",
-           "redone", "end")
-# a second claimed by two buckets counts in the first of these (productive: in none)
-PRIORITY = ("start-up", "end", "stalled", "recovery", "redone", "rendezvous", "checkpoint")
-ACTIONS = ("restart", "stop", "restart_all", "cordon")  # a judge `policy` event that acts
-ACTED = ("restarted", "surgery", "ending")  # judge events that are an action themselves
-STEP_MOST = 1 << 62  # a step beyond this is a host's nonsense (and no 64-bit slot holds 2**70)
+from agent.rules.goodput import (  # unchanged by the segments: kept once
+    ACTED, ACTIONS, BUCKETS, PRIORITY, STEP_MOST, _acts, _between, _empty, _int, _kind, _name,
+    _num, _paint, _step
+)
 
 
 class _Rank:
@@ -238,30 +234,6 @@ class Goodput:
         return max(0, top - first_after + 1), passed
 
 
-def _paint(spans, start, end):
-    """Seconds of each bucket between ``start`` and ``end``: a second two spans claim counts in
-    the earlier bucket of PRIORITY, one no span claims is productive; they add up to the wall."""
-    marks = []
-    for i, name in enumerate(PRIORITY):
-        for a, b in spans[name]:
-            a, b = max(a, start), min(b, end)
-            if b > a:
-                marks.append((a, 1, i))
-                marks.append((b, -1, i))
-    marks.sort()
-    out = dict.fromkeys(BUCKETS, 0.0)
-    open_ = [0] * len(PRIORITY)
-    at = start
-    for t, delta, i in marks:
-        if t > at:
-            top = next((j for j, n in enumerate(open_) if n), None)
-            out["productive" if top is None else PRIORITY[top]] += t - at
-            at = t
-        open_[i] += delta
-    out["productive"] += max(0.0, end - at)
-    return out
-
-
 def _waits(judge_ev, into, end_ts):
     """The judge's ``waiting`` (since ``waited_s`` before it) to its ``waiting over``."""
     since = None
@@ -275,49 +247,3 @@ def _waits(judge_ev, into, end_ts):
         into.append((since, end_ts))
 
 
-def _acts(ev):
-    what = ev.get("what")
-    return (what == "policy" and ev.get("action") in ACTIONS) or what in ACTED
-
-
-def _kind(ev):
-    what = ev.get("what")
-    if what == "surgery":
-        return "cordon"
-    if what == "ending":
-        return "stop"
-    if what == "restarted":
-        return "restart"
-    return str(ev.get("action"))
-
-
-def _between(marks, a, b):
-    if marks[a] is None or marks[b] is None:
-        return None
-    return round(max(0.0, marks[b] - marks[a]), 3)
-
-
-def _empty(ended):
-    return {"wall_s": 0.0, "ended": ended, "goodput": None,
-            "buckets": dict.fromkeys(BUCKETS, 0.0), "incidents": [], "ranks": 0,
-            "work_at_risk_gpu_h": None, "clock": "hosts"}
-
-
-def _name(value):
-    """A node's name from a judge's event: a string (the console cleans it to show it)."""
-    return value[:200] if isinstance(value, str) else None
-
-
-def _int(value):
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _step(value):
-    """A step a rank's record may carry: a whole number its array holds (a host's JSON may
-    hold any integer: 2**70 would not fit a 64-bit slot)."""
-    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < STEP_MOST
-
-
-def _num(value):
-    """A finite number (a host's JSON may hold NaN or Infinity, which Python reads)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and isfinite(value)
