@@ -240,6 +240,27 @@ def send_signal(pid, starttime, sig):
             os.close(pidfd)
 
 
+def stop_pids(chosen, grace, settle=5.0):
+    """Stop each process of ``chosen`` ({pid: starttime}, checked before every signal):
+    SIGTERM (and SIGCONT, so a stopped one can act on it), up to ``grace`` seconds, SIGKILL
+    to those left, up to ``settle`` seconds more. Returns the pids still there, sorted.
+
+    For processes named one by one (``rankdeck hosts --kill-strays``); a run's whole tree,
+    which gains children while it stops, is :func:`kill_run`'s."""
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        for pid, start in chosen.items():
+            send_signal(pid, start, sig)
+    for wait, sig in ((grace, signal.SIGKILL), (settle, None)):
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(alive(p, s) for p, s in chosen.items()):
+            time.sleep(0.05)  # (no reap: they are not this process's children, see alive)
+        if sig is not None:
+            for pid, start in chosen.items():
+                if alive(pid, start):
+                    send_signal(pid, start, sig)
+    return sorted(p for p, s in chosen.items() if alive(p, s))
+
+
 def _signal(snapshot, sig):
     """Signal each process of a snapshot ({pid: ProcInfo}) by pid, never by process group: a
     group can hold processes that are not the run's (the sweeps that follow catch children

@@ -17,8 +17,6 @@ strays, each named by pid and start time, so a pid reused since is never hit.
 import os
 import pwd
 import re
-import signal
-import time
 
 from ..host import fleet, procs
 from ..host.gpu import GpuProbe
@@ -212,17 +210,6 @@ def kill_strays(args):
         else:
             chosen[pid] = start
     grace = min(max(float(args.get("grace", GRACE)), 0.0), 60.0)
-    for pid, start in chosen.items():
-        procs.send_signal(pid, start, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(procs.alive(p, s) for p, s in chosen.items()):
-        time.sleep(0.1)
-    for pid, start in chosen.items():
-        if procs.alive(pid, start):
-            procs.send_signal(pid, start, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(procs.alive(p, s) for p, s in chosen.items()):
-        time.sleep(0.05)
-    left = sorted(p for p, s in chosen.items() if procs.alive(p, s))
+    left = procs.stop_pids(chosen, grace)
     return {"killed": sorted(p for p in chosen if p not in left), "left": left,
             "refused": refused}
