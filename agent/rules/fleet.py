@@ -66,13 +66,19 @@ def add_run(record, run_id, node, entry, keep=KEEP_RUNS):
     found["nodes"][str(node)[:255]] = {"state": str(entry.get("state"))[:40],
                                        "incidents": list(entry.get("incidents") or [])[
                                            :MAX_INCIDENTS]}
-    runs.sort(key=lambda r: r.get("ended") or 0)
+    runs.sort(key=_ended)
     return {"version": 1, "runs": runs[-keep:]}
 
 
 def _run_ok(run):
     return isinstance(run, dict) and isinstance(run.get("run_id"), str) \
         and isinstance(run.get("nodes"), dict)
+
+
+def _ended(run):
+    """A run's end time for ordering: a number, else 0 (a record is read as anything)."""
+    ended = run.get("ended")
+    return ended if isinstance(ended, (int, float)) and ended == ended else 0
 
 
 def merged(host_runs, laptop_runs=()):
@@ -87,14 +93,15 @@ def merged(host_runs, laptop_runs=()):
         for node, entry in run["nodes"].items():
             if isinstance(entry, dict):
                 have["nodes"].setdefault(node, entry)
-    return sorted(seen.values(), key=lambda r: r.get("ended") or 0)
+    return sorted(seen.values(), key=_ended)
 
 
 def run_incidents(run):
     """Every incident of one run on the host, each with its ``run_id`` and ``node``."""
     out = []
     for node, entry in sorted(run.get("nodes", {}).items()):
-        for inc in entry.get("incidents") or []:
+        found = entry.get("incidents") if isinstance(entry, dict) else None
+        for inc in found[:MAX_INCIDENTS] if isinstance(found, list) else []:
             if isinstance(inc, dict):
                 out.append(dict(incident(inc.get("kind"), inc.get("text")),
                                 run_id=run["run_id"], node=node))

@@ -94,22 +94,57 @@ def row(name: str, answer: dict | None, error: str | None, laptop: list[dict]) -
         return dict(judged, name=name, reachable=False, error=error, load=None, gpus=[],
                     strays=[])
     answer = clean_tree(answer)
-    host_runs = (answer.get("record") or {}).get("runs") if isinstance(
-        answer.get("record"), dict) else None
+    record = answer.get("record")
+    host_runs = record.get("runs") if isinstance(record, dict) else None
     if not isinstance(host_runs, list):  # an agent that sends only its judgement
-        host_runs = [{"run_id": r, "nodes": {}} for r in answer.get("runs") or []
+        host_runs = [{"run_id": r, "nodes": {}} for r in _listed(answer.get("runs"))
                      if isinstance(r, str)]
     judged = rules.judged(rules.merged(host_runs[-rules.KEEP_RUNS:], laptop))
-    own = rules.judged([r for r in host_runs if isinstance(r, dict)])
+    own = rules.judged(host_runs[-rules.KEEP_RUNS:])
     load = answer.get("load")
     return dict(judged, name=name, reachable=True, error=None,
-                load=load[0] if isinstance(load, list) and load and
-                isinstance(load[0], (int, float)) else None,
-                gpus=[g for g in answer.get("gpus") or [] if isinstance(g, dict)][:MAX_LIST],
-                strays=[s for s in answer.get("strays") or [] if isinstance(s, dict)][:MAX_LIST],
+                load=load[0] if isinstance(load, list) and load and _number(load[0]) else None,
+                gpus=[_gpu(g) for g in _dicts(answer.get("gpus"))],
+                strays=[s for s in map(_stray, _dicts(answer.get("strays"))) if s],
                 flagged=judged["flagged"] or own["flagged"] or answer.get("flagged") is True,
-                incidents=judged["incidents"] or [i for i in answer.get("incidents") or []
-                                                  if isinstance(i, dict)][:MAX_LIST])
+                incidents=judged["incidents"] or [
+                    {k: str(i.get(k)) for k in ("run_id", "kind", "node", "text")}
+                    for i in _dicts(answer.get("incidents"))])
+
+
+def _listed(value) -> list:
+    return value[:MAX_LIST] if isinstance(value, list) else []
+
+
+def _dicts(value) -> list[dict]:
+    """The dicts of a host's list, at most MAX_LIST: anything else is dropped."""
+    return [v for v in _listed(value) if isinstance(v, dict)]
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and value == value and abs(value) < 1e18
+
+
+def _whole(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) \
+        and 0 <= value < 1 << 62 else None
+
+
+def _gpu(g: dict) -> dict:
+    """A GPU of a host's answer: its memory figures, whole numbers or None."""
+    return dict(g, mem_used=_whole(g.get("mem_used")), mem_total=_whole(g.get("mem_total")))
+
+
+def _stray(s: dict) -> dict | None:
+    """A stray of a host's answer with the fields shown and used to stop it, each of its
+    kind; None without a pid and start time (it could not be named to stop)."""
+    pid, start = _whole(s.get("pid")), _whole(s.get("starttime"))
+    if pid is None or start is None:
+        return None
+    return {"pid": pid, "starttime": start, "own": s.get("own") is True,
+            "user": str(s.get("user")), "cmd": str(s.get("cmd")),
+            "gpu_mem": _whole(s.get("gpu_mem"))}
 
 
 async def ask_hosts(inv: Inventory, transport, history: History | None = None,

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import AgentError
+from . import facts as answers
 from .link import NodeLink
 from ..lines.sanitize import clean_tree
 from ..lines.text import columns, human_bytes
@@ -51,14 +52,19 @@ async def _one(link: NodeLink, check: HostCheck, script: str | None, module: boo
     pong = await link.request("ping", timeout=30)
     t1 = time.time()
     check.rtt_ms = round((t1 - t0) * 1000, 1)
-    check.skew_s = round(pong["time"] - (t0 + t1) / 2, 3)
+    when = pong.get("time") if isinstance(pong, dict) else None
+    check.skew_s = round(when - (t0 + t1) / 2, 3) if answers.FIELDS["time"](when) else None
     host = link.host
     args = {"python": host.python or "", "workdir": host.workdir}
     if script:
         args.update(script=script, module=module)
     args.update(deep)  # `check --deep`: the disk's write speed too (console/run/deep.py)
     # host text (error messages, paths) is printed in the check table: cleaned of escapes
-    check.facts = clean_tree(await link.request("preflight", timeout=180, **args))
+    check.facts, malformed = answers.checked(clean_tree(await link.request(
+        "preflight", timeout=180, **args)))
+    if malformed:  # untrusted: judged without them, and said
+        check.problems.append("the host's preflight answer is malformed (%s): is its agent "
+                              "rankdeck's?" % ", ".join(malformed[:8]))
 
 
 async def _reachability(links: dict[str, NodeLink], rdzv: NodeLink, checks: dict) -> None:
@@ -197,7 +203,7 @@ def check_table(checks: list[HostCheck]) -> str:
             rows.append((c.name, "", "", "", "", "", "", "", "UNREACHABLE"))
             continue
         cuda = "%s/%s" % (f.get("cuda") or "-", f.get("nccl") or "-")
-        rows.append((c.name, f.get("python", "?"), f.get("torch", "?"), cuda,
+        rows.append((c.name, f.get("python") or "?", f.get("torch") or "?", cuda,
                      str(len(f.get("gpus") or [])), human_bytes(f.get("disk_free")),
                      c.rdzv or "?", "%+.2fs" % c.skew_s if c.skew_s is not None else "?",
                      "ok" if c.ok else "PROBLEM"))

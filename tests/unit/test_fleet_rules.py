@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import copy
+import random
+
 from agent.rules import fleet
 
 
@@ -66,3 +69,39 @@ def test_a_flagged_hosts_node_is_proposed_for_cordon_on_its_first_trouble_of_the
     assert "its host is flagged" in got[0]["text"]
     assert verdict_proposals(view, verdict, 101.0) == []  # once a run
     assert verdict_proposals(RunView(["node1"], 60.0, 0, flagged=["node1"]), verdict, 1) == []
+
+
+HOSTILE = [None, 1, -1, 2 ** 70, 1.5, float("nan"), True, "x", "[b]red[/b]\x1b[31m", [], {},
+           [1], [{}], [[1, 2]], {"nodes": 1}, {"nodes": {"n": 1}},
+           {"nodes": {"n": {"incidents": 1}}}, {"nodes": {"n": {"incidents": [1, "x", {}]}}},
+           {"run_id": "r", "ended": "yesterday", "nodes": {"n": {"incidents": [{"kind": 1}]}}}]
+KEYS = ["record", "runs", "load", "gpus", "strays", "flagged", "incidents", "run_id", "nodes",
+        "state", "kind", "text", "mem_used", "mem_total", "pid", "user", "cmd", "gpu_mem",
+        "ended", "starttime", "own"]
+
+
+def _junk(rnd, depth=0):
+    pick = rnd.random()
+    if depth > 3 or pick < 0.4:
+        return copy.deepcopy(rnd.choice(HOSTILE))
+    if pick < 0.7:
+        return [_junk(rnd, depth + 1) for _ in range(rnd.randint(0, 4))]
+    return {rnd.choice(KEYS): _junk(rnd, depth + 1) for _ in range(rnd.randint(0, 6))}
+
+
+def test_any_host_answer_gives_a_row_of_checked_fields_or_nothing_shown():
+    """A host's `hosts` answer is untrusted: whatever its shape, `rankdeck hosts` makes a row
+    (no exception), every stray has whole pid and start time, and the lines are strings."""
+    from console.run.fleet import flagged_words, lines, row
+    rnd = random.Random(7)
+    for _ in range(3000):
+        answer = _junk(rnd)
+        answer = answer if isinstance(answer, dict) else {"runs": answer}
+        if rnd.random() < 0.5:
+            answer["record"] = {"runs": _junk(rnd, 1)}
+        r = row("node0", answer, None, [])
+        assert all(isinstance(s["pid"], int) and isinstance(s["starttime"], int)
+                   for s in r["strays"])
+        assert all(isinstance(line, str) for line in lines([r]))
+        assert isinstance(flagged_words(r), str)
+        assert isinstance(r["flagged"], bool)
