@@ -191,23 +191,25 @@ async def test_w_asks_for_a_fresh_verdict_and_help_lists_the_keys(tmp_path):
 
 @pytest.mark.e2e
 async def test_a_real_hung_rank_is_named_and_its_node_restarted_from_the_view(tmp_path):
-    """3 local nodes, real torchrun and gloo, rank 2 sleeping in Python before step 6: the
+    """2 local nodes, real torchrun and gloo, rank 1 sleeping in Python before step 6: the
     cursor goes to its node, `w` shows its source line, `r` `y` restart it, and the run steps
     again (the trainer's fault fires once per run)."""
-    # (each node more is its torchrun's and worker's start-up, the test's time)
-    ctl = RunController(local_inventory(tmp_path / "work", n=3), LocalTransport(), History())
+    # 2 nodes: the hung rank and a peer waiting for it are all a hang needs (the verdict of
+    # tests/spine/test_stuck.py names rank 1 of 2 so); each node more is its torchrun's and
+    # worker's start-up, the test's time
+    ctl = RunController(local_inventory(tmp_path / "work", n=2), LocalTransport(), History())
     spec = LaunchSpec(script=TRAINER, max_restarts=2, grace=3, stall_after=6.0, args=TINY + [
         "--steps", "100000", "--ckpt-every", "0", "--pg-timeout", "600",
-        "--hang-at-step", "6", "--hang-rank", "2"])
+        "--hang-at-step", "6", "--hang-rank", "1"])
     app = RankdeckApp(ctl, lambda: ctl.launch(spec, preflight=False))
     try:
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: (ctl.state.verdict or {}).get("suspects"), timeout=300,
                              what="the verdict after the hang", every=0.2)
-            node = ctl.state.ranks[2].node
-            assert [s["rank"] for s in ctl.state.verdict["suspects"]] == [2]
+            node = ctl.state.ranks[1].node
+            assert [s["rank"] for s in ctl.state.verdict["suspects"]] == [1]
             await wait_until(pilot, lambda: app.nodes.cursor_key == "n:" + node,
-                             what="the cursor on rank 2's node")
+                             what="the cursor on rank 1's node")
             await pilot.press("w")
             await wait_until(pilot, lambda: isinstance(app.screen, VerdictScreen),
                              what="the verdict")
@@ -218,8 +220,8 @@ async def test_a_real_hung_rank_is_named_and_its_node_restarted_from_the_view(tm
             restarted_at = time.time()
             await pilot.press("y")
             await wait_until(pilot, lambda: ctl.state.nodes[node].restarts == 1, timeout=120,
-                             what="rank 2's node restarted", every=0.2)
-            await wait_until(pilot, lambda: len(ctl.state.ranks) == 3 and all(
+                             what="rank 1's node restarted", every=0.2)
+            await wait_until(pilot, lambda: len(ctl.state.ranks) == 2 and all(
                 (r.last_progress or 0) > restarted_at for r in ctl.state.ranks.values()),
                 timeout=300, what="every rank stepping again", every=0.2)
             assert ctl.state.verdict is None  # the stall it was about has ended

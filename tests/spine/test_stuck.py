@@ -1,6 +1,8 @@
-"""Who is stuck, with real parts: 4 local nodes (2 for the rank hung in Python), torchrun,
-gloo, the reference trainer's faults, the flight-recorder hook and py-spy. The verdict names
-the right rank, node and line, and a healthy run gets no suspect."""
+"""Who is stuck, with real parts: 4 local nodes (2 for the rank hung in Python, 3 for the
+healthy run), torchrun, gloo, the reference trainer's faults, the flight-recorder hook and
+py-spy. The verdict names the right rank, node and line, and a healthy run gets no suspect.
+The rank in a different collective keeps its 4 nodes (tried on 3 under heavy load: its ranks
+had not all stalled after 300 s, as on 4 under the same load; left at 4 until that is known)."""
 
 from __future__ import annotations
 
@@ -87,10 +89,12 @@ async def test_a_healthy_run_gets_no_suspect(tmp_path):
     """Steps with 100 ms of idle time in them, as a GPU job's CPU has: with steps of a few ms
     of CPU alone, a rank that shares a core with other work on this 2-core machine does make
     the others wait a third of the time (a straggler in fact, named so on a loaded run)."""
-    ctl = await _launch(tmp_path, ["--idle-s", "0.1"])
+    # 3 nodes: the fewest where one rank could be named the odd one out beside a majority
+    # (a straggler, a rank in another collective); each node more is its start-up's time
+    ctl = await _launch(tmp_path, ["--idle-s", "0.1"], n=3)
     try:
         ranks = ctl.state.ranks
-        await wait_for(lambda: len(ranks) == 4 and all((r.step or 0) > 5 for r in ranks.values()),
+        await wait_for(lambda: len(ranks) == 3 and all((r.step or 0) > 5 for r in ranks.values()),
                        TIMEOUT, "all ranks stepping")
         for _ in range(3):
             verdict = await ctl.why()
