@@ -1,10 +1,12 @@
-"""Ranks named from the first byte: workers that live for milliseconds, on 4 local nodes.
+"""Ranks named from the first byte: workers that live for milliseconds, on local nodes.
 
 A worker that prints one line and exits is gone before its /proc/<pid>/environ can be read;
 its files still carry its global rank (from torchrun's own record of the worker group). A
 rank that raises at import is named in its node's cause with its exception, secrets masked.
-The same quick script also runs from workdirs written as `~/proj`, `proj` and `~`, which the
-agent reads on the host. No script imports torch: these runs take torchrun's start-up only.
+The quick script runs from workdirs written as `~/proj`, `proj`, `~` and `~/proj/`, which
+the agent reads on the host. No script imports torch: these runs take torchrun's start-up
+only, so two runs, not three: one quick run of 4 nodes x 2 ranks that two tests read (the
+ranks its files carry, the workdirs it ran in), and the failing one on 2 nodes x 2 ranks.
 """
 
 from __future__ import annotations
@@ -40,22 +42,21 @@ def write_script(tmp_path, name, body):
 
 @pytest.fixture
 async def make_controller():
-    """Controllers over 4 local nodes; on the way out, stop whatever is still running."""
+    """Controllers over local nodes; on the way out, stop whatever is still running."""
     made = []
 
     def make(inv):
-        for host in inv.hosts:  # a secret in every node's environment
-            host.env = {"API_TOKEN": EnvValue(SECRET, secret=True)}
-        made.append(RunController(inv, LocalTransport(), History()))
+        made.append(controller_of(inv))
         return made[-1]
     yield make
     left = [await wind_down(ctl) for ctl in made]  # never leave a run behind
     assert not any(left), "processes left behind: %s" % left
 
 
-@pytest.fixture
-def controller(make_controller, tmp_path):
-    return make_controller(local_inventory(tmp_path / "work"))
+def controller_of(inv) -> RunController:
+    for host in inv.hosts:  # a secret in every node's environment
+        host.env = {"API_TOKEN": EnvValue(SECRET, secret=True)}
+    return RunController(inv, LocalTransport(), History())
 
 
 def worker_batches(ctl):
@@ -65,17 +66,47 @@ def worker_batches(ctl):
     return got
 
 
-async def test_workers_of_milliseconds_carry_their_global_rank(controller, tmp_path):
-    ctl = controller
-    script = write_script(tmp_path, "quick.py", """\
-        import os
-        print("hello from rank", os.environ["RANK"])
-    """)
+# each node's workdir as the inventory writes it, and where it is on the host (under HOME)
+WORKDIRS = {"node0": "~/proj", "node1": "proj", "node2": "~", "node3": "~/proj/"}
+WHERE = {"node0": "proj", "node1": "proj", "node2": "", "node3": "proj"}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One run of a script that prints its rank and its folder and exits, on 4 local nodes of
+    2 ranks each, their workdirs written with `~` and relative to HOME; run to its end here,
+    for the tests below to read: (controller, its worker batches, HOME, final state)."""
+    tmp = tmp_path_factory.mktemp("quick")
+    home = tmp / "home"
+    (home / "proj").mkdir(parents=True)
+    body = "import os\nprint('hello from rank', os.environ['RANK'], 'in', os.getcwd())\n"
+    (home / "proj" / "quick.py").write_text(body)
+    (home / "quick.py").write_text(body)
+    inv = local_inventory(tmp / "unused")
+    for host in inv.hosts:
+        host.workdir = WORKDIRS[host.name]
+    ctl = controller_of(inv)
     got = worker_batches(ctl)
-    await ctl.launch(LaunchSpec(script=script, nproc_per_node=2, max_restarts=0),
-                     preflight=False)
-    final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
-    await ctl.stop_store()
+
+    async def run():
+        try:
+            await ctl.launch(LaunchSpec(script="quick.py", nproc_per_node=2, max_restarts=0),
+                             preflight=False)
+            final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
+            await ctl.stop_store()
+            return final
+        finally:
+            left = await wind_down(ctl)  # never leave a run behind
+            assert not left, "processes left behind: %s" % left
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(home))  # the agents (local transport) inherit it
+        final = asyncio.run(run())
+    return ctl, got, home, final
+
+
+async def test_workers_of_milliseconds_carry_their_global_rank(quick_run):
+    ctl, got, home, final = quick_run
     assert final == "succeeded", ctl.state.status()
 
     printed = defaultdict(list)
@@ -94,7 +125,7 @@ async def test_workers_of_milliseconds_carry_their_global_rank(controller, tmp_p
     # the ranks came from torchrun's record of its worker group (started through
     # agent/torchrun_log.BOOTSTRAP), which outlives the workers
     for node in ctl.state.nodes:
-        folder = node_dir(tmp_path / "work", ctl.run_id, node)
+        folder = node_dir(home / WHERE[node], ctl.run_id, node)
         with open(os.path.join(folder, "torchrun-ranks.log")) as f:
             said = f.read()
         assert "Rendezvous complete for workers" in said and "global_ranks=[" in said, node
@@ -102,8 +133,9 @@ async def test_workers_of_milliseconds_carry_their_global_rank(controller, tmp_p
             assert "Rendezvous complete" not in f.read(), node  # the view is not flooded
 
 
-async def test_rank_raising_at_import_is_named_with_its_exception(controller, tmp_path):
-    ctl = controller
+async def test_rank_raising_at_import_is_named_with_its_exception(make_controller, tmp_path):
+    # 2 nodes of 2 ranks: rank 3 shares its node with rank 2, which the failure ends too
+    ctl = make_controller(local_inventory(tmp_path / "work", n=2))
     script = write_script(tmp_path, "crash.py", """\
         import os, time
         if os.environ["RANK"] == "3":
@@ -112,7 +144,8 @@ async def test_rank_raising_at_import_is_named_with_its_exception(controller, tm
         time.sleep(120)
     """)
     got = worker_batches(ctl)
-    await ctl.launch(LaunchSpec(script=script, max_restarts=0), preflight=False)
+    await ctl.launch(LaunchSpec(script=script, nproc_per_node=2, max_restarts=0),
+                     preflight=False)
 
     def failed():
         return [n for n in ctl.state.nodes.values() if n.state == "failed"]
@@ -137,27 +170,11 @@ async def test_rank_raising_at_import_is_named_with_its_exception(controller, tm
     assert SECRET not in json.dumps(ctl.state.status())
 
 
-async def test_workdirs_with_tilde_and_relative_are_read_on_the_host(make_controller, tmp_path,
-                                                                     monkeypatch):
-    home = tmp_path / "home"
-    (home / "proj").mkdir(parents=True)
-    body = "import os\nprint('hello from rank', os.environ['RANK'], 'in', os.getcwd())\n"
-    (home / "proj" / "quick.py").write_text(body)
-    (home / "quick.py").write_text(body)
-    monkeypatch.setenv("HOME", str(home))  # the agents (local transport) inherit it
-    inv = local_inventory(tmp_path / "unused")
-    workdirs = {"node0": "~/proj", "node1": "proj", "node2": "~", "node3": "~/proj/"}
-    for host in inv.hosts:
-        host.workdir = workdirs[host.name]
-    ctl = make_controller(inv)
-    got = worker_batches(ctl)
-    await ctl.launch(LaunchSpec(script="quick.py", max_restarts=0), preflight=False)
-    final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
-    await ctl.stop_store()
+async def test_workdirs_with_tilde_and_relative_are_read_on_the_host(quick_run):
+    ctl, got, home, final = quick_run
     assert final == "succeeded", ctl.state.status()
     said = {b.node: line for b in got for line in b.lines if line.startswith("hello")}
-    expect = {"node0": home / "proj", "node1": home / "proj", "node2": home,
-              "node3": home / "proj"}
+    expect = {node: home / where for node, where in WHERE.items()}
     for node, where in expect.items():
         assert said[node].endswith(" in %s" % where), said
         # the run folder and torchrun's --log-dir are under the expanded workdir too
