@@ -1,5 +1,5 @@
-"""Goodput of a real run (agent/rules/goodput.py): real torchrun and the reference trainer on 4
-local nodes, launched with `--detach` and `--on-hang restart`, rank 2 hanging once. The test
+"""Goodput of a real run (agent/rules/goodput.py): real torchrun and the reference trainer on 2
+local nodes, launched with `--detach` and `--on-hang restart`, rank 1 hanging once. The test
 keeps its own times, from the ranks' own log files and the judge's journal as they grow: the
 last step before the hang, the judge's restart, every rank stepping again. `rankdeck goodput
 RUN --json` from a new shell (the judge's own report, fed live: agent/judge/goodput.py) has
@@ -62,16 +62,20 @@ class Watch(threading.Thread):
 
 
 def test_goodput_of_a_run_with_one_hang_restarted(tmp_path):
+    # 2 nodes: rank 1 hangs, rank 0 waits for it in its all-reduce (each node more is its
+    # torchrun's and its worker's torch start-up, twice: the restart starts every worker anew);
+    # --grace 3: the hung rank ignores SIGTERM, the restart kills it after 3 s, not 10
     run_id, workdir = launch_detached(
         tmp_path, ["--steps", "100000", "--ckpt-every", "3", "--pg-timeout", "600",
-                   "--hang-at-step", "8", "--hang-rank", "2"],
-        "--max-restarts", "3", "--stall-after", "6", "--on-hang", "restart")
+                   "--hang-at-step", "8", "--hang-rank", "1"],
+        "--max-restarts", "3", "--stall-after", "6", "--grace", "3", "--on-hang", "restart",
+        nodes=2)
     watch = Watch(workdir, run_id)
     watch.start()
     try:
         wait_for_sync(lambda: watch.acted, TIMEOUT, "the judge's restart", every=0.5)
         # every rank steps again after the restart
-        wait_for_sync(lambda: {r for t, r, _s in watch.steps if t > watch.acted} == {0, 1, 2, 3},
+        wait_for_sync(lambda: {r for t, r, _s in watch.steps if t > watch.acted} == {0, 1},
                       TIMEOUT, lambda: "every rank stepping again: %s" % watch.steps[-8:],
                       every=0.5)
     finally:
@@ -80,7 +84,7 @@ def test_goodput_of_a_run_with_one_hang_restarted(tmp_path):
     before = [(t, s) for t, _r, s in watch.steps if t <= watch.acted]
     after = [(t, r, s) for t, r, s in watch.steps if t > watch.acted]
     last_step_at = max(t for t, _s in before)
-    back_at = max(min(t for t, r, _s in after if r == rank) for rank in range(4))
+    back_at = max(min(t for t, r, _s in after if r == rank) for rank in range(2))
     redone = max(s for _t, s in before) - min(s for _t, _r, s in after) + 1
 
     out = rankdeck("goodput", run_id, "--json", env=UNBUFFERED)
@@ -102,7 +106,7 @@ def test_goodput_of_a_run_with_one_hang_restarted(tmp_path):
     incidents = good["incidents"]
     assert len(incidents) == 1, incidents
     inc = incidents[0]
-    assert inc["what"] == "stall" and inc["action"] == "restart" and inc["rank"] == 2, inc
+    assert inc["what"] == "stall" and inc["action"] == "restart" and inc["rank"] == 1, inc
     for key in ("detect_s", "decide_s", "act_s", "recover_s"):
         assert inc[key] is not None and inc[key] >= 0, inc
     assert inc["detect_s"] >= 6  # --stall-after 6
@@ -113,4 +117,4 @@ def test_goodput_of_a_run_with_one_hang_restarted(tmp_path):
     assert status["goodput"]["incidents"][0]["steps_redone"] == redone, status["goodput"]
     assert status["goodput"]["source"] == "judge", status["goodput"]
     text = rankdeck("goodput", run_id, env=UNBUFFERED).stdout
-    assert text.startswith("goodput ") and "stall rank 2" in text and "-> restart" in text, text
+    assert text.startswith("goodput ") and "stall rank 1" in text and "-> restart" in text, text

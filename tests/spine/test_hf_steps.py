@@ -24,6 +24,7 @@ from tests.local_nodes import write_inventory
 from tests.waits import wait_for_sync
 
 from .helpers import all_ended, processes_of
+from .test_judge import wait_for_event
 
 pytestmark = pytest.mark.e2e
 WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_style_writer.py")
@@ -47,6 +48,11 @@ def test_each_loss_is_exported_at_its_own_step(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     run_id = out.stdout.strip().splitlines()[-1]
     try:
+        # the judge's end of the run, read from its journal: a look is a file's read, where
+        # each look of `status` is a new console process (its imports, a serve a host)
+        wait_for_event(workdir, run_id, lambda e: e["what"] == "run_ended", "the run's end",
+                       timeout=300)
+
         def ended():
             status = rankdeck("status", run_id, "--json")
             return status.returncode == 0 and json.loads(status.stdout)["state"] in (

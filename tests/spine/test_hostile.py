@@ -1,4 +1,4 @@
-"""Hostile output from one rank, with real torchrun on 4 local nodes.
+"""Hostile output from one rank, with real torchrun: 4 ranks on 2 local nodes of 2.
 
 Rank 1 (tests/spine/hostile_writer.py) writes a 50 MB line without a newline, bytes that are
 not UTF-8, NUL bytes, ANSI escapes, markup-like text, a line of tabs and 100k lines in one
@@ -184,7 +184,9 @@ async def test_hostile_rank_output_console_stays_up_bounded_and_exact(tmp_path):
     work = tmp_path / "work"
     flags = tmp_path / "flags"
     flags.mkdir()
-    ctl = RunController(local_inventory(work), LocalTransport(), History())
+    # 2 nodes of 2 ranks: rank 0 shares rank 1's node (its supervisor, journal and link),
+    # ranks 2 and 3 are on the other; each node less is one torchrun's torch start-up less
+    ctl = RunController(local_inventory(work, n=2), LocalTransport(), History())
     got = Collector()
     ctl.state.line_listeners.append(got)
     broken = []
@@ -194,7 +196,7 @@ async def test_hostile_rank_output_console_stays_up_bounded_and_exact(tmp_path):
     hwm_reset = reset_peak_rss()
     rss_before, maxrss_before = vm_status("VmRSS"), maxrss()
     try:
-        await ctl.launch(LaunchSpec(script=WRITER, max_restarts=0, grace=5,
+        await ctl.launch(LaunchSpec(script=WRITER, max_restarts=0, grace=5, nproc_per_node=2,
                                     args=["--flag-dir", str(flags), "--big-mb", str(BIG_MB),
                                           "--burst", str(BURST)]), preflight=False)
         final = await wait_end(ctl, broken)

@@ -1,8 +1,9 @@
-"""The spine with real parts: local nodes (4 for a whole run, 2 for a crash and a restart),
-real torchrun, the reference trainer on CPU.
+"""The spine with real parts: 2 local nodes (of 2 ranks each for a whole run, of 1 for a crash
+and a restart), real torchrun, the reference trainer on CPU.
 
 Each test starts its own run (about 15-25 s of torch start-up, ~14 CPU-s a node) and makes
-sure nothing of it is left afterwards, whatever the outcome.
+sure nothing of it is left afterwards, whatever the outcome. None is about preflight (it
+imports torch on every host): a launch with preflight is tests/e2e/test_ssh_run.py's.
 """
 
 from __future__ import annotations
@@ -28,15 +29,8 @@ RUN_TIMEOUT = 300
 
 
 @pytest.fixture
-async def controller(tmp_path):
-    """A controller over 4 local nodes; on the way out, stop whatever is still running."""
-    async for ctl in _controller(tmp_path, 4):
-        yield ctl
-
-
-@pytest.fixture
 async def controller2(tmp_path):
-    """The same over 2 local nodes."""
+    """A controller over 2 local nodes; on the way out, stop whatever is still running."""
     async for ctl in _controller(tmp_path, 2):
         yield ctl
 
@@ -49,14 +43,16 @@ async def _controller(tmp_path, n: int):
     assert not left, "processes left behind: %s" % left
 
 
-async def test_run_to_completion_delivers_every_line_exactly_once(controller, tmp_path):
-    ctl = controller
+async def test_run_to_completion_delivers_every_line_exactly_once(controller2, tmp_path):
+    ctl = controller2
     got = collect_lines(ctl)
     events = []
     ctl.state.event_listeners.append(events.append)
     steps = 12
-    await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0,
-                                args=TINY + ["--steps", str(steps), "--ckpt-every", "5"]))
+    # 4 ranks on 2 nodes of 2: two ranks' files a node, two nodes' journals and links
+    await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0, nproc_per_node=2,
+                                args=TINY + ["--steps", str(steps), "--ckpt-every", "5"]),
+                     preflight=False)
     final = await asyncio.wait_for(ctl.wait_done(), RUN_TIMEOUT)
     await ctl.stop_store()
     assert final == "succeeded", ctl.state.status()
@@ -69,7 +65,7 @@ async def test_run_to_completion_delivers_every_line_exactly_once(controller, tm
             assert_arrived_once(got, node, path)
 
     status = ctl.state.status()
-    assert [n["exit_code"] for n in status["nodes"]] == [0, 0, 0, 0]
+    assert [n["exit_code"] for n in status["nodes"]] == [0, 0]
     assert sorted(ctl.state.ranks) == [0, 1, 2, 3]
     for rank in ctl.state.ranks.values():
         assert [s for s, _loss in rank.points] == list(range(1, steps + 1)), rank.rank

@@ -53,7 +53,8 @@ def free_port(addr: str) -> int:
 
 class Prometheus:
     """A Prometheus server of this test's own on a loopback port: its config and data in
-    ``folder``, scraping ``target`` every second; :meth:`close` ends it by its PID."""
+    ``folder``, scraping ``target`` every second; :meth:`close` ends it by its PID. Started,
+    not yet ready: :meth:`wait_ready` waits for it (the test launches its run meanwhile)."""
 
     def __init__(self, binary: str, folder, target: str):
         self.port = free_port("127.0.0.1")
@@ -68,8 +69,10 @@ class Prometheus:
                 [binary, "--config.file=%s" % config, "--storage.tsdb.path=%s" % (folder / "data"),
                  "--web.listen-address=127.0.0.1:%d" % self.port], stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self) -> None:
         wait_for_sync(self.ready, 60, lambda: "Prometheus ready; its log:\n"
-                      + self.log.read_text()[-3000:], every=0.5)
+                      + self.log.read_text()[-3000:], every=0.2)
 
     def ready(self) -> bool:
         assert self.proc.poll() is None, self.log.read_text()[-3000:]
@@ -107,12 +110,15 @@ def test_a_real_prometheus_scrapes_every_rank_rising_and_the_ranks_stalled_in_a_
     run_id = None
     try:
         # 2 nodes x 2 ranks; a step every 0.2 s or so, then rank 1 hangs before step 25 and
-        # every rank waits for it (the others in their all-reduce)
+        # every rank waits for it (the others in their all-reduce); --grace 3: the stop kills
+        # the hung ranks (they ignore SIGTERM) after 3 s, not 10
         run_id, workdir = launch_detached(
             tmp_path, ["--steps", "100000", "--ckpt-every", "10", "--pg-timeout", "600",
                        "--idle-s", "0.2", "--hang-at-step", "25", "--hang-rank", "1"],
-            "--max-restarts", "0", "--stall-after", "6", "--nproc-per-node", "2",
-            "--prometheus", str(port), nodes=2)
+            "--max-restarts", "0", "--stall-after", "6", "--grace", "3",
+            "--nproc-per-node", "2", "--prometheus", str(port), nodes=2)
+        # ready long before the hang: the run's torch start-up and 25 steps are still ahead
+        prom.wait_ready()
         judge = read_json(os.path.join(workdir, ".rankdeck", "runs", run_id, "judge",
                                        "state.json"))
         assert judge["prometheus"] == {"url": "http://127.0.0.2:%d/metrics" % port}, judge

@@ -1,5 +1,5 @@
-"""Stragglers, continuously, with real parts: 4 local nodes, torchrun, gloo, the reference
-trainer's ``--slow-rank``; the supervisors sample the flight recorder every 2 s
+"""Stragglers, continuously, with real parts: 4 ranks on 2 local nodes, torchrun, gloo, the
+reference trainer's ``--slow-rank``; the supervisors sample the flight recorder every 2 s
 (agent/supervisor/ranksample.py) and the console names the rank the others wait for
 (agent/rules/straggler.py) in ``status --json``, in events and in ``why``'s verdict; a clean run
 names nobody."""
@@ -23,8 +23,10 @@ SAMPLE_S = "2"
 
 
 async def _launch(tmp_path, extra: list[str]) -> RunController:
-    ctl = RunController(local_inventory(tmp_path / "work"), LocalTransport(), History())
-    await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0, grace=3,
+    # 4 ranks (a straggler is named against the median of at least 3: agent/rules/straggler.py
+    # ``shares``) on 2 nodes of 2: each node less is one torchrun's torch start-up less
+    ctl = RunController(local_inventory(tmp_path / "work", n=2), LocalTransport(), History())
+    await ctl.launch(LaunchSpec(script=TRAINER, max_restarts=0, grace=3, nproc_per_node=2,
                                 env={"RANKDECK_SAMPLE_S": SAMPLE_S},
                                 args=TINY + ["--steps", "100000", "--ckpt-every", "0"] + extra),
                      preflight=False)

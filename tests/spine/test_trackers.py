@@ -57,13 +57,16 @@ class MlflowServer:
         self.port = free_port()
         self.url = "http://127.0.0.1:%d" % self.port
         self.log = folder / "mlflow.log"
+        # no job runner: MLflow 3's server starts one beside it (a huey consumer a queue, each
+        # a Python that imports mlflow: 8 of them) for its GenAI jobs, which no export asks for
+        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 MLFLOW + ["server", "--host", "127.0.0.1", "--port", str(self.port),
                           "--workers", "1", "--backend-store-uri",
                           "sqlite:///%s" % (folder / "mlflow.db"),
                           "--artifacts-destination", str(folder / "artifacts")],
-                cwd=str(folder), stdout=log, stderr=subprocess.STDOUT,
+                cwd=str(folder), env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         wait_for_sync(self.ready, 180, lambda: "mlflow server up; its log:\n"
                       + self.log.read_text()[-3000:], every=0.5)
@@ -130,16 +133,21 @@ class Run:
         assert out.returncode == 0, out.stdout + out.stderr
         self.run_id = out.stdout.strip().splitlines()[-1]
         self.ranks: list[dict] | None = None
+        self.ended = False
 
     def rankdeck(self, *args: str, **env) -> subprocess.CompletedProcess:
         return rankdeck(*args, timeout=TIMEOUT, env=dict(self.env, **env))
 
     def wait_ended(self) -> None:
-        """Every process of the run gone, then its end as `status` says it."""
+        """Every process of the run gone, then its end as `status` says it (asked once: an
+        ended run's end does not change, and each `status` is a console's start-up)."""
+        if self.ended:
+            return
         all_ended(self.run_id, TIMEOUT)
         out = self.rankdeck("status", self.run_id, "--json")
         assert out.returncode == 0, out.stdout + out.stderr
         assert json.loads(out.stdout)["state"] == "succeeded", out.stdout
+        self.ended = True
 
     def kill_what_is_left(self) -> None:
         for pid, _cmd in processes_of(self.run_id):
