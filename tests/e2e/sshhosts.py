@@ -47,6 +47,7 @@ are left for the next session to reuse.
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
 import pwd
 import random
@@ -70,6 +71,7 @@ HOST_PY_DIR = "/opt/rankdeck-hostpy"
 HOST_PY_BASE = "/usr/bin/python3"  # Debian's: a venv from the pyenv python points into /root
 HOST_PY_PACKAGES = ("torch==2.13.0", "numpy", "py-spy")
 HOST_PY_LOCK = "/opt/rankdeck-hostpy.lock"
+HOST_PY_STAMP = ".rankdeck-checked"  # in the venv, written once torch imported there
 AGENT_CACHE = "~/.cache/rankdeck"  # the transport's default: each host has its own home
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:  # run as a script (see the end): the tests' poller is imported
@@ -498,16 +500,51 @@ def _host_python_works(prefix: str) -> bool:
     return subprocess.run([py, "-c", probe], capture_output=True).returncode == 0
 
 
+def _stamped(prefix: str) -> bool:
+    """Whether ``prefix`` holds a venv that passed :func:`_host_python_works` for these
+    packages (its stamp, written last) and still has them: the interpreter, py-spy and
+    torch's dist-info of the pinned version. Checked in place of importing torch (3 CPU-s,
+    several times a session: each ``create_hosts``)."""
+    try:
+        with open(os.path.join(prefix, HOST_PY_STAMP)) as f:
+            if f.read() != _stamp_text():
+                return False
+    except OSError:
+        return False
+    torch_version = HOST_PY_PACKAGES[0].split("==")[1]
+    return (os.access(os.path.join(prefix, "bin", "python"), os.X_OK)
+            and os.access(os.path.join(prefix, "bin", "py-spy"), os.X_OK)
+            and any(name.startswith(("torch-%s.dist-info" % torch_version,
+                                     "torch-%s+" % torch_version))
+                    for site in glob.glob(os.path.join(prefix, "lib", "python3*",
+                                                       "site-packages"))
+                    for name in os.listdir(site)))
+
+
+def _stamp_text() -> str:
+    return " ".join(HOST_PY_PACKAGES) + "\n"
+
+
+def _stamp(prefix: str) -> None:
+    with open(os.path.join(prefix, HOST_PY_STAMP), "w") as f:
+        f.write(_stamp_text())
+
+
 def ensure_host_python(prefix: str = HOST_PY_DIR) -> str:
     """The hosts' training Python (torch, numpy, py-spy), built once per machine and reused.
 
     Built in place under a lock from ``/usr/bin/python3`` (about 30 s from the local wheel
     cache); a half-built one (a build that was killed) fails the check and is built again.
+    A venv that passed the check (torch imported) is stamped, and a stamped one is taken
+    without importing torch again.
     """
     python = os.path.join(prefix, "bin", "python")
     with open(HOST_PY_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if _stamped(prefix):
+            return python
         if _host_python_works(prefix):
+            _stamp(prefix)
             return python
         shutil.rmtree(prefix, ignore_errors=True)
         _run([HOST_PY_BASE, "-m", "venv", prefix])
@@ -516,6 +553,7 @@ def ensure_host_python(prefix: str = HOST_PY_DIR) -> str:
         if res.returncode != 0 or not _host_python_works(prefix):
             raise RuntimeError("cannot build the hosts' Python at %s: %s"
                                % (prefix, (res.stderr or res.stdout)[-2000:]))
+        _stamp(prefix)
     return python
 
 

@@ -1,12 +1,14 @@
 """`rankdeck check --deep` on six real SSH hosts that are not the laptop (docs/HEALTH.md).
 
-One host set for the module (setup is the expensive part): healthy, every host unnamed; one
+One host set for the module (setup is the expensive part): healthy, every host of the six
+unnamed; then, on four of them (each host more is two torch imports more a check: the
+preflight's and the probe's; four give every node fast links beside a slow one), one
 host's link held to 50 Mbit/s with a token bucket (``tc ... tbf`` on both ends of its veth,
 so both directions are slow), that host named and no other; the link between two hosts
 alone held so, that link named (both its ends suspects) once each end was measured again
 against a third host; one host's workdir a full tmpfs in its own mount namespace, that host
-named for its disk. The network is measured by the run's own stack (torch point-to-point over
-gloo) from the hosts' own Python.
+named for its disk; a launch with the deep preflight refused, or given a spare. The network
+is measured by the run's own stack (torch point-to-point over gloo) from the hosts' own Python.
 """
 
 from __future__ import annotations
@@ -88,29 +90,33 @@ def test_healthy_hosts_name_nobody(inventory):
     assert all(n["net_gbps"] and n["disk_write_mbps"] for n in nodes.values()), nodes
 
 
+FOUR = ["node0", "node1", "node2", "node3"]
+
+
 def test_a_host_behind_a_slow_link_and_one_with_a_full_disk_are_named_and_no_other(
         six_hosts, inventory):
-    """One check for both (each check costs six hosts' torch imports): node3's link held to
-    50 Mbit/s, node5's workdir a full tmpfs."""
+    """One check for both (each check costs its hosts' torch imports): node3's link held to
+    50 Mbit/s, node2's workdir a full tmpfs."""
     work = six_hosts.expand(WORK)
     pw = pwd.getpwnam(six_hosts.user)
-    six_hosts.run_on("node5", ["mount", "-t", "tmpfs", "-o", "size=2m,uid=%d,gid=%d,mode=755"
+    six_hosts.run_on("node2", ["mount", "-t", "tmpfs", "-o", "size=2m,uid=%d,gid=%d,mode=755"
                                % (pw.pw_uid, pw.pw_gid), "tmpfs", work], user=False, check=True)
     tc(six_hosts, "node3", True)
     try:
-        six_hosts.run_on("node5", ["sh", "-c", "cat /dev/zero > %s/fill" % work])
-        code, doc, nodes = deep_check(inventory)
+        six_hosts.run_on("node2", ["sh", "-c", "cat /dev/zero > %s/fill" % work])
+        code, doc, nodes = deep_check(spare_inventory(inventory, None, FOUR))
     finally:
         tc(six_hosts, "node3", False)
-        six_hosts.run_on("node5", ["umount", work], user=False, check=True)
-    assert doc["suspects"] == ["node3", "node5"], doc
+        six_hosts.run_on("node2", ["umount", work], user=False, check=True)
+    assert sorted(nodes) == FOUR, nodes
+    assert doc["suspects"] == ["node2", "node3"], doc
     assert code == 1
     (problem,) = nodes["node3"]["problems"]
     assert problem.startswith("network: ") and "the median node" in problem
     assert nodes["node3"]["net_gbps"] < 0.1  # 50 Mbit/s
     assert any(p.startswith("disk: cannot write in %s" % work) for p in
-               nodes["node5"]["problems"]), nodes["node5"]
-    assert not any(p.startswith("network") for p in nodes["node5"]["problems"]), nodes["node5"]
+               nodes["node2"]["problems"]), nodes["node2"]
+    assert not any(p.startswith("network") for p in nodes["node2"]["problems"]), nodes["node2"]
 
 
 def slow_link(six_hosts, a, b, add: bool):
@@ -135,9 +141,10 @@ def slow_link(six_hosts, a, b, add: bool):
 def test_a_slow_link_is_named_as_a_link_after_a_recheck(six_hosts, inventory):
     slow_link(six_hosts, "node2", "node3", True)  # a pair of round 0 (2 XOR 1 = 3)
     try:
-        code, doc, nodes = deep_check(inventory)
+        code, doc, nodes = deep_check(spare_inventory(inventory, None, FOUR))
     finally:
         slow_link(six_hosts, "node2", "node3", False)
+    assert sorted(nodes) == FOUR, nodes
     assert doc["network"]["recheck_rounds"] == 1, doc["network"]
     assert doc["suspects"] == ["node2", "node3"], doc
     assert code == 1
@@ -146,12 +153,16 @@ def test_a_slow_link_is_named_as_a_link_after_a_recheck(six_hosts, inventory):
     assert nodes["node3"]["problems"][0].startswith("network: the link to node2 ran ")
 
 
-def spare_inventory(inventory, spare):
-    """The same hosts, ``spare`` a spare (`spare: true`)."""
+def spare_inventory(inventory, spare, hosts=None):
+    """The same hosts (only ``hosts``, when given), ``spare`` a spare (`spare: true`)."""
     lines = open(inventory).read().splitlines()
-    at = lines.index("  - name: %s" % spare)
-    lines.insert(at + 1, "    spare: true")
-    path = inventory.replace(".yaml", "-spare.yaml")
+    if hosts is not None:
+        lines = lines[:lines.index("hosts:") + 1] + [
+            line for h in hosts for line in lines[lines.index("  - name: %s" % h):][:3]]
+    if spare is not None:
+        at = lines.index("  - name: %s" % spare)
+        lines.insert(at + 1, "    spare: true")
+    path = inventory.replace(".yaml", "-%s.yaml" % (spare or "subset"))
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
@@ -161,11 +172,15 @@ def test_launch_preflight_deep_refuses_a_slow_node_or_puts_a_spare_in(six_hosts,
                                                                       project):
     tiny = ["--", "--steps", "100000", "--d-model", "32", "--layers", "1", "--heads", "2",
             "--seq-len", "32", "--batch-size", "4", "--synthetic-samples", "2048"]
+    # four hosts name node3 against the median node (a node's figure is its best link: every
+    # other node has fast ones); each host fewer is two torch imports fewer (the preflight's
+    # and the probe's) in each launch, and a node fewer to run
     tc(six_hosts, "node3", True)
     try:
-        refused = rankdeck("launch", "--no-tui", "--preflight", "deep", "-i", inventory,
-                           "--sync", str(project), "trainer/train.py", *tiny, timeout=TIMEOUT)
-        with_spare = spare_inventory(inventory, "node5")
+        refused = rankdeck("launch", "--no-tui", "--preflight", "deep", "-i",
+                           spare_inventory(inventory, None, FOUR), "--sync", str(project),
+                           "trainer/train.py", *tiny, timeout=TIMEOUT)
+        with_spare = spare_inventory(inventory, "node5", FOUR + ["node5"])
         launched = rankdeck("launch", "--detach", "--preflight", "deep", "-i", with_spare,
                             "--sync", str(project), "trainer/train.py", *tiny,
                             timeout=TIMEOUT)

@@ -25,6 +25,7 @@ import sys
 import pytest
 
 from agent.host import procs
+from agent.host.journal import JournalReader
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -102,6 +103,25 @@ def steps(status: dict) -> dict[int, int]:
     return {r["rank"]: r.get("step") or 0 for n in status["nodes"] for r in n["ranks"]}
 
 
+class JournalSteps:
+    """Each node's newest step, read from its journal on its host through ``local_path``:
+    what a wait looks at before it asks `status --json`, whose every look is a rankdeck
+    process and four SSH logins, each an agent's start (CPU the run's start-up needs)."""
+
+    def __init__(self, hosts, run_id: str):
+        self.readers = {n: JournalReader(hosts.local_path(
+            n, "~/proj/.rankdeck/runs/%s/%s/journal" % (run_id, n))) for n in hosts.names}
+        self.newest = {n: 0 for n in hosts.names}
+
+    def past(self, step: int) -> bool:
+        """Every node's journal has a step past ``step``."""
+        for name, reader in self.readers.items():
+            for meta in reader.read_metas(["metric"], limit=64 << 20):
+                if isinstance(meta.get("step"), int):
+                    self.newest[name] = max(self.newest[name], meta["step"])
+        return min(self.newest.values()) > step
+
+
 @pytest.fixture
 def readme_project(project, ssh_hosts, clean_home):
     """The laptop project folder the README's commands run in: trainer/ (conftest's
@@ -163,7 +183,12 @@ def test_readme_use_it_on_four_realistic_hosts(ssh_hosts, readme_project, monkey
                                          "status --json").stdout))
             return len(steps(status)) == 4 and min(steps(status).values()) > step
 
-        # past the first checkpoint (step 10): a restart resumes from it
+        # past the first checkpoint (step 10): a restart resumes from it (the journals first,
+        # then `status --json` says so)
+        journals = JournalSteps(ssh_hosts, run_id)
+        wait_for_sync(lambda: journals.past(10), TIMEOUT,
+                      lambda: "every node's journal past step 10: %s" % journals.newest,
+                      every=0.5)
         wait_for_sync(lambda: stepping_past(10), TIMEOUT,
                       lambda: "every rank past step 10: %s" % status, every=1.0)
         assert status["state"] == "running", status
@@ -215,6 +240,10 @@ def test_readme_use_it_on_four_realistic_hosts(ssh_hosts, readme_project, monkey
             assert status["state"] == "running", status
             node2 = [n for n in status["nodes"] if n["name"] == "node2"][0]
             return past and node2["restarts_used"]
+        wait_for_sync(lambda: journals.past(before + 2), TIMEOUT,
+                      lambda: "every node's journal past step %d: %s" % (before + 2,
+                                                                      journals.newest),
+                      every=0.5)
         wait_for_sync(carried_on, TIMEOUT,
                       lambda: "every rank past step %d, node2 restarted: %s" % (before + 2,
                                                                                 status),
