@@ -180,6 +180,11 @@ class SlurmCluster:
                       lambda: "job %s running (%s)" % (job, self.job_state(job)))
         return job
 
+    def nodes_of(self, job: str) -> list[str]:
+        """The job's nodes, sorted (``squeue %N`` expanded by ``scontrol show hostnames``)."""
+        nodelist = self.cmd(["squeue", "-h", "-j", job, "-o", "%N"]).strip()
+        return sorted(self.cmd(["scontrol", "show", "hostnames", nodelist]).split())
+
     def job_state(self, job: str) -> str:
         return self.cmd(["squeue", "-h", "-j", job, "-o", "%T"], check=False).strip()
 

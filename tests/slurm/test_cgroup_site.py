@@ -14,7 +14,8 @@ import pytest
 from console.slurm.slurm import CGROUP_WARNING
 from tests.cli import rankdeck
 from tests.slurm.slurmcluster import SlurmCluster
-from tests.slurm.test_slurm_run import TIMEOUT, login_inventory, run_left_on_nodes, status
+from tests.slurm.test_slurm_run import (PAIR, TIMEOUT, login_inventory, run_left_on_nodes,
+                                        status)
 from tests.spine.helpers import TINY, node_dir
 from tests.waits import wait_for_sync
 
@@ -43,7 +44,7 @@ def steps_now(run_id: str) -> dict:
 def goes_on(run_id: str) -> None:
     """Every rank steps past where the furthest was when this was called."""
     past = max(steps_now(run_id).values() or [0]) + 3
-    wait_for_sync(lambda: len(steps_now(run_id)) == 4 and min(steps_now(run_id).values())
+    wait_for_sync(lambda: len(steps_now(run_id)) == PAIR and min(steps_now(run_id).values())
                   >= past, TIMEOUT, lambda: "every rank past step %d: %s" % (
                       past, status(run_id)))
 
@@ -52,8 +53,9 @@ def test_a_detached_run_lives_in_the_rankdeck_host_step_and_stop_leaves_nothing(
         slurm_cgroup, clean_home, tmp_path, host_workdir, project):
     slurm = slurm_cgroup
     login = login_inventory(slurm, clean_home, tmp_path, host_workdir)
-    job = slurm.hold()
+    job = slurm.hold(PAIR)  # the first node (the judge's) and another: each in its step
     try:
+        first = slurm.nodes_of(job)[0]
         # detached: the launch says, from the site's real `scontrol show config`, where the
         # run lives; the console's serve steps end as it returns, and the run trains on
         res = rankdeck("launch", "-i", login, "--slurm", job, "--detach", "--skip-preflight",
@@ -67,11 +69,11 @@ def test_a_detached_run_lives_in_the_rankdeck_host_step_and_stop_leaves_nothing(
         assert status(run_id)["state"] == "running"
         # the node's supervisor is in the cgroup of the job's rankdeck-host step, not in a
         # console's serve step's
-        state = os.path.join(node_dir(slurm.hosts.local_path(slurm.nodes[0], host_workdir),
-                                      run_id, slurm.nodes[0]), "state.json")
+        state = os.path.join(node_dir(slurm.hosts.local_path(first, host_workdir),
+                                      run_id, first), "state.json")
         pid = int(re.search(r'"pid": (\d+)', open(state).read()).group(1))  # the node's pid
-        cgroup = freezer_cgroup(slurm.hosts.pid_here(slurm.nodes[0], pid))
-        step = re.fullmatch(r"/slurm_%s/uid_\d+/job_%s/step_(\d+)" % (slurm.nodes[0], job),
+        cgroup = freezer_cgroup(slurm.hosts.pid_here(first, pid))
+        step = re.fullmatch(r"/slurm_%s/uid_\d+/job_%s/step_(\d+)" % (first, job),
                             cgroup)
         assert step and "%s.%s rankdeck-host" % (job, step.group(1)) in slurm.steps(job), \
             (cgroup, slurm.steps(job))

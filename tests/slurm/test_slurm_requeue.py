@@ -8,7 +8,7 @@ import collections
 import re
 
 from tests.cli import rankdeck
-from tests.slurm.test_slurm_run import (PREFIX, TIMEOUT, login,  # noqa: F401
+from tests.slurm.test_slurm_run import (PAIR, PREFIX, TIMEOUT, login,  # noqa: F401
                                         run_left_on_nodes, status)
 from tests.spine.helpers import TINY, rank_log_files
 from tests.waits import wait_for_sync
@@ -21,7 +21,9 @@ SAVED = re.compile(r"checkpoint saved step=(\d+) ")
 
 def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
         slurm, login, project, host_workdir):  # noqa: F811
-    res = rankdeck("submit", "-i", login, "--nodes", "4", "--time", "2", "--signal-before",
+    # two nodes: the first asks Slurm for the requeue, the other waits it out; both must
+    # resume from the step both saved (each node is two torch imports, twice over here)
+    res = rankdeck("submit", "-i", login, "--nodes", str(PAIR), "--time", "2", "--signal-before",
                    "100", "--requeue", "--detach", "--skip-preflight", "--sync", str(project),
                    "--max-restarts", "0", "trainer/train.py", *TINY, "--steps", "100000",
                    "--ckpt-every", "0", check=True)
@@ -62,7 +64,7 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
             asked = [ln for ln in lines if "checkpoint requested: " in ln]
             saved = [int(m.group(1)) for m in map(SAVED.search, lines) if m]
             back = [ln for ln in lines if re.search(r"resumed step=\d+ ", ln)]
-            return asked and saved and len(back) >= 4 and (saved, back)
+            return asked and saved and len(back) >= PAIR and (saved, back)
         def seen():
             st = status(run_id)
             nodes = [(n["name"], n["state"], n.get("cause"), n["restarts_used"],
@@ -72,10 +74,11 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
                 st.get("slurm"), nodes, "\n".join(tail))
         saved, back = wait_for_sync(resumed, TIMEOUT, seen)
         # every rank resumed from one step every node saved (asked for, or as the ranks ended)
-        steps = {re.search(r"resumed step=(\d+) ", ln).group(1) for ln in back[:4]}
-        assert len(steps) == 1 and saved.count(int(steps.pop())) == 4, (saved, back)
+        steps = {re.search(r"resumed step=(\d+) ", ln).group(1) for ln in back[:PAIR]}
+        assert len(steps) == 1 and saved.count(int(steps.pop())) == PAIR, (saved, back)
         st = status(run_id)
-        assert st["slurm"]["job"] == job and all(n["restarts_used"] >= 1 for n in st["nodes"]), st
+        assert st["slurm"]["job"] == job and len(st["nodes"]) == PAIR and all(
+            n["restarts_used"] >= 1 for n in st["nodes"]), st
         # every line each rank wrote, before and after the requeue, shown once by `logs`
         # (the files first: a line written after them may be shown, never one missing)
         written = collections.Counter()
