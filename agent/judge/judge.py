@@ -94,6 +94,7 @@ class Judge(Listener, Sampler, Policies, LoopPolicy):
         self.clock0 = time.monotonic()
         self.verdict_running = False
         self.ending = set()  # nodes the judge is stopping
+        self.unsent_stops = {}  # node -> its end: stops decided while it had no line
         self.over = None
         self.stop = threading.Event()
         self.surgeon = AutoCordon(self, spec)  # --auto-cordon (agent/judge/cordon.py)

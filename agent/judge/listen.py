@@ -85,6 +85,7 @@ class Listener:
             self.view.nodes[node].connected = True
         if old is not None:
             old.line.close()
+        self.send_unsent_stop(node, nl)
         said = False  # a message the judge could not apply: one event a connection
         try:
             while True:
@@ -175,6 +176,7 @@ class Listener:
                         if rs.node == out and rs.state == "stalled"]
                 self.view.cordon(out, into if isinstance(into, str) and into else None)
                 self.ending.discard(out)
+                self.unsent_stops.pop(out, None)
         for rank in left:  # consoles mark stalled ranks until the judge says otherwise
             self.write(event("stepping", out, rank, text="rank %d is no longer stalled on %s: "
                              "the node is out of the run" % (rank, out)))

@@ -164,17 +164,37 @@ class Policies:
             for n in self.view.nodes})
 
     def stop_nodes(self, ends):
-        """Stop each node of ``ends`` ({node: {"state", "cause"}}) once, in parallel."""
+        """Stop each node of ``ends`` ({node: {"state", "cause"}}) once, in parallel. A node
+        not connected now (not yet, or its line was lost) is sent its stop when it connects
+        (agent/judge/listen.py calls :meth:`send_unsent_stop`): before, a ``--max-wall``
+        reached before every node had connected stopped only the connected ones."""
         todo = {n: e for n, e in ends.items() if n not in self.ending}
         self.ending.update(todo)
         for node, end in todo.items():
-            with self.lock:
-                nl = self.lines.get(node)
-            if nl is not None:
-                threading.Thread(target=self._stop_one, args=(nl, end), daemon=True).start()
+            self._send_stop(node, end)
 
-    def _stop_one(self, nl, end):
+    def _send_stop(self, node, end):
+        with self.lock:
+            nl = self.lines.get(node)
+            if nl is None:
+                self.unsent_stops[node] = end
+                return
+        threading.Thread(target=self._stop_one, args=(node, nl, end), daemon=True).start()
+
+    def send_unsent_stop(self, node, nl):
+        """A stop decided while ``node`` had no line, sent on its new line ``nl``."""
+        with self.lock:
+            end = self.unsent_stops.pop(node, None)
+        if end is not None:
+            threading.Thread(target=self._stop_one, args=(node, nl, end), daemon=True).start()
+
+    def _stop_one(self, node, nl, end):
         try:
             nl.request("stop", {"end": end}, ACTION_TIMEOUT)
         except judge_wire.WireError:
-            pass  # the node's own journal says how it ended; the run's end is seen by Judge.tick
+            # the node's own journal says how it ended and the run's end is seen by
+            # Judge.tick; a line lost before the answer: sent again when the node connects
+            with self.lock:
+                lost = self.lines.get(node) is not nl and node in self.ending
+            if lost:
+                self._send_stop(node, end)
