@@ -6,7 +6,8 @@ check with a TypeError, a string where a byte count belongs would be printed as 
 Each known field keeps its value only when it is of its kind (strings are already cleaned of
 escapes by console/lines/sanitize.py); a field of another kind is left out and named, so the
 check can say the host's answer was malformed. Unknown fields are left out silently (a newer
-agent may send more).
+agent may send more). :func:`whole` and :func:`number` are also what `rankdeck hosts` reads a
+host's answer with (console/run/fleet.py).
 """
 
 from __future__ import annotations
@@ -33,38 +34,42 @@ def _maybe_text(v):
     return v is None or isinstance(v, str)
 
 
-def _whole(v):
+def whole(v) -> bool:
+    """A host's count, size, pid or start time: a whole number from 0 below 2**62."""
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
 
 
 def _maybe_whole(v):
-    return v is None or _whole(v)
+    return v is None or whole(v)
 
 
-def _number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def number(v) -> bool:
+    """A host's figure (a time, a rate, a load): finite and under 1e18 either way, so it
+    prints as a figure, not as hundreds of digits."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
+        and abs(v) < 1e18
 
 
 def _rate(v):
-    return _number(v) and v >= 0
+    return number(v) and v >= 0
 
 
 FIELDS = {
     "hostname": _text, "hostname_resolves": _maybe_text, "hostname_error": _maybe_text,
-    "time": _number, "time_after": _number, "agent_python": _text,
+    "time": number, "time_after": number, "agent_python": _text,
     "workdir": _text, "workdir_exists": _flag, "workdir_writable": _flag,
     "python_path": _maybe_text, "python_exists": _flag, "disk_free": _maybe_whole,
     "disk_dir": _text, "disk_write_mbps": _rate, "disk_write_error": _text,
     "gpu_source": _maybe_text, "gpu_reason": _maybe_text,
     "python": _text, "executable": _maybe_text, "torch": _maybe_text, "cuda": _maybe_text,
-    "nccl": _maybe_text, "cuda_available": _flag, "cuda_devices": _whole,
+    "nccl": _maybe_text, "cuda_available": _flag, "cuda_devices": whole,
     "cuda_error": _text, "torch_error": _text, "python_error": _text,
     "script": _text, "script_module": _flag, "script_exists": _maybe_flag,
     "script_error": _text,
 }
-GPU_FIELDS = {"index": _whole, "name": _maybe_text, "mem_free": _maybe_whole}
+GPU_FIELDS = {"index": whole, "name": _maybe_text, "mem_free": _maybe_whole}
 HEALTH_FIELDS = {
-    "index": _whole, "name": _maybe_text, "ecc_corrected": _maybe_whole,
+    "index": whole, "name": _maybe_text, "ecc_corrected": _maybe_whole,
     "ecc_uncorrected": _maybe_whole, "sm_clock": _maybe_whole, "retired_sbe": _maybe_whole,
     "retired_dbe": _maybe_whole, "retired_pending": _maybe_flag, "pcie_width": _maybe_whole,
     "pcie_width_max": _maybe_whole, "pcie_gen": _maybe_whole, "pcie_gen_max": _maybe_whole,
@@ -125,9 +130,9 @@ def _lists(entry: dict, item: dict) -> list[str]:
     """A GPU's health lists into ``entry``: throttle reasons (strings), Xid events
     (``[time, code]``), pids (whole numbers), each at most MAX_ITEMS."""
     bad = []
-    for key, ok in (("throttle", _text), ("pids", _whole),
-                    ("xid", lambda x: isinstance(x, list) and len(x) == 2 and _number(x[0])
-                     and _whole(x[1]))):
+    for key, ok in (("throttle", _text), ("pids", whole),
+                    ("xid", lambda x: isinstance(x, list) and len(x) == 2 and number(x[0])
+                     and whole(x[1]))):
         value = item.get(key)
         if value is None:
             continue

@@ -21,6 +21,7 @@ from ..lines.sanitize import clean_tree
 from ..records.history import History
 from ..errors import AgentError
 from ..transport.base import HostUnreachable
+from . import facts
 from .run import RunController
 
 MAX_LIST = 64
@@ -103,7 +104,8 @@ def row(name: str, answer: dict | None, error: str | None, laptop: list[dict]) -
     own = rules.judged(host_runs[-rules.KEEP_RUNS:])
     load = answer.get("load")
     return dict(judged, name=name, reachable=True, error=None,
-                load=load[0] if isinstance(load, list) and load and _number(load[0]) else None,
+                load=load[0] if isinstance(load, list) and load and facts.number(load[0])
+                else None,
                 gpus=[_gpu(g) for g in _dicts(answer.get("gpus"))],
                 strays=[s for s in map(_stray, _dicts(answer.get("strays"))) if s],
                 flagged=judged["flagged"] or own["flagged"] or answer.get("flagged") is True,
@@ -121,14 +123,8 @@ def _dicts(value) -> list[dict]:
     return [v for v in _listed(value) if isinstance(v, dict)]
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and value == value and abs(value) < 1e18
-
-
 def _whole(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) \
-        and 0 <= value < 1 << 62 else None
+    return value if facts.whole(value) else None
 
 
 def _gpu(g: dict) -> dict:

@@ -53,7 +53,7 @@ async def _one(link: NodeLink, check: HostCheck, script: str | None, module: boo
     t1 = time.time()
     check.rtt_ms = round((t1 - t0) * 1000, 1)
     when = pong.get("time") if isinstance(pong, dict) else None
-    check.skew_s = round(when - (t0 + t1) / 2, 3) if answers.FIELDS["time"](when) else None
+    check.skew_s = round(when - (t0 + t1) / 2, 3) if answers.number(when) else None
     host = link.host
     args = {"python": host.python or "", "workdir": host.workdir}
     if script:
