@@ -34,7 +34,9 @@ class Watch(threading.Thread):
         super().__init__(daemon=True)
         self.root = os.path.join(workdir, ".rankdeck", "runs", run_id)
         self.run_id, self.workdir = run_id, workdir
-        self.seen: dict[int, int] = {}  # rank -> step lines seen
+        # path -> step lines seen: per file, as a restarted node's new torchrun folder has a
+        # random name that may sort before its old one
+        self.seen: dict[str, int] = {}
         self.steps: list[tuple[float, int, int]] = []  # (when seen, rank, step)
         self.acted: float | None = None
         self.done = threading.Event()
@@ -42,19 +44,16 @@ class Watch(threading.Thread):
     def run(self) -> None:
         while not self.done.is_set():
             now = time.time()
-            counts: dict[int, list[int]] = {}
-            for path in sorted(glob.glob(os.path.join(self.root, "node*", "torchrun", "*",
-                                                      "attempt_*", "0", "stdout.log"))):
+            for path in glob.glob(os.path.join(self.root, "node*", "torchrun", "*",
+                                               "attempt_*", "0", "stdout.log")):
                 with open(path, "rb") as f:
                     data = f.read()
                 head = re.match(rb"rank=(\d+) ", data)
                 if head:
-                    counts.setdefault(int(head.group(1)), []).extend(
-                        int(s) for s in STEP.findall(data))
-            for rank, steps in counts.items():
-                for step in steps[self.seen.get(rank, 0):]:
-                    self.steps.append((now, rank, step))
-                self.seen[rank] = len(steps)
+                    steps = [int(s) for s in STEP.findall(data)]
+                    for step in steps[self.seen.get(path, 0):]:
+                        self.steps.append((now, int(head.group(1)), step))
+                    self.seen[path] = len(steps)
             if self.acted is None and any(e["what"] == "policy" and e.get("action") == "restart"
                                           for e in judge_events(self.workdir, self.run_id)):
                 self.acted = now
