@@ -34,7 +34,7 @@ from ..host.journal import read_back
 from .preflight import Listener, host_facts
 from ..wire.protocol import RequestError
 from .streams import Streams, Subscription, wire
-from ..store.tcpstore import fresh_store, running_store, start_store, stop_store
+from ..store.tcpstore import fresh_store, running_store, start_store, stop_store, wait_ready
 from ..wire.version import agent_version
 
 OPS_LOG = "RANKDECK_SERVE_OPS"  # a file each request's op is appended to: tests prove with it
@@ -188,7 +188,17 @@ class Server:
                 return dict(fresh_store(root, args["addr"], host_python(args.get("python"))),
                             fresh=True)
             return start_store(root, args["addr"], host_python(args.get("python")),
-                               int(args.get("port", 0)))
+                               int(args.get("port", 0)), early=bool(args.get("early")))
+        except RuntimeError as exc:
+            raise RequestError(str(exc), "store")
+
+    def op_store_wait(self, args):
+        """The store an ``early`` store_start began, once it serves (agent/store/tcpstore.py)."""
+        wait = args.get("wait", 120)
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 < wait <= 600:
+            raise RequestError("wait must be a number of seconds in (0, 600]", "usage")
+        try:
+            return wait_ready(host_path(args["run_root"]), float(wait))
         except RuntimeError as exc:
             raise RequestError(str(exc), "store")
 

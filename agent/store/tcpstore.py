@@ -12,6 +12,11 @@ host name it is given (``*:port``). So the store listens on a socket this module
 rendezvous address alone and hands over (``master_listen_fd``). It also stops itself once the
 run has ended on every node (:func:`wait_for_run_end`): a run that ends with no console
 attached does not leave an open, unauthenticated port behind (docs/SECURITY.md).
+
+The store binds its socket before it imports torch and says so at once (``store.json``
+without ``ready``): a launch asks for that (``early``) and starts the nodes while the store's
+torch loads; torchrun's connections wait in the socket's backlog meanwhile. The launch then
+waits for ``ready`` (:func:`wait_ready`), so a store that cannot start is still its error.
 """
 
 import os
@@ -24,7 +29,7 @@ from ..surgery import expel
 from ..slurm import host_step
 from ..node import folder as node
 from ..host import detach, procs
-from ..host.runfiles import read_json, write_json_atomic
+from ..host.runfiles import log_tail, read_json, write_json_atomic
 
 STORE_SCRIPT = "import sys; from agent.store.tcpstore import store_main; sys.exit(store_main(sys.argv[1:]))"
 SETTLE = 15.0  # seconds the run must look ended before the store stops (covers a restart)
@@ -109,11 +114,11 @@ def wait_for_run_end(run_root, port, settle=SETTLE, between=None):
             time.sleep(min(left, expel.POLL))
 
 
-def master_store(TCPStore, addr, port):
-    """``(store, listens, note)``: the master TCPStore on a socket bound to ``addr`` alone, or,
-    where this torch takes no listen fd at all, TCPStore's own socket, with ``note`` saying
-    what address it listens on and why (docs/COMPAT.md)."""
-    sock = listen_socket(addr, port)
+def master_store(TCPStore, addr, sock):
+    """``(store, listens, note)``: the master TCPStore on ``sock``, a socket bound to ``addr``
+    alone (closed here), or, where this torch takes no listen fd at all, TCPStore's own socket
+    on the same port, with ``note`` saying what address it listens on and why
+    (docs/COMPAT.md)."""
     port = sock.getsockname()[1]
     fd = sock.detach()
     handover = dict(is_master=True, wait_for_workers=False, master_listen_fd=fd)
@@ -132,13 +137,19 @@ def master_store(TCPStore, addr, port):
 
 
 def store_main(argv):
-    """The store process: ``ADDR PORT INFO_PATH``; serves until the run has ended."""
+    """The store process: ``ADDR PORT INFO_PATH [PYTHON]``; serves until the run has ended.
+    Its info file says the port once it is bound, then ``ready`` once TCPStore serves it."""
     procs.ignore_job_signals()  # first: torch's import takes seconds (agent/host/procs.py)
+    os.umask(0o077)  # its info files (and the expel answers) owner-only, as serve's own
+    addr, port, path = argv[0], int(argv[1]), argv[2]
+    sock = listen_socket(addr, port)
+    info = {"pid": os.getpid(), "starttime": procs.stat(os.getpid()).starttime, "addr": addr,
+            "port": sock.getsockname()[1], "python": argv[3] or None if len(argv) > 3 else None}
+    write_json_atomic(path, info)  # bound: connections wait in its backlog from now on
     from torch.distributed import TCPStore
 
-    addr, port, path = argv[0], int(argv[1]), argv[2]
-    store, listens, note = master_store(TCPStore, addr, port)
-    info = {"pid": os.getpid(), "addr": addr, "port": store.port, "listens": listens}
+    store, listens, note = master_store(TCPStore, addr, sock)
+    info.update(listens=listens, ready=True)
     if note:
         info["note"] = note
         log(note)
@@ -169,25 +180,50 @@ def running_store(run_root):
     return None
 
 
-def start_store(run_root, addr, python, port=0, timeout=120.0):
-    """Start the store (or return the running one). Raises RuntimeError with the store's log."""
+def _ready(info, _proc):
+    return bool(info.get("ready"))
+
+
+def start_store(run_root, addr, python, port=0, timeout=120.0, early=False):
+    """Start the store (or take the running one); its info once it serves, or with ``early``
+    once its port is bound (then :func:`wait_ready`). Raises RuntimeError with the store's
+    log."""
     info = running_store(run_root)
     if info:
-        return info
+        return info if early else wait_ready(run_root, timeout)
     os.makedirs(run_root, exist_ok=True)
     path = store_path(run_root)
     # (on a proctrack/cgroup Slurm site the job's rankdeck-host step starts it:
     # agent/slurm/host_step.py). The Popen is dropped: the store is a session leader of its
-    # own; the serve process reaps it only if it ends while serve lives.
+    # own; the serve process reaps it only if it ends while serve lives. The store writes
+    # its own info (pid, start time, python), owner-only as detach.start leaves it.
     info, _proc = detach.start(
-        [python or sys.executable, "-c", STORE_SCRIPT, addr, str(port), path], path,
-        "the rendezvous store", out=os.path.join(run_root, "store.log"), env=node.agent_env(),
-        cwd=run_root, timeout=timeout, spawn=host_step.spawn)
-    info["starttime"] = procs.stat(info["pid"]).starttime
-    info["python"] = python  # a fresh store (fresh_store) starts with the same
-    write_json_atomic(path, info)
-    os.chmod(path, 0o600)  # owner-only, as detach.start left it, whatever this umask
+        [python or sys.executable, "-c", STORE_SCRIPT, addr, str(port), path, python or ""],
+        path, "the rendezvous store", out=os.path.join(run_root, "store.log"),
+        env=node.agent_env(), cwd=run_root, timeout=timeout, spawn=host_step.spawn,
+        ready=None if early else _ready)
     return info
+
+
+def wait_ready(run_root, timeout=120.0):
+    """The running store's info once it serves (``ready``). RuntimeError with its log's tail
+    when it ended first (or there is none), or after ``timeout`` seconds (it is stopped)."""
+    path = store_path(run_root)
+    deadline = time.monotonic() + timeout
+    while True:
+        info = detach.read_info(path)
+        if isinstance(info, dict) and info.get("ready"):
+            return info
+        if not (isinstance(info, dict) and procs.alive(info.get("pid", -1),
+                                                       info.get("starttime"))):
+            raise RuntimeError("the rendezvous store ended before it served: %s" % (
+                log_tail(os.path.join(run_root, "store.log")) or "it wrote no log"))
+        if time.monotonic() >= deadline:
+            stop_store(run_root)
+            raise RuntimeError("the rendezvous store did not serve within %.0f s (stopped; "
+                               "its log: %s)" % (timeout, log_tail(
+                                   os.path.join(run_root, "store.log"), 500) or "empty"))
+        time.sleep(detach.POLL)
 
 
 def fresh_store(run_root, addr, python, timeout=120.0):

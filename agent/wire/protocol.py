@@ -44,6 +44,7 @@ OPS = (
     "actions",  # a node's action log
     "preflight",
     "store_start",
+    "store_wait",  # the store an early store_start began, once it serves
     "store_stop",
     "expel",  # a fenced node's dead torchrun taken out of the rendezvous (agent/surgery/expel.py)
     "start",

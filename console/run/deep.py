@@ -150,18 +150,23 @@ async def network(ctl, checks: list[HostCheck]) -> dict:
     root = "%s/%s" % (CHECK_ROOT, check_id)
     link0 = ctl.links[first.name]
     started = time.monotonic()
-    try:
+    try:  # answered once its port is bound: the probes import torch while the store does
         store = await link0.request("store_start", run_root=root, addr=first.addr,
-                                    python=first.python or sys.executable, timeout=180)
+                                    python=first.python or sys.executable, early=True,
+                                    timeout=180)
     except AgentError as exc:
         return {"error": "%s: could not start the check's store: %s" % (first.name, exc)}
     try:
-        answers = await asyncio.gather(*(
+        *answers, served = await asyncio.gather(*(
             ctl.links[h.name].request(
                 "netcheck", addr=first.addr, port=store["port"], rank=i, world=n,
                 python=h.python or sys.executable, seconds=NET_SECONDS, max_mb=NET_MAX_MB,
                 limit_s=NET_LIMIT_S, check=check_id, timeout=NET_LIMIT_S * 4 + 120)
-            for i, h in enumerate(hosts)), return_exceptions=True)
+            for i, h in enumerate(hosts)), link0.request(
+                "store_wait", run_root=root, wait=170, timeout=180), return_exceptions=True)
+        if isinstance(served, BaseException):
+            return {"error": "%s: could not start the check's store: %s"
+                    % (first.name, clean(str(served), limit=600))}
     finally:
         try:
             await link0.request("store_stop", run_root=root, timeout=30)

@@ -152,10 +152,11 @@ async def _launch(ctl, spec: LaunchSpec, allow_partial: bool, inventory_path: st
     for h in active:
         ctl.state.set_node(h.name, "starting")
     await ctl.hold_nodes(hosts)
-    try:
-        store = await ctl.links[rdzv.name].request(
+    store_link = ctl.links[rdzv.name]
+    try:  # answered once its port is bound: the nodes start while the store's torch loads
+        store = await store_link.request(
             "store_start", run_root=ctl.root_of(rdzv.name), addr=rdzv.addr,
-            python=rdzv.python or sys.executable, timeout=180)
+            python=rdzv.python or sys.executable, early=True, timeout=180)
     except AgentError as exc:
         raise LaunchError("%s: could not start the rendezvous store: %s"
                           % (rdzv.name, exc), EXIT_FAILED) from None
@@ -164,8 +165,6 @@ async def _launch(ctl, spec: LaunchSpec, allow_partial: bool, inventory_path: st
     await ctl.start_judge(rdzv, active, spec)
     if spec.auto_cordon and ctl.judge_ref and rdzv.spare:
         await keep_spare_spec(ctl, rdzv, spec, endpoint)
-    ctl.state.add_event(rdzv.name, "rendezvous", "rendezvous store at %s%s" % (
-        endpoint, "; " + store["note"][:300] if store.get("note") else ""))
     # each node keeps the record (no secret values): what `watch RUN -i` on another
     # laptop reads (console/run/hosted_record.py)
     started = await ctl.gather_nodes(
@@ -174,14 +173,22 @@ async def _launch(ctl, spec: LaunchSpec, allow_partial: bool, inventory_path: st
                                   record=ctl.record),
         [h.name for h in active])
     bad = {n: r for n, r in started.items() if isinstance(r, BaseException)}
+    if not bad:
+        try:
+            store = await store_link.request("store_wait", run_root=ctl.root_of(rdzv.name),
+                                             wait=170, timeout=180)
+        except AgentError as exc:
+            bad = {rdzv.name: exc}  # its words name the store
     if bad:
         await ctl.gather_nodes(lambda link: link.request(
             "stop", run_root=link.run_root, node=link.name),
-            [n for n in started if n not in bad])
-        await ctl.links[rdzv.name].request("store_stop", run_root=ctl.root_of(rdzv.name))
+            [n for n, r in started.items() if not isinstance(r, BaseException)])
+        await store_link.request("store_stop", run_root=ctl.root_of(rdzv.name))
         raise LaunchError("could not start on %s; the run was stopped:\n%s" % (
             ", ".join(bad), "\n".join(cause_line(n, e) for n, e in bad.items())),
             EXIT_FAILED, bad)
+    ctl.state.add_event(rdzv.name, "rendezvous", "rendezvous store at %s%s" % (
+        endpoint, "; " + store["note"][:300] if store.get("note") else ""))
     await warm_spares(ctl, spec, endpoint, bool(slurm.job_of(ctl.inventory.transport or "")))
     ctl.history.save(ctl.record)
     await ctl.subscribe_all()

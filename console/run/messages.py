@@ -134,7 +134,7 @@ def check_answer(op: str, data) -> None:
         _field(data, "sweep", _DICT, what, optional=True)
     elif op == "subscribe":
         _field(data, "offset", _INT, what)
-    elif op == "store_start":
+    elif op in ("store_start", "store_wait"):
         _field(data, "port", _INT, what, span=(1, 65536))
         _field(data, "pid", _INT, what, optional=True)
         _field(data, "addr", _STR, what, optional=True)

@@ -10,7 +10,7 @@ thing, per version, is bench/compat.py's "store on rdzv addr" row.
 import os
 import socket
 
-from agent.store.tcpstore import master_store
+from agent.store.tcpstore import listen_socket, master_store
 
 ADDR = "127.0.0.2"
 
@@ -44,8 +44,11 @@ def bound_to(fd):
 
 
 def test_torch_2_4_store_gets_the_socket_bound_to_the_rendezvous_address():
-    store, listens, note = master_store(Torch24Store, ADDR, 0)
+    sock = listen_socket(ADDR, 0)
+    port = sock.getsockname()[1]
+    store, listens, note = master_store(Torch24Store, ADDR, sock)
     try:
+        assert store.port == port
         assert [m["use_libuv"] for m in Torch24Store.made] == [False]
         assert bound_to(Torch24Store.made[0]["fd"]) == (ADDR, store.port)
         assert listens == "%s:%d" % (ADDR, store.port)
@@ -55,7 +58,11 @@ def test_torch_2_4_store_gets_the_socket_bound_to_the_rendezvous_address():
 
 
 def test_a_store_that_takes_no_listen_fd_says_where_it_listens():
-    store, listens, note = master_store(NoListenFdStore, ADDR, 0)
+    sock = listen_socket(ADDR, 0)
+    port = sock.getsockname()[1]
+    store, listens, note = master_store(NoListenFdStore, ADDR, sock)
+    # the port the store said it bound, before torch: its socket closed, TCPStore's own on it
+    assert store.port == port and sock.fileno() == -1
     assert listens == "*:%d" % store.port
     assert note == ("this torch takes no listen fd: the store listens on *:%d (every address "
                     "of the host), not on %s alone" % (store.port, ADDR))

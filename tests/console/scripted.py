@@ -217,7 +217,7 @@ class ScriptedTransport(Transport):
             data = {"port": 29399}
         elif req.op == "probe_tcp":
             data = {"ok": True, "ms": 0.4}
-        elif req.op == "store_start":
+        elif req.op in ("store_start", "store_wait"):
             data = {"port": 29400, "pid": 4242}
         elif req.op == "start":
             node.launches += 1

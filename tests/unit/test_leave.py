@@ -80,6 +80,26 @@ async def test_a_headless_launch_that_fails_marks_its_nodes_failed_as_the_tui_do
     assert recorded(tmp_path)["state"] == "failed"  # leaving did not write over it
 
 
+async def test_a_store_that_never_serves_fails_the_launch_after_the_nodes_started(tmp_path):
+    # the store is asked early (its port bound, its torch still loading) so the nodes start
+    # beside it; a store that then cannot serve stops every node it started, and is the cause
+    script = standard_script(host_names(3), t0=time.time())
+    t = script.transport(refuse={("store_wait", "node1"): "the rendezvous store ended before "
+                                 "it served: ModuleNotFoundError: No module named 'torch'"})
+    ctl, launch = controller(str(tmp_path), t, hosts=3)
+    async with ctl:
+        with pytest.raises(LaunchError) as raised:
+            await follow(ctl, HEADLESS, launch)
+    said = str(raised.value)
+    assert raised.value.code == 1 and "could not start on node1" in said, said
+    assert "\n  node1: error: the rendezvous store ended before it served: " \
+        "ModuleNotFoundError: No module named 'torch'" in said, said
+    assert [r.args.get("early") for r in t.requests if r.op == "store_start"] == [True]
+    assert sorted(t.ops("start")) == sorted(t.ops("stop")) == ["node1", "node2", "node3"]
+    assert t.ops("store_stop") == ["node1"]
+    assert recorded(tmp_path)["state"] == "failed"
+
+
 async def test_leaving_a_run_that_ended_stops_its_store_and_saves_its_status(tmp_path, capsys):
     script = standard_script(host_names(2), t0=time.time())
     for node in host_names(2):
