@@ -19,9 +19,8 @@ that step has the host's time); with no such event, a node's clock is taken as i
 Plain data, no I/O, no threads; standard library only; Python >= 3.9.
 """
 
-from math import isfinite
-
 from .goodput_steps import NO_STEP, RankSteps
+from .kinds import finite, integer
 
 BUCKETS = ("start-up", "productive", "rendezvous", "checkpoint", "stalled", "recovery",
            "redone", "end")
@@ -434,15 +433,13 @@ def _name(value):
 
 
 def _int(value):
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if integer(value) else None
 
 
 def _step(value):
     """A step a rank's record may carry: a whole number its array holds (a host's JSON may
     hold any integer: 2**70 would not fit a 64-bit slot)."""
-    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < STEP_MOST
+    return integer(value) and abs(value) < STEP_MOST
 
 
-def _num(value):
-    """A finite number (a host's JSON may hold NaN or Infinity, which Python reads)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and isfinite(value)
+_num = finite  # a host's JSON may hold NaN or Infinity, which Python reads

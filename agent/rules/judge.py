@@ -35,6 +35,7 @@ import signal
 import statistics
 
 from . import rankcpu, rendezvous
+from .kinds import whole
 
 STALL_FACTOR = 5.0
 VERDICT_AGAIN_S = 10.0
@@ -60,10 +61,6 @@ def event(what, node, rank=None, **fields):
     return out
 
 
-def _whole(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def nan_loss(meta, streak):
     """``(diverged, streak)`` for a ``metric`` record of a rank whose ``streak`` records in a
     row before it had a loss that was inf or NaN: a rank diverges at a non-finite loss in a
@@ -79,7 +76,7 @@ def nan_loss(meta, streak):
     if loss == loss and loss not in (float("inf"), float("-inf")):
         return False, 0
     streak += 1
-    return _whole(meta.get("step")) or streak >= 2, streak
+    return whole(meta.get("step")) or streak >= 2, streak
 
 
 def stall_threshold(rs, minimum):
@@ -197,7 +194,7 @@ def gpu_proposal(view, node, gpu, error):
     not for the Xids a job causes itself (JOB_XIDS), nor with proposals off."""
     ns = view.nodes.get(node)
     if ns is None or not view.cordon_within_s or not isinstance(error, str) or \
-            not _whole(gpu) or error in ("Xid %d" % x for x in JOB_XIDS) or \
+            not whole(gpu) or error in ("Xid %d" % x for x in JOB_XIDS) or \
             (gpu, error) in ns.gpu_proposed:
         return []
     ns.gpu_proposed.add((gpu, error))

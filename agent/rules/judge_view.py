@@ -17,6 +17,7 @@ from collections import deque
 from . import rankcpu, rendezvous
 from .judge import (CORDON_WITHIN_S, ENDED, cordon_proposal, event, gpu_proposal, how_it_ended,
                     nan_loss)
+from .kinds import whole
 from .straggler import Stragglers
 
 CASCADE_S = 30.0  # a worker failure this soon after another node's failure or restart is its echo
@@ -98,9 +99,9 @@ class RunView:
             return self._sampled(node, meta, now) if node in self.nodes else []
         if kind == "file" and node not in self.nodes:
             return []  # a cordoned node's last records: it is out of the run
-        if kind == "file" and _whole(meta.get("rank")) and _whole(meta.get("f")):
+        if kind == "file" and whole(meta.get("rank")) and whole(meta.get("f")):
             rank = meta["rank"]
-            if _whole(meta.get("world_size")) and 0 < meta["world_size"] <= 1 << 20:
+            if whole(meta.get("world_size")) and 0 < meta["world_size"] <= 1 << 20:
                 self.world = meta["world_size"]
             self.files[(node, meta["f"])] = rank
             rs = self.ranks.get(rank)
@@ -225,5 +226,3 @@ def _phase_in(phase, before, sent, now):
     return phase
 
 
-def _whole(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -25,6 +25,8 @@ a loop: :func:`loop_words` says so.
 Standard library only; Python >= 3.9.
 """
 
+from .kinds import whole
+
 DEFAULT_AFTER = 3  # restarts without progress before the loop is declared (launch --loop-restarts)
 SHARED_HINT = "is the checkpoint folder shared by every node?"
 KEPT_FAILURES = 64  # failures remembered per node (a loop needs `after` + 1 of them)
@@ -68,11 +70,11 @@ class Loops:
         failures, else None."""
         kind = meta.get("k")
         fid = meta.get("f")
-        if kind == "file" and _whole(meta.get("rank")) and _whole(fid):
+        if kind == "file" and whole(meta.get("rank")) and whole(fid):
             if (node, fid) not in self.files:
                 self.fresh.add((node, fid))
             self.files[(node, fid)] = meta["rank"]
-        elif kind == "metric" and _whole(meta.get("step")):
+        elif kind == "metric" and whole(meta.get("step")):
             nl = self.node(node)
             nl.reached = max(meta["step"], nl.reached or 0)
             if nl.failed_at and nl.reached >= nl.failed_at[-1]:
@@ -86,13 +88,13 @@ class Loops:
         elif kind == "resumed":
             rank = self.files.get((node, fid))
             step = meta.get("step")
-            if rank is not None and (node, fid) in self.fresh and _whole(step):
+            if rank is not None and (node, fid) in self.fresh and whole(step):
                 self.resumed[rank] = step or None
                 self.exact.add(rank)
         elif kind == "event" and meta.get("what") == "worker_failed":
             nl = self.node(node)
             attempt = meta.get("attempt")
-            if _whole(attempt):
+            if whole(attempt):
                 if attempt in nl.attempts:
                     return None
                 nl.attempts.add(attempt)
@@ -204,7 +206,3 @@ def rank_list(ranks):
     if len(words) > 8:
         words = words[:8] + ["..."]
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(words)
-
-
-def _whole(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -23,6 +23,8 @@ The rule (docs/STATUS.md, ``ranks[].silent``):
   hung rank that spins in Python keeps a silent run ``running``.
 """
 
+from .kinds import finite, whole
+
 CPU_MIN_SHARE = 0.02  # of one core, over a sample period
 # a sample's fr_error saying the rank cannot list its collectives at all (agent/torchrun/fr_dump.py,
 # agent/torchrun/frhook.py): its CPU alone is the evidence, as before the flight recorder
@@ -97,10 +99,10 @@ AGAIN_TEXT = "running again (it prints no steps; its CPU advances)"
 
 
 def _whole(value):
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MOST
+    return whole(value, MOST)
 
 
 def _number(value):
     """A number in [0, MOST]: not NaN nor infinite (a host's NaN would stall or wake the
     run for ever, and is not JSON in ``status --json``)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MOST
+    return finite(value) and 0 <= value <= MOST

@@ -20,6 +20,8 @@ the time: slowdown 3.0).
 from collections import deque
 from statistics import median
 
+from .kinds import whole
+
 LATE_MIN_S = 0.005
 MIN_COMMON = 8  # collectives every rank recorded, for a tick to count
 WINDOW = 6
@@ -48,7 +50,7 @@ def _times(rank):
 
 
 def _whole(value):
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= WHOLE_MAX
+    return whole(value, WHOLE_MAX)
 
 
 def shares(times):

@@ -12,7 +12,7 @@ host's answer with (console/run/fleet.py).
 
 from __future__ import annotations
 
-import math
+from agent.rules import kinds
 
 MAX_GPUS = 64
 MAX_ITEMS = 64  # throttle reasons, Xid events, pids per GPU
@@ -36,7 +36,7 @@ def _maybe_text(v):
 
 def whole(v) -> bool:
     """A host's count, size, pid or start time: a whole number from 0 below 2**62."""
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
+    return kinds.whole(v, (1 << 62) - 1)
 
 
 def _maybe_whole(v):
@@ -46,8 +46,7 @@ def _maybe_whole(v):
 def number(v) -> bool:
     """A host's figure (a time, a rate, a load): finite and under 1e18 either way, so it
     prints as a figure, not as hundreds of digits."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
-        and abs(v) < 1e18
+    return kinds.finite(v) and abs(v) < 1e18
 
 
 def _rate(v):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from agent.rules.kinds import integer
 from agent.wire import protocol
 
 # a supervisor's states (state.json ``state``; agent/supervisor/supervisor.py, agent/node/folder.py "lost")
@@ -129,7 +130,7 @@ def check_answer(op: str, data) -> None:
             _bad("%s has alive = %s, not true or false" % (what, _what(data["alive"])))
         left = data.get("left")
         if left is not None and not (isinstance(left, list) and len(left) <= SAMPLE_RANKS_MAX
-                                     and all(_is_int(p) for p in left)):
+                                     and all(integer(p) for p in left)):
             _bad("%s has left = %s, not a list of pids" % (what, _what(left)))
         _field(data, "sweep", _DICT, what, optional=True)
     elif op == "subscribe":
@@ -192,7 +193,7 @@ def _record(rec) -> None:
             _field(meta, key, _INT, what, optional=True)
         _rank_fields(meta, what)
         _field(meta, "world_size", _INT, what, optional=True, span=(1, WORLD_MAX + 1))
-        if _is_int(meta.get("rank")) and _is_int(meta.get("world_size")) \
+        if integer(meta.get("rank")) and integer(meta.get("world_size")) \
                 and meta["rank"] >= meta["world_size"]:
             _bad("%s has rank %d in a world of %d" % (what, meta["rank"], meta["world_size"]))
         for key in ("stream", "instance", "path"):
@@ -346,7 +347,7 @@ def _field(obj: dict, key: str, kind: str, what: str, optional: bool = False,
     if value is None and optional:
         return
     if kind == _INT:  # the one test asked for, not all five: a few a record, every record
-        ok = _is_int(value) and span[0] <= value < span[1]
+        ok = integer(value) and span[0] <= value < span[1]
     elif kind == _NUM:
         ok = _is_num(value) and -NUMBER_MAX <= value <= NUMBER_MAX  # NaN fails both
     elif kind == _LOSS:
@@ -356,16 +357,12 @@ def _field(obj: dict, key: str, kind: str, what: str, optional: bool = False,
     if not ok:
         if value is None:
             _bad("%s has %s no value, not %s" % (what, key, kind))
-        if kind == _INT and _is_int(value):
+        if kind == _INT and integer(value):
             _bad("%s has %s = %s, not from %d to %d" % (what, key, _what(value), span[0],
                                                          span[1] - 1))
         if kind == _NUM and _is_num(value):
             _bad("%s has %s = %s, not a finite number" % (what, key, _what(value)))
         _bad("%s has %s = %s, not %s" % (what, key, _what(value), kind))
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_num(value) -> bool:
