@@ -7,7 +7,7 @@ nodes table's health column and the status table (``ok 9.8G``, ``slow 0.05G``, `
 
 from __future__ import annotations
 
-import math
+from agent.rules import kinds
 
 from ..lines.sanitize import clean
 
@@ -21,8 +21,7 @@ NONE = "-"  # no deep check ran for the node
 
 
 def _figure(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value < 0:
+    if not kinds.finite(value) or value < 0:
         return None
     return float(value)
 

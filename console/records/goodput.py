@@ -8,9 +8,9 @@ docs/GOODPUT.md says how each bucket is counted.
 
 from __future__ import annotations
 
-import math
 import time
 
+from agent.rules import kinds
 from agent.rules.goodput import BUCKETS, MAX_INCIDENTS
 
 from ..lines.sanitize import clean
@@ -145,8 +145,7 @@ def _incident(inc) -> dict:
 
 
 def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value) and abs(value) < 1e15
+    return kinds.finite(value) and abs(value) < 1e15
 
 
 def _num(value, none_ok: bool = False):

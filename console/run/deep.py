@@ -12,14 +12,13 @@ plan, and named with the inventory's names, never the host's. A node named here 
 from __future__ import annotations
 
 import asyncio
-import math
 import secrets
 import sys
 import time
 from collections import Counter
 from statistics import median
 
-from agent.rules import health
+from agent.rules import health, kinds
 from agent.wire.sync import SHA_RE
 from ..errors import AgentError
 from ..lines.sanitize import clean
@@ -42,8 +41,7 @@ VERSIONS = (("python", "Python"), ("torch", "torch"), ("cuda", "CUDA"), ("nccl",
 def _gbps(value):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value < 0:
+    if not kinds.finite(value) or value < 0:
         raise ValueError("a figure that is not a rate: %r" % (value,))
     return float(value)
 
@@ -193,7 +191,7 @@ async def network(ctl, checks: list[HostCheck]) -> dict:
     v = health.verdict(n, pairs, again)
     gpus = {name: _gpu_figures(ans.get("gpus")) for name, ans in zip(names, answers)}
     rounds_s = answers[0].get("rounds_s")
-    if not (isinstance(rounds_s, (int, float)) and math.isfinite(rounds_s)):
+    if not kinds.finite(rounds_s):
         rounds_s = None
     return {"gpus": gpus, "rounds_s": rounds_s,
             "rounds": len(plan), "recheck_rounds": len(rechecks),

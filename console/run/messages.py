@@ -351,7 +351,9 @@ def _field(obj: dict, key: str, kind: str, what: str, optional: bool = False,
     elif kind == _NUM:
         ok = _is_num(value) and -NUMBER_MAX <= value <= NUMBER_MAX  # NaN fails both
     elif kind == _LOSS:
-        ok = _is_num(value)  # inf and NaN pass: a diverged run's loss (state_ranks.py marks it)
+        # inf and NaN pass: a diverged run's loss (state_ranks.py marks it); an int no float
+        # can hold does not
+        ok = isinstance(value, float) or integer(value) and abs(value) <= NUMBER_MAX
     else:
         ok = isinstance(value, str if kind == _STR else dict)
     if not ok:

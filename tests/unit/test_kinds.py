@@ -35,3 +35,14 @@ def test_goodput_leaves_out_records_whose_time_is_too_large_for_a_float():
     g.add(None, {"k": "event", "what": "stalled", "ts": HUGE})
     report = g.report()
     assert report["ranks"] == 1, report
+
+
+def test_a_deep_checks_figures_too_large_for_a_float_are_no_figures():
+    from console.model import health
+    from console.records import goodput as goodput_record
+    from console.run import deep
+
+    assert deep._gpu_figures([{"index": 0, "tflops": HUGE, "copy_gbps": 10}]) == \
+        [{"index": 0, "tflops": None, "copy_gbps": 10.0}]
+    assert health._figure(HUGE) is None and health._figure(2) == 2.0
+    assert not goodput_record._finite(HUGE) and goodput_record._finite(3.5)

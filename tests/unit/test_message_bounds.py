@@ -38,6 +38,9 @@ FILE = {"k": "file", "f": 1, "rank": 0, "local_rank": 0, "world_size": 4, "strea
     (dict(FILE, rank=4), 10, "rank 4 in a world of 4"),
     ({"k": "event", "what": "worker_failed", "exit_code": 2 ** 40}, 10, "exit_code"),
     ({"k": "ckpt", "step": 5, "bytes": float("inf")}, 10, "bytes = inf"),
+    # a loss may be inf or NaN (a diverged run), not an int no float can hold: the chart's
+    # and the table's float conversions raised OverflowError on it
+    ({"k": "metric", "f": 1, "loss": 10 ** 400}, 10, "loss = 1000000000"),
 ])
 def test_numbers_out_of_bounds_are_refused_with_the_reason(meta, end, reason):
     with pytest.raises(protocol.ProtocolError) as err:
