@@ -13,8 +13,7 @@ Every label value is masked with the run's secrets (the judge's Masker) before i
 the run id, node names and host addresses. Standard library only; Python >= 3.9.
 """
 
-import math
-
+from ..rules.kinds import finite
 from ..rules.prom_text import Family
 
 MAX_GPUS = 64  # a node's GPUs kept; a host that reports more is cut there
@@ -157,10 +156,8 @@ def _gpus(snap):
 def _number(value, nan_ok=False):
     """``value`` if it is a number a figure can be (finite, 0 <= |value| < 2^62; a loss may be
     inf or NaN), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if math.isnan(value) or math.isinf(value):
-        return float(value) if nan_ok else None
+    if not finite(value):  # an int no float can hold too
+        return value if nan_ok and isinstance(value, float) else None
     if abs(value) >= MOST or (value < 0 and not nan_ok):
         return None
     return value

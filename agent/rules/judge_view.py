@@ -17,7 +17,7 @@ from collections import deque
 from . import rankcpu, rendezvous
 from .judge import (CORDON_WITHIN_S, ENDED, cordon_proposal, event, gpu_proposal, how_it_ended,
                     nan_loss)
-from .kinds import whole
+from .kinds import finite, whole
 from .straggler import Stragglers
 
 CASCADE_S = 30.0  # a worker failure this soon after another node's failure or restart is its echo
@@ -169,7 +169,7 @@ class RunView:
         if step is None:
             return out
         rs.step = step
-        if isinstance(meta.get("step_time"), (int, float)):
+        if finite(meta.get("step_time")) and meta["step_time"] >= 0:
             rs.step_times.append(meta["step_time"])
         rs.last_progress = now
         rs.reports = True

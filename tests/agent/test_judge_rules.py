@@ -143,3 +143,19 @@ def test_a_failure_that_echoes_another_nodes_is_not_the_restarted_nodes_trouble(
     echo = {"k": "event", "what": "worker_failed", "rank": 1, "exit_code": 1}
     assert view.apply("node1", echo, 203) == []
     assert [e["node"] for e in view.apply("node1", echo, 300)] == ["node1"]
+
+
+def test_figures_no_float_can_hold_are_left_out_of_the_stall_threshold_and_the_metrics():
+    # a node's record may carry 10**400 (JSON writes it out in digits): before, the stall
+    # threshold's median times a float, and the Prometheus figure's isnan, raised OverflowError
+    from agent.judge.figures import _number
+    from agent.rules.judge import stall_threshold
+
+    view = RunView(["node0"], 5)
+    view.apply("node0", {"k": "file", "f": 1, "rank": 0}, 0)
+    for step, step_time in ((1, 0.5), (2, 10 ** 400), (3, -1.0), (4, 0.5)):
+        view.apply("node0", {"k": "metric", "f": 1, "step": step, "step_time": step_time}, step)
+    assert list(view.ranks[0].step_times) == [0.5, 0.5]
+    assert stall_threshold(view.ranks[0], 5) == 5
+    assert _number(10 ** 400) is None and _number(10 ** 400, nan_ok=True) is None
+    assert _number(float("inf"), nan_ok=True) == float("inf") and _number(3) == 3

@@ -56,7 +56,7 @@ def junk_value(rng, depth=0):
     if kind == 1:
         return rng.choice([True, False])
     if kind == 2:
-        return rng.choice([0, -1, 1 << 70, -(1 << 70), 2 ** 63, rng.randrange(-9, 9)])
+        return rng.choice([0, -1, 1 << 70, -(1 << 70), 2 ** 63, 10 ** 400, rng.randrange(-9, 9)])
     if kind == 3:
         return rng.choice([0.5, -1e308, 1e308, float("nan"), float("inf"), -0.0])
     if kind in (4, 5):
