@@ -2,7 +2,12 @@
 advances, and `stalled` once no rank's CPU does (agent/rules/rankcpu.py). Real torchrun, gloo,
 2 local nodes; the supervisors sample the workers' CPU every second (agent/supervisor/ranksample.py).
 The stall is the run's judge's rule (agent/rules/judge.py): an attached console shows the
-judge's events, and a detached run with no console gets them in the judge's journal."""
+judge's events, and a detached run with no console gets them in the judge's journal.
+
+Each run is its start-up, then ``BUSY_S`` of work, then ``STALL_S`` of idle CPU: both short
+(4 s), since with samples every second a few of them show the CPU advancing, and a busy
+rank's CPU on a loaded 2-core machine does not stand still for 4 s (the stall needs no
+rank's to advance that long)."""
 
 from __future__ import annotations
 
@@ -28,17 +33,20 @@ from .test_judge import judge_events, stop
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
 SILENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "silent_worker.py")
+BUSY_S = "4"  # the ranks' work, before they sleep
+STALL_S = 4.0  # the run's stall threshold
 
 
 async def launch_silent(tmp_path) -> RunController:
-    """Two local nodes of one silent rank each, busy 12 s then idle; a stall after 8 s."""
+    """Two local nodes of one silent rank each, busy BUSY_S then idle; a stall after STALL_S."""
     ctl = RunController(local_inventory(tmp_path / "work", n=2), LocalTransport(), History())
     # as `rankdeck launch` does (console/verbs/launch.py): the run's threshold is this
     # console's too, which the console's own rules read when the hosts have no judge (else
     # they wait the default 60 s; with a judge, its threshold reaches the console anyway)
-    ctl.state.stall_min_s = 8.0
-    await ctl.launch(LaunchSpec(script=SILENT, max_restarts=0, grace=3, stall_after=8.0,
-                                env={"RANKDECK_SAMPLE_S": "1", "BUSY_S": "12"}), preflight=False)
+    ctl.state.stall_min_s = STALL_S
+    await ctl.launch(LaunchSpec(script=SILENT, max_restarts=0, grace=3, stall_after=STALL_S,
+                                env={"RANKDECK_SAMPLE_S": "1", "BUSY_S": BUSY_S}),
+                     preflight=False)
     return ctl
 
 
@@ -66,7 +74,8 @@ def test_a_detached_run_that_prints_nothing_is_stalled_by_its_judge(tmp_path):
     work = str(tmp_path / "work")
     inv = write_inventory(tmp_path, work, 2)
     out = rankdeck("launch", "--detach", "--skip-preflight", "-i", inv, "--max-restarts", "0",
-                   "--stall-after", "8", "--env", "RANKDECK_SAMPLE_S=1", "--env", "BUSY_S=8",
+                   "--stall-after", "%g" % STALL_S, "--env", "RANKDECK_SAMPLE_S=1",
+                   "--env", "BUSY_S=" + BUSY_S,
                    SILENT, env=UNBUFFERED)
     assert out.returncode == 0, out.stdout + out.stderr
     run_id = out.stdout.strip().splitlines()[-1]
