@@ -4,10 +4,12 @@ advances, and `stalled` once no rank's CPU does (agent/rules/rankcpu.py). Real t
 The stall is the run's judge's rule (agent/rules/judge.py): an attached console shows the
 judge's events, and a detached run with no console gets them in the judge's journal.
 
-Each run is its start-up, then ``BUSY_S`` of work, then ``STALL_S`` of idle CPU: both short
-(4 s), since with samples every second a few of them show the CPU advancing, and a busy
-rank's CPU on a loaded 2-core machine does not stand still for 4 s (the stall needs no
-rank's to advance that long). The detached run is launched as the module starts and runs
+Each run is its start-up, then ``BUSY_S`` of work, then ``STALL_S`` of idle CPU. The stall
+threshold is short (4.5 s): a busy rank's CPU on a loaded 2-core machine does not stand still
+that long (the stall needs no rank's to advance that long). The work keeps its 12 s (8 s for
+the detached run, whose `status` is the judge's): with 4 s, `status` from a new shell with
+no judge once said both ranks `running` after the console had stalled them (its replay of
+the journals had not marked them busy: a question for console/model/ranks.py ``sample``). The detached run is launched as the module starts and runs
 beside the first test's (fixture ``detached``)."""
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ from .test_judge import judge_events
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
 SILENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "silent_worker.py")
-BUSY_S = "4"  # the ranks' work, before they sleep
-STALL_S = 4.0  # the run's stall threshold
+BUSY_S = "12"  # the ranks' work, before they sleep
+# the run's stall threshold, off the samples' grid: the idle time the rule measures is from
+# one sample to another (whole seconds, or 2 s when a loaded supervisor skips a tick), so a
+# threshold of 4 s was crossed by 0.01 s, and a replay in `status` could see it not crossed
+STALL_S = 4.5
 
 
 async def launch_silent(tmp_path) -> RunController:
@@ -84,7 +89,7 @@ class Detached:
         self.proc = start_rankdeck(
             "launch", "--detach", "--skip-preflight", "-i", inv, "--max-restarts", "0",
             "--stall-after", "%g" % STALL_S, "--env", "RANKDECK_SAMPLE_S=1",
-            "--env", "BUSY_S=" + BUSY_S, SILENT, env=self.env,
+            "--env", "BUSY_S=8", SILENT, env=self.env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.run_id: str | None = None
 
