@@ -144,7 +144,7 @@ class Run:
         self.ranks: list[dict] | None = None
         self.ended = False
         self.closing = False
-        self._pool = ThreadPoolExecutor(5)  # the watch for the run's end and its 4 reads
+        self._pool = ThreadPoolExecutor(6)  # the watch for the run's end and its 5 reads
         self.after_end: Future | None = None
 
     def watch_end(self, server: MlflowServer) -> None:
@@ -152,19 +152,25 @@ class Run:
         self.after_end = self._pool.submit(self._after_end, server)
 
     def _after_end(self, server: MlflowServer) -> dict[str, Future]:
-        """Once every process of the run is gone: `status`, the jsonl export, the first
-        MLflow export (experiment ``once``) and the W&B export, side by side."""
+        """Once every process of the run is gone: `status`, the jsonl export, the MLflow
+        export (experiment ``once``; the same again when it is done) and the W&B export, side
+        by side."""
         all_ended(self.run_id, TIMEOUT)
         if self.closing:  # the module's tests are over: the run was killed
             return {}
         jobs = {"status": ("status", self.run_id, "--json"),
                 "jsonl": ("export", self.run_id, "--format", "jsonl",
                           "--out", str(self.folder / "jsonl")),
-                "mlflow": ("export", self.run_id, "--format", "mlflow", "--tracking-uri",
-                           server.url, "--experiment", "once"),
                 "wandb": ("export", self.run_id, "--format", "wandb",
                           "--out", str(self.folder / "wb"))}
-        return {name: self._pool.submit(self.rankdeck, *args) for name, args in jobs.items()}
+        done = {name: self._pool.submit(self.rankdeck, *args) for name, args in jobs.items()}
+        once = ("export", self.run_id, "--format", "mlflow", "--tracking-uri", server.url,
+                "--experiment", "once")
+        done["mlflow"] = self._pool.submit(self.rankdeck, *once)
+        # the same export again, once the first is done: what MLflow's test asserts refused
+        done["mlflow again"] = self._pool.submit(
+            lambda: done["mlflow"].result() and self.rankdeck(*once))
+        return done
 
     def after(self, name: str) -> subprocess.CompletedProcess:
         """What ``name`` of :meth:`_after_end` printed, once it is done."""
@@ -300,8 +306,7 @@ def test_mlflow_holds_every_ranks_steps_every_nodes_telemetry_and_no_secret(
         with open(path, "rb") as f:
             assert run.secret.encode() not in f.read(), path
     # a second export into the same experiment would log every point twice: refused
-    again = run.rankdeck("export", run.run_id, "--format", "mlflow", "--tracking-uri",
-                         server.url, "--experiment", "once")
+    again = run.after("mlflow again")  # started once the first was done (Run._after_end)
     assert again.returncode == 2 and "already holds run %s" % run.run_id in again.stderr
 
 
