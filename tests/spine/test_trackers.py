@@ -11,6 +11,11 @@
 - W&B offline (``WANDB_MODE=offline``, no network): the run's ``.wandb`` file read back with
   the wandb library's own record format holds every rank's loss by step and every node's
   telemetry.
+
+Waits overlap where nothing orders them: the MLflow server starts while the run is launched,
+and once the run's processes are gone the reads of its end that the tests make (`status`,
+``export --format jsonl``, the first MLflow export, the W&B export) run side by side, each a
+console's start-up, while ``--follow`` says its last; each test reads its own.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -60,7 +66,7 @@ class MlflowServer:
         # no job runner: MLflow 3's server starts one beside it (a huey consumer a queue, each
         # a Python that imports mlflow: 8 of them) for its GenAI jobs, which no export asks for
         env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-        with open(self.log, "wb") as log:
+        with open(self.log, "wb") as log:  # started here; ready() after the run's launch
             self.proc = subprocess.Popen(
                 MLFLOW + ["server", "--host", "127.0.0.1", "--port", str(self.port),
                           "--workers", "1", "--backend-store-uri",
@@ -68,6 +74,8 @@ class MlflowServer:
                           "--artifacts-destination", str(folder / "artifacts")],
                 cwd=str(folder), env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self) -> None:
         wait_for_sync(self.ready, 180, lambda: "mlflow server up; its log:\n"
                       + self.log.read_text()[-3000:], every=0.5)
 
@@ -118,6 +126,7 @@ class Run:
     ``rankdeck`` of the module gets (one state folder: the run's record is in it)."""
 
     def __init__(self, folder):
+        self.folder = folder
         self.secret = "trk-" + secrets.token_hex(16)
         self.env = dict(UNBUFFERED, XDG_STATE_HOME=str(folder / "state"),
                         XDG_CACHE_HOME=str(folder / "cache"),
@@ -134,6 +143,38 @@ class Run:
         self.run_id = out.stdout.strip().splitlines()[-1]
         self.ranks: list[dict] | None = None
         self.ended = False
+        self.closing = False
+        self._pool = ThreadPoolExecutor(6)  # the watch for the run's end and its 5 reads
+        self.after_end: Future | None = None
+
+    def watch_end(self, server: MlflowServer) -> None:
+        """Reads the run's end as soon as it comes (:meth:`_after_end`)."""
+        self.after_end = self._pool.submit(self._after_end, server)
+
+    def _after_end(self, server: MlflowServer) -> dict[str, Future]:
+        """Once every process of the run is gone: `status`, the jsonl export, the MLflow
+        export (experiment ``once``; the same again when it is done) and the W&B export, side
+        by side."""
+        all_ended(self.run_id, TIMEOUT)
+        if self.closing:  # the module's tests are over: the run was killed
+            return {}
+        jobs = {"status": ("status", self.run_id, "--json"),
+                "jsonl": ("export", self.run_id, "--format", "jsonl",
+                          "--out", str(self.folder / "jsonl")),
+                "wandb": ("export", self.run_id, "--format", "wandb",
+                          "--out", str(self.folder / "wb"))}
+        done = {name: self._pool.submit(self.rankdeck, *args) for name, args in jobs.items()}
+        once = ("export", self.run_id, "--format", "mlflow", "--tracking-uri", server.url,
+                "--experiment", "once")
+        done["mlflow"] = self._pool.submit(self.rankdeck, *once)
+        # the same export again, once the first is done: what MLflow's test asserts refused
+        done["mlflow again"] = self._pool.submit(
+            lambda: done["mlflow"].result() and self.rankdeck(*once))
+        return done
+
+    def after(self, name: str) -> subprocess.CompletedProcess:
+        """What ``name`` of :meth:`_after_end` printed, once it is done."""
+        return self.after_end.result(TIMEOUT)[name].result(TIMEOUT)
 
     def rankdeck(self, *args: str, **env) -> subprocess.CompletedProcess:
         return rankdeck(*args, timeout=TIMEOUT, env=dict(self.env, **env))
@@ -144,10 +185,15 @@ class Run:
         if self.ended:
             return
         all_ended(self.run_id, TIMEOUT)
-        out = self.rankdeck("status", self.run_id, "--json")
+        out = self.after("status")
         assert out.returncode == 0, out.stdout + out.stderr
         assert json.loads(out.stdout)["state"] == "succeeded", out.stdout
         self.ended = True
+
+    def close(self) -> None:
+        """The reads of the run's end finished (the run's processes killed first)."""
+        self.closing = True
+        self._pool.shutdown(wait=True)
 
     def kill_what_is_left(self) -> None:
         for pid, _cmd in processes_of(self.run_id):
@@ -156,18 +202,19 @@ class Run:
             except ProcessLookupError:
                 pass
 
-    def rows(self, folder) -> list[dict]:
+    def rows(self) -> list[dict]:
         """The ended run's rank rows as `export --format jsonl` writes them (once)."""
         if self.ranks is None:
-            out = self.rankdeck("export", self.run_id, "--format", "jsonl", "--out", str(folder))
+            out = self.after("jsonl")
             assert out.returncode == 0, out.stdout + out.stderr
-            with open(os.path.join(str(folder), "%s-ranks.jsonl" % self.run_id)) as f:
+            with open(str(self.folder / "jsonl" / ("%s-ranks.jsonl" % self.run_id))) as f:
                 self.ranks = [json.loads(line) for line in f]
         return self.ranks
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """The MLflow server, started (the ``run`` fixture waits until it is up)."""
     server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
     yield server
     server.close()
@@ -176,8 +223,14 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, server):
     run = Run(tmp_path_factory.mktemp("trackers"))
-    yield run
-    run.kill_what_is_left()  # a test that failed may leave it running
+    try:
+        server.wait_ready()  # it started while the run was launched
+        run.watch_end(server)
+        yield run
+    finally:
+        run.closing = True
+        run.kill_what_is_left()  # a test that failed may leave it running
+        run.close()
 
 
 def by_step(rows: list[dict], rank: int, key: str) -> list[tuple[int, float]]:
@@ -185,7 +238,7 @@ def by_step(rows: list[dict], rank: int, key: str) -> list[tuple[int, float]]:
                   if r["rank"] == rank and r["step"] is not None and r[key] is not None)
 
 
-def test_follow_adds_points_while_the_run_lives_and_ends_with_it(run, server, tmp_path):
+def test_follow_adds_points_while_the_run_lives_and_ends_with_it(run, server):
     proc = start_rankdeck("export", run.run_id, "--format", "mlflow", "--follow",
                           "--tracking-uri", server.url, "--experiment", "follow",
                           env=run.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -211,23 +264,22 @@ def test_follow_adds_points_while_the_run_lives_and_ends_with_it(run, server, tm
     assert "(succeeded)" in out, out
     done = server.run_of("follow")
     assert done["info"]["status"] == "FINISHED", done["info"]
-    rows = run.rows(tmp_path)
+    rows = run.rows()
     for rank in (0, 1):  # nothing lost, nothing twice
         assert server.history(done["info"]["run_id"], "rank%d/loss" % rank) == \
             by_step(rows, rank, "loss")
 
 
 def test_mlflow_holds_every_ranks_steps_every_nodes_telemetry_and_no_secret(
-        run, server, tmp_path):
+        run, server):
     run.wait_ended()
-    out = run.rankdeck("export", run.run_id, "--format", "mlflow", "--tracking-uri",
-                       server.url, "--experiment", "once")
+    out = run.after("mlflow")  # started as the run ended (Run._after_end)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "%s/#/experiments/" % server.url in out.stdout, out.stdout
     found = server.run_of("once")
     info, data = found["info"], found["data"]
     assert info["status"] == "FINISHED" and info["run_name"] == run.run_id
-    rows = run.rows(tmp_path)
+    rows = run.rows()
     assert {r["rank"] for r in rows} == {0, 1}
     for rank in (0, 1):
         for key in ("loss", "lr", "step_time", "tok_s"):
@@ -254,8 +306,7 @@ def test_mlflow_holds_every_ranks_steps_every_nodes_telemetry_and_no_secret(
         with open(path, "rb") as f:
             assert run.secret.encode() not in f.read(), path
     # a second export into the same experiment would log every point twice: refused
-    again = run.rankdeck("export", run.run_id, "--format", "mlflow", "--tracking-uri",
-                         server.url, "--experiment", "once")
+    again = run.after("mlflow again")  # started once the first was done (Run._after_end)
     assert again.returncode == 2 and "already holds run %s" % run.run_id in again.stderr
 
 
@@ -287,19 +338,19 @@ def wandb_records(path: str) -> list:
 
 
 def test_wandb_offline_run_reads_back_with_every_ranks_loss_and_every_nodes_telemetry(
-        run, tmp_path):
+        run):
     run.wait_ended()
-    out = run.rankdeck("export", run.run_id, "--format", "wandb", "--out", str(tmp_path / "wb"))
+    out = run.after("wandb")  # started as the run ended (Run._after_end)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "wandb sync" in out.stdout, out.stdout
-    folder = [os.path.join(d, f) for d, _s, fs in os.walk(str(tmp_path / "wb")) for f in fs]
+    folder = [os.path.join(d, f) for d, _s, fs in os.walk(str(run.folder / "wb")) for f in fs]
     (path,) = [p for p in folder if p.endswith(".wandb")]
     rows = []
     for rec in wandb_records(path):
         if rec.WhichOneof("record_type") == "history":
             rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
                          for i in rec.history.item})
-    want = run.rows(tmp_path)
+    want = run.rows()
     for rank in (0, 1):
         got = sorted((r["rank%d/step" % rank], r["rank%d/loss" % rank]) for r in rows
                      if "rank%d/loss" % rank in r)
