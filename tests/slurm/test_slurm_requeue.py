@@ -59,6 +59,21 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
             job, slurm.cmd(["squeue", "-h", "--states=all", "-j", job, "-o", "%T %r %S"],
                            check=False)), every=1)
 
+        def lines_on_nodes() -> list[str]:
+            """What the ranks wrote, read on the nodes: a wait looks there before it asks
+            `logs` (a rankdeck process, an SSH login and an srun to each node, every look)."""
+            lines = []
+            for node in slurm.nodes:
+                for path in rank_log_files(slurm.hosts.local_path(node, host_workdir),
+                                           run_id, node):
+                    with open(path, errors="replace") as f:
+                        lines += f.read().splitlines()
+            return lines
+        wait_for_sync(lambda: sum(bool(re.search(r"resumed step=\d+ ", ln))
+                                  for ln in lines_on_nodes()) >= PAIR, TIMEOUT,
+                      lambda: "every rank's resume in its file: %s" % lines_on_nodes()[-20:],
+                      every=0.5)
+
         def resumed():
             lines = rankdeck("logs", run_id).stdout.splitlines()
             asked = [ln for ln in lines if "checkpoint requested: " in ln]
