@@ -1,4 +1,4 @@
-"""A Slurm time limit on a real Slurm: `submit --time 2 --signal-before 100 --requeue`. Before the
+"""A Slurm time limit on a real Slurm: `submit --time 2 --signal-before 110 --requeue`. Before the
 limit each node's supervisor asks the reference trainer for a checkpoint (its request file), the
 first node requeues the job once it is complete, the ranks end while the job waits in the queue
 and start again when it runs: the same run id, each node's restart counted, every rank resuming
@@ -22,9 +22,11 @@ SAVED = re.compile(r"checkpoint saved step=(\d+) ")
 def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
         slurm, login, project, host_workdir):  # noqa: F811
     # two nodes: the first asks Slurm for the requeue, the other waits it out; both must
-    # resume from the step both saved (each node is two torch imports, twice over here)
+    # resume from the step both saved (each node is two torch imports, twice over here);
+    # --signal-before 110: the line is 10 s into the job, about when the launch has started the
+    # ranks (they read the request at their first step boundary), not 10 s after they step
     res = rankdeck("submit", "-i", login, "--nodes", str(PAIR), "--time", "2", "--signal-before",
-                   "100", "--requeue", "--detach", "--skip-preflight", "--sync", str(project),
+                   "110", "--requeue", "--detach", "--skip-preflight", "--sync", str(project),
                    "--max-restarts", "0", "trainer/train.py", *TINY, "--steps", "100000",
                    "--ckpt-every", "0", check=True)
     run_id = res.stdout.split()[-1]
@@ -58,6 +60,21 @@ def test_before_its_limit_the_run_checkpoints_is_requeued_and_resumes_from_it(
         wait_for_sync(let_it_run, TIMEOUT, lambda: "job %s running again: %s" % (
             job, slurm.cmd(["squeue", "-h", "--states=all", "-j", job, "-o", "%T %r %S"],
                            check=False)), every=1)
+
+        def lines_on_nodes() -> list[str]:
+            """What the ranks wrote, read on the nodes: a wait looks there before it asks
+            `logs` (a rankdeck process, an SSH login and an srun to each node, every look)."""
+            lines = []
+            for node in slurm.nodes:
+                for path in rank_log_files(slurm.hosts.local_path(node, host_workdir),
+                                           run_id, node):
+                    with open(path, errors="replace") as f:
+                        lines += f.read().splitlines()
+            return lines
+        wait_for_sync(lambda: sum(bool(re.search(r"resumed step=\d+ ", ln))
+                                  for ln in lines_on_nodes()) >= PAIR, TIMEOUT,
+                      lambda: "every rank's resume in its file: %s" % lines_on_nodes()[-20:],
+                      every=0.5)
 
         def resumed():
             lines = rankdeck("logs", run_id).stdout.splitlines()
