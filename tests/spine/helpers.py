@@ -7,6 +7,7 @@ import re
 import signal
 import sys
 from collections import defaultdict
+from types import SimpleNamespace
 
 from agent.host import procs
 from agent.wire.protocol import text_to_bytes
@@ -119,3 +120,25 @@ async def wind_down(ctl) -> list[tuple[int, str]]:
             except ProcessLookupError:
                 pass
     return left
+
+
+async def watched(ctl, watch, *args) -> SimpleNamespace:
+    """One run of a module's shared runs, watched by ``watch(ctl, got, *args)`` (which
+    records on ``got`` what its test reads) and wound down; ``got.error``: the watch's
+    failure, kept for the test that reads this run to raise (:func:`outcome`), ``got.left``:
+    its processes alive after its wind-down."""
+    got = SimpleNamespace(error=None, left=None)
+    try:
+        await watch(ctl, got, *args)
+    except Exception as e:  # noqa: BLE001 - raised again by the test that reads this run
+        got.error = e
+    finally:
+        got.left = await wind_down(ctl)  # never leave a run behind
+    return got
+
+
+def outcome(run: SimpleNamespace) -> SimpleNamespace:
+    """A :func:`watched` run, its watch's failure raised in the test that reads it."""
+    if run.error is not None:
+        raise run.error
+    return run

@@ -23,7 +23,7 @@ from console.transport.local import LocalTransport
 
 from tests.waits import wait_for
 
-from .helpers import TINY, TRAINER, local_inventory, wind_down
+from .helpers import TINY, TRAINER, local_inventory, outcome, watched
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
@@ -80,18 +80,6 @@ async def _watch_clean(ctl: RunController, got: SimpleNamespace) -> None:
     got.events = list(ctl.state.events)
 
 
-async def _watched(ctl: RunController, watch) -> SimpleNamespace:
-    """One run watched and wound down; its failure kept for its own test to raise."""
-    got = SimpleNamespace(error=None, left=None)
-    try:
-        await watch(ctl, got)
-    except Exception as e:  # noqa: BLE001 - raised again by the test that reads this run
-        got.error = e
-    finally:
-        got.left = await wind_down(ctl)  # never leave a run behind
-    return got
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, SimpleNamespace]:
     """Both runs, launched together and watched side by side until each has what its test
@@ -101,20 +89,14 @@ def runs(tmp_path_factory) -> dict[str, SimpleNamespace]:
     clean = _controller(tmp_path_factory.mktemp("clean"))
 
     async def both():
-        return await asyncio.gather(_watched(slow, _watch_slow), _watched(clean, _watch_clean))
+        return await asyncio.gather(watched(slow, _watch_slow), watched(clean, _watch_clean))
 
     got_slow, got_clean = asyncio.run(both())
     return {"slow": got_slow, "clean": got_clean}
 
 
-def _read(run: SimpleNamespace) -> SimpleNamespace:
-    if run.error is not None:
-        raise run.error
-    return run
-
-
 def test_the_slow_rank_and_its_node_are_flagged_and_no_other(runs):
-    run = _read(runs["slow"])
+    run = outcome(runs["slow"])
     ranks, shares = run.ranks, run.shares
     assert [r for r, v in ranks.items() if v["straggler"]] == [1], (ranks, shares)
     assert ranks[1]["slowdown"] > 1.5, ranks  # 1 s a step more than steps of ms
@@ -133,7 +115,7 @@ def test_the_slow_rank_and_its_node_are_flagged_and_no_other(runs):
 
 
 def test_a_clean_run_flags_nobody(runs):
-    run = _read(runs["clean"])
+    run = outcome(runs["clean"])
     ranks, shares = run.ranks, run.shares
     assert not any(v["straggler"] for v in ranks.values()), (ranks, shares)
     assert all(v["slowdown"] is not None for v in ranks.values()), ranks

@@ -24,7 +24,7 @@ from console.transport.local import LocalTransport
 
 from tests.waits import wait_for
 
-from .helpers import TINY, TRAINER, local_inventory, wind_down
+from .helpers import TINY, TRAINER, local_inventory, outcome, watched
 
 pytestmark = pytest.mark.e2e
 TIMEOUT = 300
@@ -87,18 +87,6 @@ async def _watch_healthy(ctl, got: SimpleNamespace, faulty_over) -> None:
         got.verdicts.append(await ctl.why())
 
 
-async def _watched(ctl: RunController, watch, *args) -> SimpleNamespace:
-    """One run watched and wound down; its failure kept for its own test to raise."""
-    got = SimpleNamespace(error=None, left=None)
-    try:
-        await watch(ctl, got, *args)
-    except Exception as e:  # noqa: BLE001 - raised again by the test that reads this run
-        got.error = e
-    finally:
-        got.left = await wind_down(ctl)  # never leave a run behind
-    return got
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, SimpleNamespace]:
     """The three runs, each with ``error`` (its watch's failure, or None), ``left`` (its
@@ -112,23 +100,17 @@ def runs(tmp_path_factory) -> dict[str, SimpleNamespace]:
     healthy = controller("healthy", 3)
 
     async def all_three():
-        faulty = asyncio.gather(_watched(stuck, _watch_stuck),
-                                _watched(mismatch, _watch_mismatch))
-        got_healthy = await _watched(healthy, _watch_healthy, asyncio.shield(faulty))
+        faulty = asyncio.gather(watched(stuck, _watch_stuck),
+                                watched(mismatch, _watch_mismatch))
+        got_healthy = await watched(healthy, _watch_healthy, asyncio.shield(faulty))
         got_stuck, got_mismatch = await faulty
         return {"stuck": got_stuck, "mismatch": got_mismatch, "healthy": got_healthy}
 
     return asyncio.run(all_three())
 
 
-def _read(run: SimpleNamespace) -> SimpleNamespace:
-    if run.error is not None:
-        raise run.error
-    return run
-
-
 def test_a_rank_stuck_in_python_is_named_with_its_node_and_line(runs):
-    run = _read(runs["stuck"])
+    run = outcome(runs["stuck"])
     verdict = run.verdict
     assert verdict["kind"] == "stuck-in-python", verdict
     assert [s["rank"] for s in verdict["suspects"]] == [1], verdict
@@ -145,7 +127,7 @@ def test_a_rank_stuck_in_python_is_named_with_its_node_and_line(runs):
 
 
 def test_a_rank_in_a_different_collective_is_named(runs):
-    run = _read(runs["mismatch"])
+    run = outcome(runs["mismatch"])
     verdict = run.verdict
     assert verdict["kind"] == "mismatch", verdict
     assert [(s["rank"], s["node"]) for s in verdict["suspects"]] == \
@@ -159,7 +141,7 @@ def test_a_rank_in_a_different_collective_is_named(runs):
 
 def test_a_healthy_run_gets_no_suspect(runs):
     """Three `why`s of a healthy run (_watch_healthy says why its steps idle 100 ms)."""
-    run = _read(runs["healthy"])
+    run = outcome(runs["healthy"])
     assert len(run.verdicts) == 3
     for verdict in run.verdicts:
         assert verdict["suspects"] == [], verdict
