@@ -10,9 +10,11 @@ import json
 import pytest
 
 from agent.host.journal import JournalReader
+from agent.store.tcpstore import STORE_SCRIPT
 
 from tests.cli import UNBUFFERED, rankdeck
 from tests.local_nodes import write_inventory
+from tests.waits import wait_for_sync
 
 from .helpers import all_ended, processes_of
 from .test_judge import wait_for_event
@@ -60,7 +62,11 @@ def test_on_nan_stop_stops_the_run_at_the_first_nan_and_loses_no_line(tmp_path):
         assert status["state"] == "stopped", status["state"]
         ranks = {r["rank"]: r for n in status["nodes"] for r in n["ranks"]}
         assert ranks[1]["diverged"] == 8, ranks[1]
-        all_ended(run_id)  # the stop's end: the supervisors are gone
+        # the stop's end: every process of the run gone but its store, which stops itself
+        # once it has seen no node for 15 s (tests/spine/test_judge.py's max-wall test)
+        wait_for_sync(lambda: not [c for _p, c in processes_of(run_id) if STORE_SCRIPT not in c],
+                      60, lambda: "the run's processes to end: %s" % processes_of(run_id),
+                      every=0.5)
         root = workdir / ".rankdeck" / "runs" / run_id
         journaled = set()
         for name in ("node0", "node1"):
@@ -75,3 +81,4 @@ def test_on_nan_stop_stops_the_run_at_the_first_nan_and_loses_no_line(tmp_path):
     finally:
         if processes_of(run_id):
             rankdeck("stop", run_id, env=UNBUFFERED)
+        all_ended(run_id)
