@@ -144,7 +144,7 @@ def store_main(argv):
     addr, port, path = argv[0], int(argv[1]), argv[2]
     sock = listen_socket(addr, port)
     info = {"pid": os.getpid(), "starttime": procs.stat(os.getpid()).starttime, "addr": addr,
-            "port": sock.getsockname()[1], "python": argv[3] or None if len(argv) > 3 else None}
+            "port": sock.getsockname()[1], "python": (argv[3] if len(argv) > 3 else "") or None}
     write_json_atomic(path, info)  # bound: connections wait in its backlog from now on
     from torch.distributed import TCPStore
 
